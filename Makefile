@@ -1,0 +1,69 @@
+# ferrollm — `make help` lists the targets. `make test` and `make serve` do all their own set-up.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+REQS := requirements/dev.txt
+REQS_HASH := $(shell cat $(REQS) | sha256sum | cut -c1-16)
+# The venv lives outside the clone, keyed by the requirements' hash, so fresh clones reuse it.
+VENV ?= $(HOME)/.cache/ferrollm/venv-$(REQS_HASH)
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.ferrollm-ready
+DIST := dist
+# pyo3's build script and stubtest must see the venv's interpreter.
+export PYO3_PYTHON := $(VPY)
+
+.PHONY: help venv build test test-rust test-python lint fmt bench serve clean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(STAMP): $(REQS)
+	@echo "== creating $(VENV)"
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -r $(REQS)
+	touch $(STAMP)
+
+venv: $(STAMP) ## create the cached venv with torch and the dev tools
+
+build: $(STAMP) ## build the release wheel into dist/ and install it in the venv
+	rm -rf $(DIST)
+	$(VPY) -m maturin build --release --quiet -o $(DIST)
+	$(VPY) -m pip install -q --force-reinstall --no-deps $(DIST)/ferrollm-*.whl
+
+test-rust: ## cargo test (no Python needed)
+	cargo test --quiet
+
+test-python: build ## pytest against the installed wheel
+	$(VPY) -m pytest -q
+
+test: test-rust test-python ## set up everything, then cargo test and pytest
+
+lint: $(STAMP) ## ruff, mypy, stubtest, cargo fmt --check, clippy -D warnings
+	$(VPY) -m ruff format --check python tests benches
+	$(VPY) -m ruff check python tests benches
+	$(VPY) -m mypy
+	$(MAKE) --no-print-directory build
+	$(VPY) -m mypy.stubtest ferrollm._core
+	cargo fmt --check
+	cargo clippy --quiet --all-targets -- -D warnings
+	cargo clippy --quiet --features python --lib -- -D warnings
+
+fmt: $(STAMP) ## format Python and Rust in place
+	$(VPY) -m ruff format python tests benches
+	$(VPY) -m ruff check --fix python tests benches
+	cargo fmt
+
+bench: build ## criterion benches, then the Python-side scheduler bench
+	cargo bench --quiet
+	$(VPY) benches/scheduler.py
+
+serve: build ## set up and serve the default model (the HTTP server is not built yet)
+	@echo "ferrollm serve: the HTTP server is not built yet (see the server issue); the scheduler is importable: python -c 'from ferrollm import Scheduler'" >&2
+	@exit 1
+
+clean: ## remove build outputs (the cached venv stays)
+	rm -rf target $(DIST)

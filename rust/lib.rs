@@ -1,0 +1,18 @@
+//! ferrollm's Rust core: the scheduler (continuous batching over paged KV blocks with a prefix
+//! cache), its request parameters and its errors. Everything here is plain Rust; the Python
+//! bindings live in `py/` behind the `python` feature, so `cargo test` and `cargo bench` need no
+//! Python.
+
+pub mod error;
+pub mod kv;
+pub mod params;
+pub mod sched;
+pub mod types;
+
+#[cfg(feature = "python")]
+mod py;
+
+pub use error::CoreError;
+pub use params::SamplingParams;
+pub use sched::{Scheduler, SchedulerConfig, StepOutput, StepPlan};
+pub use types::{BlockId, FinishReason, RequestId, TokenId};

@@ -1,0 +1,33 @@
+//! The Python module `ferrollm._core`: the only place that imports pyo3 and numpy. Each wrapper
+//! extracts its inputs, releases the GIL for work that scales with the batch, calls the core and
+//! converts the result; every core error is mapped to Python once, in `errors.rs`.
+
+mod errors;
+mod params;
+mod scheduler;
+
+use pyo3::prelude::*;
+
+use crate::types::FinishReason;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    let names = [
+        "",
+        FinishReason::Stop.as_str(),
+        FinishReason::Length.as_str(),
+        FinishReason::Abort.as_str(),
+        FinishReason::Timeout.as_str(),
+    ];
+    m.add("FINISH_REASON_NAMES", pyo3::types::PyTuple::new(py, names)?)?;
+    m.add_class::<params::PySamplingParams>()?;
+    m.add_class::<scheduler::PyScheduler>()?;
+    m.add_class::<scheduler::PyStepPlan>()?;
+    m.add_class::<scheduler::PyStepOutput>()?;
+    m.add("ValidationError", py.get_type::<errors::ValidationError>())?;
+    m.add("QueueFullError", py.get_type::<errors::QueueFullError>())?;
+    m.add("SchedulerError", py.get_type::<errors::SchedulerError>())?;
+    Ok(())
+}

@@ -1,0 +1,377 @@
+//! `Scheduler`, `StepPlan` and `StepOutput` for Python. Plans and outputs are numpy arrays that
+//! own the Rust-built buffers (moved, not copied); nothing per token becomes a Python object.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use numpy::{
+    Element, PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::errors::{guard, int_arg, SchedulerError};
+use super::params::PySamplingParams;
+use crate::error::CoreError;
+use crate::params::{check_priority, SamplingParams};
+use crate::sched::{Scheduler, SchedulerConfig, StepOutput, StepPlan};
+use crate::types::{RequestId, TokenId};
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn bad_tokens(param: &'static str, detail: &str) -> CoreError {
+    CoreError::invalid(
+        param,
+        "invalid_token_ids",
+        format!("`{param}` must be a 1-D sequence of token ids in [0, 2^32); {detail}"),
+    )
+}
+
+fn narrow<T: Copy + TryInto<TokenId>>(
+    param: &'static str,
+    values: &[T],
+) -> Result<Vec<TokenId>, CoreError> {
+    values
+        .iter()
+        .map(|&v| {
+            v.try_into()
+                .map_err(|_| bad_tokens(param, "got a value outside that range"))
+        })
+        .collect()
+}
+
+fn slice_of<'py, T: Element + Copy + TryInto<TokenId>>(
+    param: &'static str,
+    obj: &Bound<'py, PyAny>,
+) -> Option<Result<Vec<TokenId>, CoreError>> {
+    let array: PyReadonlyArray1<'py, T> = obj.extract().ok()?;
+    Some(match array.as_slice() {
+        Ok(values) => narrow(param, values),
+        Err(_) => narrow(param, &array.to_vec().ok()?),
+    })
+}
+
+/// Token ids from a 1-D numpy integer array (any integer dtype) or a sequence of ints.
+fn extract_token_ids(param: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<TokenId>> {
+    if let Ok(array) = obj.cast::<PyUntypedArray>() {
+        if array.ndim() != 1 {
+            return Err(bad_tokens(
+                param,
+                &format!("got an array of {} dimensions", array.ndim()),
+            )
+            .into());
+        }
+        let found = slice_of::<u32>(param, obj)
+            .or_else(|| slice_of::<i64>(param, obj))
+            .or_else(|| slice_of::<i32>(param, obj))
+            .or_else(|| slice_of::<u64>(param, obj))
+            .or_else(|| slice_of::<i16>(param, obj))
+            .or_else(|| slice_of::<u16>(param, obj))
+            .or_else(|| slice_of::<u8>(param, obj));
+        return match found {
+            Some(result) => Ok(result?),
+            None => Err(bad_tokens(param, &format!("got dtype {}", array.dtype())).into()),
+        };
+    }
+    let values: Vec<i64> = obj
+        .extract()
+        .map_err(|_| PyErr::from(bad_tokens(param, "got something else")))?;
+    Ok(narrow(param, &values)?)
+}
+
+fn request_id_arg(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+    obj.extract::<u64>().map_err(|_| {
+        let msg = format!("`request_id` must be an integer in [0, 2^64); got {obj}");
+        CoreError::invalid("request_id", "out_of_range", msg).into()
+    })
+}
+
+#[pyclass(name = "Scheduler", module = "ferrollm._core")]
+pub struct PyScheduler {
+    inner: Scheduler,
+}
+
+#[pymethods]
+impl PyScheduler {
+    #[new]
+    #[pyo3(signature = (*, num_blocks, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192,
+        max_model_len=8192, max_num_waiting=4096, enable_prefix_caching=true, priority_aging_s=10.0,
+        eos_token_ids=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        num_blocks: usize,
+        block_size: usize,
+        max_num_seqs: usize,
+        max_num_batched_tokens: usize,
+        max_model_len: usize,
+        max_num_waiting: usize,
+        enable_prefix_caching: bool,
+        priority_aging_s: f64,
+        eos_token_ids: Option<Vec<TokenId>>,
+    ) -> PyResult<Self> {
+        let cfg = SchedulerConfig {
+            num_blocks,
+            block_size,
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_model_len,
+            max_num_waiting,
+            enable_prefix_caching,
+            priority_aging_s,
+            eos_token_ids: eos_token_ids.unwrap_or_default(),
+        };
+        Ok(PyScheduler {
+            inner: Scheduler::new(cfg)?,
+        })
+    }
+
+    #[pyo3(signature = (request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None,
+        deadline=None, cache_salt=None),
+        text_signature = "(self, request_id, prompt_token_ids, params=None, *, priority=5, arrival_time=None, deadline=None, cache_salt=None)")]
+    #[allow(clippy::too_many_arguments)]
+    fn add_request(
+        &mut self,
+        request_id: &Bound<'_, PyAny>,
+        prompt_token_ids: &Bound<'_, PyAny>,
+        params: Option<PyRef<'_, PySamplingParams>>,
+        priority: Option<&Bound<'_, PyAny>>,
+        arrival_time: Option<f64>,
+        deadline: Option<f64>,
+        cache_salt: Option<String>,
+    ) -> PyResult<()> {
+        let request_id = request_id_arg(request_id)?;
+        let prompt = extract_token_ids("prompt_token_ids", prompt_token_ids)?;
+        let params =
+            params.map_or_else(|| Arc::new(SamplingParams::default()), |p| p.inner.clone());
+        let priority =
+            priority.map_or(Ok(5), |p| int_arg("priority", "an integer in [1, 5]", p))?;
+        let priority = check_priority(priority)?;
+        let arrival = arrival_time.unwrap_or_else(now);
+        let extra_key = cache_salt.map(|s| Arc::<str>::from(format!("salt:{s}")));
+        self.inner.add_request(
+            RequestId(request_id),
+            prompt,
+            params,
+            priority,
+            arrival,
+            deadline,
+            extra_key,
+        )?;
+        Ok(())
+    }
+
+    fn abort_request(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        Ok(self
+            .inner
+            .abort_request(RequestId(request_id_arg(request_id)?)))
+    }
+
+    fn has_unfinished_requests(&self) -> bool {
+        self.inner.has_unfinished_requests()
+    }
+
+    #[pyo3(signature = (now=None))]
+    fn schedule(&mut self, py: Python<'_>, now: Option<f64>) -> PyResult<PyStepPlan> {
+        let t = now.unwrap_or_else(self::now);
+        let inner = &mut self.inner;
+        let plan = py.detach(|| guard("schedule()", || inner.schedule(t)))?;
+        PyStepPlan::new(py, plan)
+    }
+
+    fn update(
+        &mut self,
+        py: Python<'_>,
+        plan: PyRef<'_, PyStepPlan>,
+        sampled_token_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<PyStepOutput> {
+        let sampled = extract_token_ids("sampled_token_ids", sampled_token_ids)?;
+        let (step_id, inner) = (plan.step_id, &mut self.inner);
+        let out = py.detach(|| guard("update()", || inner.update(step_id, &sampled)))??;
+        PyStepOutput::new(py, out)
+    }
+
+    fn check_invariants(&self) -> PyResult<()> {
+        self.inner
+            .check_invariants()
+            .map_err(|e| SchedulerError::new_err(format!("invariant broken: {e}")))
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stats();
+        let d = PyDict::new(py);
+        d.set_item("num_running_seqs", s.num_running_seqs)?;
+        d.set_item("num_waiting_seqs", s.num_waiting_seqs)?;
+        d.set_item("num_unfinished_requests", s.num_unfinished_requests)?;
+        d.set_item("num_free_blocks", s.num_free_blocks)?;
+        d.set_item("num_used_blocks", s.num_used_blocks)?;
+        d.set_item("num_cached_blocks", s.num_cached_blocks)?;
+        d.set_item("num_prefix_queried_blocks", s.num_prefix_queried_blocks)?;
+        d.set_item("num_prefix_hit_blocks", s.num_prefix_hit_blocks)?;
+        d.set_item("num_preemptions", s.num_preemptions)?;
+        d.set_item("num_steps", s.num_steps)?;
+        Ok(d)
+    }
+
+    fn sequences<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        self.inner
+            .sequences()
+            .into_iter()
+            .map(|v| {
+                let d = PyDict::new(py);
+                d.set_item("request_id", v.req_id.0)?;
+                d.set_item("seq_index", v.seq_index)?;
+                d.set_item("priority", v.priority)?;
+                d.set_item("arrival_time", v.arrival)?;
+                d.set_item("status", format!("{:?}", v.status).to_lowercase())?;
+                d.set_item("token_ids", PyArray1::from_vec(py, v.tokens))?;
+                d.set_item("num_prompt_tokens", v.num_prompt_tokens)?;
+                d.set_item("num_computed_tokens", v.num_computed_tokens)?;
+                let table: Vec<u32> = v.block_table.iter().map(|b| b.0).collect();
+                d.set_item("block_table", PyArray1::from_vec(py, table))?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.inner.config().block_size
+    }
+
+    #[getter]
+    fn num_blocks(&self) -> usize {
+        self.inner.config().num_blocks
+    }
+
+    #[getter]
+    fn max_num_seqs(&self) -> usize {
+        self.inner.config().max_num_seqs
+    }
+
+    #[getter]
+    fn max_num_batched_tokens(&self) -> usize {
+        self.inner.config().max_num_batched_tokens
+    }
+
+    #[getter]
+    fn max_model_len(&self) -> usize {
+        self.inner.config().max_model_len
+    }
+}
+
+type Arr<T> = Py<PyArray1<T>>;
+
+fn arr<T: Element>(py: Python<'_>, v: Vec<T>) -> Arr<T> {
+    PyArray1::from_vec(py, v).unbind()
+}
+
+fn arr2<T: Element>(py: Python<'_>, v: Vec<T>, cols: usize) -> PyResult<Py<PyAny>> {
+    let rows = v.len().checked_div(cols).unwrap_or(0);
+    Ok(PyArray1::from_vec(py, v)
+        .reshape([rows, cols])?
+        .into_any()
+        .unbind())
+}
+
+#[pyclass(name = "StepPlan", module = "ferrollm._core", frozen, get_all)]
+pub struct PyStepPlan {
+    step_id: u64,
+    input_ids: Arr<i64>,
+    positions: Arr<i64>,
+    slot_mapping: Arr<i64>,
+    cu_seqlens_q: Arr<i32>,
+    context_lens: Arr<i32>,
+    block_tables: Py<PyAny>,
+    req_ids: Arr<u64>,
+    seq_indices: Arr<u32>,
+    logits_indices: Arr<i64>,
+    sample_rows: Arr<i32>,
+    sample_seq_indices: Arr<u32>,
+    block_copies: Py<PyAny>,
+    num_rows: usize,
+    num_samples: usize,
+    num_scheduled_tokens: usize,
+    num_prefill_tokens: usize,
+    num_decode_tokens: usize,
+    preempted_req_ids: Arr<u64>,
+    preempted_seq_indices: Arr<u32>,
+    finished_req_ids: Arr<u64>,
+    finished_reasons: Arr<u8>,
+}
+
+impl PyStepPlan {
+    fn new(py: Python<'_>, p: StepPlan) -> PyResult<Self> {
+        let (num_rows, num_samples, num_tokens) =
+            (p.num_rows(), p.num_samples(), p.num_scheduled_tokens());
+        Ok(PyStepPlan {
+            step_id: p.step_id,
+            block_tables: arr2(py, p.block_tables, p.max_num_blocks)?,
+            block_copies: arr2(py, p.block_copies, 2)?,
+            input_ids: arr(py, p.input_ids),
+            positions: arr(py, p.positions),
+            slot_mapping: arr(py, p.slot_mapping),
+            cu_seqlens_q: arr(py, p.cu_seqlens_q),
+            context_lens: arr(py, p.context_lens),
+            req_ids: arr(py, p.req_ids),
+            seq_indices: arr(py, p.seq_indices),
+            logits_indices: arr(py, p.logits_indices),
+            sample_rows: arr(py, p.sample_rows),
+            sample_seq_indices: arr(py, p.sample_seq_indices),
+            num_rows,
+            num_samples,
+            num_scheduled_tokens: num_tokens,
+            num_prefill_tokens: p.num_prefill_tokens,
+            num_decode_tokens: p.num_decode_tokens,
+            preempted_req_ids: arr(py, p.preempted_req_ids),
+            preempted_seq_indices: arr(py, p.preempted_seq_indices),
+            finished_req_ids: arr(py, p.finished_req_ids),
+            finished_reasons: arr(py, p.finished_reasons),
+        })
+    }
+}
+
+#[pymethods]
+impl PyStepPlan {
+    fn __len__(&self) -> usize {
+        self.num_rows
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "StepPlan(step_id={}, num_rows={}, num_scheduled_tokens={}, num_samples={})",
+            self.step_id, self.num_rows, self.num_scheduled_tokens, self.num_samples
+        )
+    }
+}
+
+#[pyclass(name = "StepOutput", module = "ferrollm._core", frozen, get_all)]
+pub struct PyStepOutput {
+    req_ids: Arr<u64>,
+    seq_indices: Arr<u32>,
+    token_ids: Arr<u32>,
+    finish_reasons: Arr<u8>,
+    finished_req_ids: Arr<u64>,
+}
+
+impl PyStepOutput {
+    fn new(py: Python<'_>, o: StepOutput) -> PyResult<Self> {
+        Ok(PyStepOutput {
+            req_ids: arr(py, o.req_ids),
+            seq_indices: arr(py, o.seq_indices),
+            token_ids: arr(py, o.token_ids),
+            finish_reasons: arr(py, o.finish_reasons),
+            finished_req_ids: arr(py, o.finished_req_ids),
+        })
+    }
+}
+
+#[pymethods]
+impl PyStepOutput {
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.token_ids.bind(py).len()
+    }
+}

@@ -1,0 +1,99 @@
+//! Scheduler limits, checked once when the scheduler is built.
+
+use crate::error::{CoreError, CoreResult};
+use crate::types::TokenId;
+
+/// Everything that bounds the scheduler. Built once; `validate` names the field that is wrong.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchedulerConfig {
+    /// KV blocks in the pool, block 0 (the null block) included.
+    pub num_blocks: usize,
+    /// Token slots per KV block.
+    pub block_size: usize,
+    /// Running sequences per step, at most.
+    pub max_num_seqs: usize,
+    /// Tokens computed per step, at most (the token budget).
+    pub max_num_batched_tokens: usize,
+    /// Prompt + output tokens of one sequence, at most.
+    pub max_model_len: usize,
+    /// Waiting sequences (new and preempted) beyond which `add_request` fails with QueueFull.
+    pub max_num_waiting: usize,
+    /// Reuse KV of full blocks across requests with the same prefix.
+    pub enable_prefix_caching: bool,
+    /// Seconds of waiting per level of priority gained (see the module docs); 0 turns aging off.
+    pub priority_aging_s: f64,
+    /// End-of-sequence token ids of the model.
+    pub eos_token_ids: Vec<TokenId>,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            num_blocks: 4096,
+            block_size: 16,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+            max_model_len: 8192,
+            max_num_waiting: 4096,
+            enable_prefix_caching: true,
+            priority_aging_s: 10.0,
+            eos_token_ids: Vec::new(),
+        }
+    }
+}
+
+fn at_least(param: &'static str, value: usize, min: usize) -> CoreResult<()> {
+    if value < min {
+        return Err(CoreError::invalid(
+            param,
+            "out_of_range",
+            format!("`{param}` must be at least {min}; got {value}"),
+        ));
+    }
+    Ok(())
+}
+
+impl SchedulerConfig {
+    /// Checks every field and that one sequence of `max_model_len` tokens fits in the pool.
+    pub fn validate(&self) -> CoreResult<()> {
+        at_least("num_blocks", self.num_blocks, 2)?;
+        if self.num_blocks >= u32::MAX as usize {
+            return Err(CoreError::invalid(
+                "num_blocks",
+                "out_of_range",
+                format!(
+                    "`num_blocks` must be below {}; got {}",
+                    u32::MAX,
+                    self.num_blocks
+                ),
+            ));
+        }
+        at_least("block_size", self.block_size, 1)?;
+        at_least("max_num_seqs", self.max_num_seqs, 1)?;
+        at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1)?;
+        at_least("max_model_len", self.max_model_len, 2)?;
+        at_least("max_num_waiting", self.max_num_waiting, 1)?;
+        if !(self.priority_aging_s >= 0.0 && self.priority_aging_s.is_finite()) {
+            return Err(CoreError::invalid(
+                "priority_aging_s",
+                "out_of_range",
+                format!(
+                    "`priority_aging_s` must be a finite number >= 0; got {}",
+                    self.priority_aging_s
+                ),
+            ));
+        }
+        let blocks_per_seq = self.max_model_len.div_ceil(self.block_size);
+        if blocks_per_seq > self.num_blocks - 1 {
+            return Err(CoreError::invalid(
+                "num_blocks",
+                "too_small",
+                format!(
+                    "`num_blocks` must leave room for one sequence of `max_model_len` ({} tokens = {} blocks of {}) besides the null block; got {}",
+                    self.max_model_len, blocks_per_seq, self.block_size, self.num_blocks
+                ),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,21 @@
+"""Shared pytest set-up: the `cuda` and `npu` markers skip when that hardware is absent."""
+
+import importlib.util
+
+import pytest
+
+
+def _has_cuda() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "cuda" in item.keywords and not _has_cuda():
+            item.add_marker(pytest.mark.skip(reason="no CUDA device"))
+        if "npu" in item.keywords and importlib.util.find_spec("torch_npu") is None:
+            item.add_marker(pytest.mark.skip(reason="no Ascend NPU (torch_npu absent)"))
