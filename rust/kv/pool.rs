@@ -168,6 +168,17 @@ impl BlockPool {
         }
     }
 
+    /// The cache key of a block that follows `parent` (None: the first block, with `extra_key`).
+    pub fn key_after(&self, parent: Option<BlockId>, extra_key: Option<&Arc<str>>) -> CacheKey {
+        match parent {
+            None => CacheKey::Root(extra_key.cloned()),
+            Some(parent) => CacheKey::Child {
+                parent,
+                parent_generation: self.generation(parent),
+            },
+        }
+    }
+
     /// Finds the cached block whose hash is `hash`, whose tokens are `tokens` and whose parent is
     /// `key`. Only a confirmed match is returned; the caller then takes it with `incref`.
     pub fn lookup(&mut self, hash: u64, tokens: &[TokenId], key: &CacheKey) -> Option<BlockId> {

@@ -4,6 +4,7 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
+use crate::kv::{block_hash, root_hash};
 use crate::params::SamplingParams;
 use crate::types::{BlockId, FinishReason, RequestId, SeqStatus, TokenId};
 
@@ -82,6 +83,20 @@ impl Sequence {
             req_id: self.req_id.0,
             seq_index: self.seq_index,
         }
+    }
+
+    /// The chained hash of full block `i` of `tokens`, computing the chain up to it on first use.
+    pub fn block_hash(&mut self, i: usize, block_size: usize) -> u64 {
+        while self.block_hashes.len() <= i {
+            let j = self.block_hashes.len();
+            let parent = match j {
+                0 => root_hash(self.extra_key.as_deref()),
+                _ => self.block_hashes[j - 1],
+            };
+            let tokens = &self.tokens[j * block_size..(j + 1) * block_size];
+            self.block_hashes.push(block_hash(parent, tokens));
+        }
+        self.block_hashes[i]
     }
 
     /// True while this is a request's first sequence and it still has to fork.

@@ -10,7 +10,7 @@ use super::plan::{PlanRecord, Row, StepPlan};
 use super::queue::WaitingQueue;
 use super::request::{Rank, Request, SeqKey, Sequence};
 use crate::error::{CoreError, CoreResult};
-use crate::kv::{block_hash, root_hash, BlockPool, CacheKey};
+use crate::kv::BlockPool;
 use crate::params::{check_priority, SamplingParams};
 use crate::types::{BlockId, FinishReason, RequestId, SeqStatus, TokenId};
 
@@ -525,23 +525,12 @@ impl Scheduler {
         let max_blocks = (s.tokens.len() - 1) / bs;
         let mut hits = Vec::new();
         for i in 0..max_blocks {
+            let hash = s.block_hash(i, bs);
+            let cache_key = self
+                .pool
+                .key_after(hits.last().copied(), s.extra_key.as_ref());
             let tokens = &s.tokens[i * bs..(i + 1) * bs];
-            if i == s.block_hashes.len() {
-                let parent = if i == 0 {
-                    root_hash(s.extra_key.as_deref())
-                } else {
-                    s.block_hashes[i - 1]
-                };
-                s.block_hashes.push(block_hash(parent, tokens));
-            }
-            let cache_key = match hits.last() {
-                None => CacheKey::Root(s.extra_key.clone()),
-                Some(&parent) => CacheKey::Child {
-                    parent,
-                    parent_generation: self.pool.generation(parent),
-                },
-            };
-            match self.pool.lookup(s.block_hashes[i], tokens, &cache_key) {
+            match self.pool.lookup(hash, tokens, &cache_key) {
                 Some(b) => hits.push(b),
                 None => break,
             }

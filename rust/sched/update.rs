@@ -6,7 +6,6 @@ use super::plan::StepOutput;
 use super::request::{SeqKey, Sequence};
 use super::scheduler::Scheduler;
 use crate::error::{CoreError, CoreResult};
-use crate::kv::{block_hash, root_hash, CacheKey};
 use crate::params::SamplingParams;
 use crate::types::{FinishReason, SeqStatus, TokenId};
 
@@ -118,25 +117,13 @@ fn cache_full_blocks(pool: &mut crate::kv::BlockPool, s: &mut Sequence, bs: usiz
     let num_full = s.num_computed_tokens / bs;
     while s.num_cached_blocks < num_full {
         let i = s.num_cached_blocks;
+        let hash = s.block_hash(i, bs);
+        let key = pool.key_after(
+            i.checked_sub(1).map(|p| s.block_table[p]),
+            s.extra_key.as_ref(),
+        );
         let tokens = &s.tokens[i * bs..(i + 1) * bs];
-        if i == s.block_hashes.len() {
-            let parent = if i == 0 {
-                root_hash(s.extra_key.as_deref())
-            } else {
-                s.block_hashes[i - 1]
-            };
-            s.block_hashes.push(block_hash(parent, tokens));
-        }
-        let key = if i == 0 {
-            CacheKey::Root(s.extra_key.clone())
-        } else {
-            let parent = s.block_table[i - 1];
-            CacheKey::Child {
-                parent,
-                parent_generation: pool.generation(parent),
-            }
-        };
-        pool.insert(s.block_table[i], s.block_hashes[i], tokens, key);
+        pool.insert(s.block_table[i], hash, tokens, key);
         s.num_cached_blocks += 1;
     }
 }
