@@ -67,6 +67,8 @@ pub(crate) struct Sequence {
     /// Seats this sequence holds: `n` for a request's first sequence before it forks, else 1.
     pub seats: usize,
     pub extra_key: Option<Arc<str>>,
+    /// The request's parameters, shared by its sequences (read on every appended token).
+    pub params: Arc<SamplingParams>,
     pub status: SeqStatus,
     pub finish: Option<FinishReason>,
 }
@@ -108,7 +110,6 @@ impl Sequence {
 /// What the scheduler keeps per request.
 #[derive(Debug, Clone)]
 pub(crate) struct Request {
-    pub params: Arc<SamplingParams>,
     pub deadline: Option<f64>,
     /// Live sequences of this request.
     pub seqs: Vec<SeqKey>,

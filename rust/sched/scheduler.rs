@@ -124,6 +124,7 @@ impl Scheduler {
             num_cached_blocks: 0,
             seats,
             extra_key,
+            params,
             status: SeqStatus::Waiting,
             finish: None,
         });
@@ -133,7 +134,6 @@ impl Scheduler {
         self.requests.insert(
             req_id,
             Request {
-                params,
                 deadline,
                 seqs: vec![key],
             },

@@ -6,7 +6,6 @@ use super::plan::StepOutput;
 use super::request::{SeqKey, Sequence};
 use super::scheduler::Scheduler;
 use crate::error::{CoreError, CoreResult};
-use crate::params::SamplingParams;
 use crate::types::{FinishReason, SeqStatus, TokenId};
 
 impl Scheduler {
@@ -100,8 +99,7 @@ impl Scheduler {
     fn append(&mut self, key: SeqKey, token: TokenId, out: &mut StepOutput) {
         let s = self.seqs[key as usize].as_mut().expect("live");
         s.tokens.push(token);
-        let params = &self.requests[&s.req_id].params;
-        let finish = stop_reason(s, params, &self.cfg.eos_token_ids, self.cfg.max_model_len);
+        let finish = stop_reason(s, &self.cfg.eos_token_ids, self.cfg.max_model_len);
         out.req_ids.push(s.req_id.0);
         out.seq_indices.push(s.seq_index);
         out.token_ids.push(token);
@@ -130,13 +128,9 @@ fn cache_full_blocks(pool: &mut crate::kv::BlockPool, s: &mut Sequence, bs: usiz
 
 /// The token-level stop of a sequence whose last token was just appended, if any. EOS (unless
 /// `ignore_eos`) and stop token ids count only once `min_tokens` tokens exist.
-fn stop_reason(
-    s: &Sequence,
-    params: &SamplingParams,
-    eos: &[TokenId],
-    max_model_len: usize,
-) -> Option<FinishReason> {
+fn stop_reason(s: &Sequence, eos: &[TokenId], max_model_len: usize) -> Option<FinishReason> {
     let token = *s.tokens.last().expect("just appended");
+    let params = &s.params;
     let num_output = s.num_output_tokens();
     if num_output >= params.min_tokens as usize
         && ((!params.ignore_eos && eos.contains(&token)) || params.stop_token_ids.contains(&token))
