@@ -6,10 +6,11 @@ use thiserror::Error;
 /// Errors returned by the core. None of them leaves the scheduler in an inconsistent state.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum CoreError {
-    /// A caller-supplied value breaks a rule. `param` is the field, `code` a stable short tag.
+    /// A caller-supplied value breaks a rule. `param` is the field (a path such as
+    /// `messages[0].content` for nested fields), `code` a stable short tag.
     #[error("{message}")]
     Invalid {
-        param: &'static str,
+        param: String,
         code: &'static str,
         message: String,
     },
@@ -23,9 +24,13 @@ pub enum CoreError {
 
 impl CoreError {
     /// Shorthand for [`CoreError::Invalid`].
-    pub fn invalid(param: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn invalid(
+        param: impl Into<String>,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
         CoreError::Invalid {
-            param,
+            param: param.into(),
             code,
             message: message.into(),
         }

@@ -1,13 +1,18 @@
 //! ferrollm's Rust core: the scheduler (continuous batching over paged KV blocks with a prefix
-//! cache), its request parameters and its errors. Everything here is plain Rust; the Python
+//! cache), the sampler, the incremental detokenizer, the stop matcher, request validation and
+//! the errors they share. Everything here is plain Rust; the Python
 //! bindings live in `py/` behind the `python` feature, so `cargo test` and `cargo bench` need no
 //! Python.
 
+pub mod detok;
 pub mod error;
 pub mod kv;
 pub mod params;
+pub mod sampling;
 pub mod sched;
+pub mod stop;
 pub mod types;
+pub mod validate;
 
 #[cfg(feature = "python")]
 mod py;

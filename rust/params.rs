@@ -1,40 +1,139 @@
-//! The per-request parameters the scheduler acts on. The full sampling parameter set and its
-//! per-route validation build on this struct; it is immutable once built.
+//! The per-request parameters: one validated, immutable struct shared (behind an `Arc`) by the
+//! scheduler, the sampler, the detokenizer and the stop matcher. `validate` builds it from each
+//! API route's raw fields.
 
 use crate::error::{CoreError, CoreResult};
+use std::sync::Arc;
+
 use crate::types::TokenId;
 
 /// Largest `n` (parallel sequences per request) the scheduler accepts.
 pub const MAX_N: u32 = 128;
 
-/// Validated, immutable parameters of one request, as far as the scheduler needs them.
+/// How many top alternatives a request may ask for per token (OpenAI `top_logprobs` <= 20).
+pub const MAX_LOGPROBS: u32 = 20;
+
+/// Validated, immutable parameters of one request: what the scheduler, the sampler, the
+/// detokenizer and the stop matcher act on. Built by `validate` (per API route) or by
+/// [`SamplingParams::new`] plus struct update from [`Default`]; every field is already
+/// normalised (for example `top_k == 0` means "off" whatever the route called it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
-    /// Number of output sequences forked from the prompt (>= 1).
+    // --- scheduler ---------------------------------------------------------------------------
+    /// Number of output sequences returned (>= 1).
     pub n: u32,
+    /// Number of candidate sequences generated (>= n); the best `n` by cumulative logprob are
+    /// returned. With `use_beam_search` it is the beam width.
+    pub best_of: u32,
+    /// Beam search instead of sampling (validated; the engine rejects it until it is built).
+    pub use_beam_search: bool,
     /// Cap on generated tokens per sequence; `None` = until `max_model_len`.
     pub max_tokens: Option<u32>,
-    /// EOS and stop token ids do not end a sequence before this many tokens.
+    /// EOS, stop token ids and stop strings do not end a sequence before this many tokens.
     pub min_tokens: u32,
     /// When true, EOS does not end the sequence (stop token ids still do).
     pub ignore_eos: bool,
-    /// Token ids that end the sequence (the token is kept in the output).
+    /// Token ids that end the sequence (the token is kept in `token_ids`; its text is dropped
+    /// unless `include_stop_str_in_output`).
     pub stop_token_ids: Vec<TokenId>,
+    /// Scheduling priority, 1 (highest) to 5 (lowest, the default).
+    pub priority: u8,
+    /// Wall-clock budget in seconds from arrival (queueing + generation); `None` = no limit.
+    pub timeout_s: Option<f64>,
+
+    // --- stops on text and token sequences --------------------------------------------------
+    /// Stop strings, matched on the decoded text (each non-empty).
+    pub stop: Vec<String>,
+    /// Multi-token stop sequences (TensorRT-LLM `stop_words_list`), matched on token ids.
+    pub stop_token_sequences: Vec<Vec<TokenId>>,
+    /// Keep the matched stop string (or stop token's text) in the output text.
+    pub include_stop_str_in_output: bool,
+
+    // --- detokenization ----------------------------------------------------------------------
+    /// Leave special tokens (BOS, EOS, padding, ...) out of the text.
+    pub skip_special_tokens: bool,
+    /// With `skip_special_tokens == false`: put a space between a special token and its
+    /// neighbours.
+    pub spaces_between_special_tokens: bool,
+
+    // --- sampling (applied in this order; see `sampling`) -------------------------------------
+    /// Sparse additive bias per token id, sorted by id, ids unique (OpenAI `logit_bias`).
+    pub logit_bias: Vec<(TokenId, f32)>,
+    /// Dense additive bias over the whole vocabulary (TensorRT-LLM `embedding_bias`).
+    pub embedding_bias: Option<Arc<[f32]>>,
+    /// When set, only these token ids may be sampled (sorted, unique, non-empty).
+    pub allowed_token_ids: Option<Vec<TokenId>>,
+    /// Token sequences that must not be generated: the last token of a sequence is banned
+    /// when the rest of it matches the tail of the output.
+    pub bad_words: Vec<Vec<TokenId>>,
+    /// No n-gram of this size may appear twice in the output (0 = off).
+    pub no_repeat_ngram_size: u32,
+    /// Multiplicative penalty over prompt + output tokens (1 = off).
+    pub repetition_penalty: f32,
+    /// OpenAI presence penalty over output tokens (0 = off).
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty over output tokens (0 = off).
+    pub frequency_penalty: f32,
+    /// Softmax temperature; 0 = greedy (argmax after the processors above).
+    pub temperature: f32,
+    /// Keep the k most probable tokens; 0 = off.
+    pub top_k: u32,
+    /// Nucleus sampling threshold in (0, 1]; 1 = off.
+    pub top_p: f32,
+    /// Drop tokens whose probability is below `min_p` times the top probability; 0 = off.
+    pub min_p: f32,
+    /// Locally typical sampling mass in (0, 1]; 1 = off.
+    pub typical_p: f32,
+    /// Seed of the counter-based random stream; `None` = a random seed per request.
+    pub seed: Option<u64>,
+    /// Return the chosen token's logprob and this many top alternatives (0..=20); `None` = no
+    /// logprobs.
+    pub logprobs: Option<u32>,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
         SamplingParams {
             n: 1,
+            best_of: 1,
+            use_beam_search: false,
             max_tokens: None,
             min_tokens: 0,
             ignore_eos: false,
             stop_token_ids: Vec::new(),
+            priority: 5,
+            timeout_s: None,
+            stop: Vec::new(),
+            stop_token_sequences: Vec::new(),
+            include_stop_str_in_output: false,
+            skip_special_tokens: true,
+            spaces_between_special_tokens: true,
+            logit_bias: Vec::new(),
+            embedding_bias: None,
+            allowed_token_ids: None,
+            bad_words: Vec::new(),
+            no_repeat_ngram_size: 0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            typical_p: 1.0,
+            seed: None,
+            logprobs: None,
         }
     }
 }
 
 impl SamplingParams {
+    /// True when the draw is deterministic: temperature 0 or top-k 1 (argmax after the
+    /// logits processors).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+
     /// Builds parameters from raw caller values, checking each field and the cross-field rule
     /// `min_tokens <= max_tokens`. Values arrive as `i64` so that negative or huge inputs get a
     /// range error naming the field rather than an integer-conversion error.
@@ -61,10 +160,12 @@ impl SamplingParams {
         }
         Ok(SamplingParams {
             n,
+            best_of: n,
             max_tokens,
             min_tokens,
             ignore_eos,
             stop_token_ids,
+            ..SamplingParams::default()
         })
     }
 }

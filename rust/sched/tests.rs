@@ -376,10 +376,7 @@ fn rejects_bad_requests_a_full_queue_and_stale_plans() {
     ));
     assert!(matches!(
         s.update(plan.step_id, &[1, 2]),
-        Err(CoreError::Invalid {
-            param: "sampled_token_ids",
-            ..
-        })
+        Err(CoreError::Invalid { ref param, .. }) if param == "sampled_token_ids"
     ));
     s.update(plan.step_id, &[1]).unwrap();
     assert!(matches!(
