@@ -1,1 +1,155 @@
-//! placeholder: validate (being written).
+//! Request validation: one function per API route that checks a decoded request body against
+//! that route's own rules (SPEC 1.6: each route keeps its source's ranges) and builds the
+//! normalised [`SamplingParams`] every later stage shares.
+//!
+//! Common rules (SPEC 1.11): JSON null is the same as absent (defaults apply) except for
+//! required fields; unknown fields are ignored; types are strict (integer fields reject
+//! strings, bools and fractions, float fields accept integers, bool fields take only bools).
+//! Every error is [`CoreError::Invalid`] whose `param` is the field path as the client wrote
+//! it (`parameters.temperature`, `messages[2].content[1].type`, `stop[3]`), whose `code` is
+//! one of [`codes`], and whose message names the field in backticks, states the rule and
+//! quotes the value.
+//!
+//! The `/v1` routes also accept vLLM's extras with vLLM ranges: `min_p` in [0, 1],
+//! `min_tokens` >= 0 (and <= `max_tokens`), `logit_bias` (token id -> [-100, 100]),
+//! `allowed_token_ids` and `spaces_between_special_tokens`.
+//!
+//! Route-level switches that are not sampling parameters (`stream`, `details`, `echo`,
+//! `suffix`, `tools`, `response_format`, ...) are checked here and read by the server itself.
+
+mod common;
+mod databricks;
+mod limits;
+mod messages;
+mod mindie;
+mod offline;
+mod openai;
+mod raw;
+mod stops;
+mod tokens;
+mod tools;
+mod trt;
+
+#[cfg(test)]
+mod tests;
+
+pub use limits::{
+    check_prompt_tokens, max_prompt_tokens, EndpointType, Limits, MAX_PROMPT_TOKENS_CAP,
+};
+pub use offline::OFFLINE_FIELDS;
+pub use raw::Raw;
+
+use crate::error::{CoreError, CoreResult};
+use crate::params::SamplingParams;
+
+/// The stable `code` tags of validation errors.
+pub mod codes {
+    /// A number outside the field's range (or a cross-field bound such as
+    /// `min_tokens <= max_tokens`).
+    pub const OUT_OF_RANGE: &str = "out_of_range";
+    /// A value of the wrong JSON type.
+    pub const WRONG_TYPE: &str = "wrong_type";
+    /// A required field is absent or null.
+    pub const MISSING: &str = "missing";
+    /// A text or list over its length limit (prompt characters or tokens, stop strings).
+    pub const TOO_LONG: &str = "too_long";
+    /// A string or list that must not be empty is.
+    pub const EMPTY: &str = "empty";
+    /// Two fields that cannot be used together, or a field the other fields rule out.
+    pub const CONFLICT: &str = "conflict";
+    /// A media content part the model or route does not take (SPEC 1.9).
+    pub const UNSUPPORTED_CONTENT_TYPE: &str = "unsupported_content_type";
+    /// A string that breaks a format (the generate `id` pattern, a word-list tensor, ...).
+    pub const INVALID_FORMAT: &str = "invalid_format";
+    /// A value outside a fixed set (a role, a part type, a `tool_choice` string, ...).
+    pub const INVALID_VALUE: &str = "invalid_value";
+    /// More items than allowed (tools, media parts, properties).
+    pub const TOO_MANY: &str = "too_many";
+    /// A parameter this deployment does not offer (Databricks endpoint type, →A-63).
+    pub const UNSUPPORTED: &str = "unsupported";
+}
+
+/// An API route whose request body `validate` understands.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Route {
+    /// MindIE `generate` and `generate_stream` (the same body, SPEC 2.1 and 3).
+    Generate,
+    /// MindIE `/v1/chat/completions` (SPEC 4).
+    Chat,
+    /// MindIE `/v1/completions` (SPEC 5).
+    Completions,
+    /// Databricks chat task (SPEC 6.3).
+    DatabricksChat,
+    /// Databricks completions task (SPEC 6.5).
+    DatabricksCompletions,
+    /// Databricks embeddings task (SPEC 6.7).
+    DatabricksEmbeddings,
+    /// The TensorRT-LLM-style in-process request (SPEC 7.2-7.5), tensors as Python values.
+    Trt,
+    /// The Python `SamplingParams(...)` constructor: vLLM-style keyword arguments.
+    Offline,
+}
+
+const ROUTE_NAMES: [(&str, Route); 9] = [
+    ("generate", Route::Generate),
+    ("generate_stream", Route::Generate),
+    ("chat", Route::Chat),
+    ("completions", Route::Completions),
+    ("databricks_chat", Route::DatabricksChat),
+    ("databricks_completions", Route::DatabricksCompletions),
+    ("databricks_embeddings", Route::DatabricksEmbeddings),
+    ("trt", Route::Trt),
+    ("offline", Route::Offline),
+];
+
+impl Route {
+    /// Parses a route name: "generate", "generate_stream", "chat", "completions",
+    /// "databricks_chat", "databricks_completions", "databricks_embeddings", "trt", "offline".
+    pub fn parse(name: &str) -> CoreResult<Route> {
+        ROUTE_NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, route)| route)
+            .ok_or_else(|| {
+                let names: Vec<&str> = ROUTE_NAMES.iter().map(|(n, _)| *n).collect();
+                CoreError::invalid(
+                    "route",
+                    codes::INVALID_VALUE,
+                    format!("`route` must be one of {}; got {name:?}", names.join(", ")),
+                )
+            })
+    }
+}
+
+/// Which source's rules a shared check follows where MindIE and Databricks differ.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Flavor {
+    MindIE,
+    Databricks,
+}
+
+/// Validates the whole decoded request body of `route` and returns the normalised parameters.
+///
+/// With `num_prompt_tokens` (the prompt's token count, after the chat template for chat), it
+/// also applies the SPEC 1.4.2 token limit and the SPEC 1.5 output cap
+/// `max_tokens = min(requested or the route default, max_iter_times, max_model_len -
+/// prompt_tokens)`; without it, `max_tokens` is capped by `max_iter_times` only. (The TRT
+/// route counts its own `input_ids`; the offline route applies no cap without a count, since
+/// it has no model to cap against.) `limits` must have passed [`Limits::validate`].
+pub fn validate(
+    route: Route,
+    body: &Raw,
+    num_prompt_tokens: Option<u32>,
+    limits: &Limits,
+) -> CoreResult<SamplingParams> {
+    match route {
+        Route::Generate => mindie::generate(body, num_prompt_tokens, limits),
+        Route::Chat => openai::chat(body, num_prompt_tokens, limits),
+        Route::Completions => openai::completions(body, num_prompt_tokens, limits),
+        Route::DatabricksChat => databricks::chat(body, num_prompt_tokens, limits),
+        Route::DatabricksCompletions => databricks::completions(body, num_prompt_tokens, limits),
+        Route::DatabricksEmbeddings => databricks::embeddings(body, num_prompt_tokens, limits),
+        Route::Trt => trt::trt(body, limits),
+        Route::Offline => offline::offline(body, num_prompt_tokens, limits),
+    }
+}

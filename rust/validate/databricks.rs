@@ -1,0 +1,122 @@
+//! Databricks Foundation Model API tasks (SPEC 6.3 chat, 6.5 completions, 6.7 embeddings),
+//! with the Databricks ranges and the endpoint-type rules of →A-63.
+
+use crate::error::CoreResult;
+use crate::params::SamplingParams;
+
+use super::codes;
+use super::common::{
+    apply_output_cap, float_in, int_in, make_greedy, normalise_top_k, prompt_chars, prompts,
+    u32_in, FloatRange, UNIT,
+};
+use super::limits::{check_prompt_tokens_of, max_prompt_tokens, EndpointType, Limits};
+use super::messages::messages;
+use super::openai::chat_logprobs;
+use super::raw::{Obj, Raw};
+use super::stops::stop;
+use super::tools::{response_format, tool_choice, tools};
+use super::Flavor;
+
+/// Databricks temperature range, `[0, 2]`.
+const TEMPERATURE: FloatRange = FloatRange::new(0.0, false, 2.0, false);
+
+/// Validates a Databricks chat body.
+pub(super) fn chat(
+    body: &Raw,
+    prompt_tokens: Option<u32>,
+    limits: &Limits,
+) -> CoreResult<SamplingParams> {
+    let o = Obj::root(body)?;
+    let chars = messages(o.field("messages"), Flavor::Databricks, false)?;
+    prompt_chars(o.field("messages"), chars, limits)?;
+    let max_tools = Some(limits.max_tools_databricks);
+    let names = tools(o.field("tools"), Flavor::Databricks, max_tools)?;
+    tool_choice(o.field("tool_choice"), &names)?;
+    response_format(o.field("response_format"))?;
+    let (mut p, max_tokens) = sampling(&o, limits)?;
+    p.logprobs = chat_logprobs(&o, limits)?;
+    apply_output_cap(&mut p, max_tokens, prompt_tokens, "messages", limits)?;
+    Ok(p)
+}
+
+/// Validates a Databricks completions body. With `error_behavior: "truncate"` a prompt over
+/// the token limit is not an error: the server cuts it from the left to
+/// [`max_prompt_tokens`], and the cap is computed for the cut prompt (→A-62).
+pub(super) fn completions(
+    body: &Raw,
+    prompt_tokens: Option<u32>,
+    limits: &Limits,
+) -> CoreResult<SamplingParams> {
+    let o = Obj::root(body)?;
+    prompts(o.field("prompt"), limits)?;
+    let (mut p, max_tokens) = sampling(&o, limits)?;
+    let behavior = o.field("error_behavior");
+    let truncate = match behavior.str()? {
+        None | Some("error") => false,
+        Some("truncate") => true,
+        Some(_) => {
+            return Err(behavior.bad(codes::INVALID_VALUE, "must be \"error\" or \"truncate\""))
+        }
+    };
+    if truncate && limits.databricks_endpoint_type == Some(EndpointType::ProvisionedThroughput) {
+        return Err(behavior.bad(
+            codes::UNSUPPORTED,
+            "is accepted only on pay-per-token endpoints; this one is provisioned throughput",
+        ));
+    }
+    o.field("suffix").str()?;
+    o.field("echo").bool()?;
+    o.field("use_raw_prompt").bool()?;
+    let prompt_tokens = match prompt_tokens {
+        Some(n) if truncate && n > 0 => Some(n.min(max_prompt_tokens(limits))),
+        other => other,
+    };
+    apply_output_cap(&mut p, max_tokens, prompt_tokens, "prompt", limits)?;
+    Ok(p)
+}
+
+/// Validates a Databricks embeddings body: `input` (a non-empty string or a non-empty list of
+/// them) and an optional `instruction`. Nothing is generated, so the parameters are the
+/// defaults; the prompt-token limit applies when a count is given.
+pub(super) fn embeddings(
+    body: &Raw,
+    prompt_tokens: Option<u32>,
+    limits: &Limits,
+) -> CoreResult<SamplingParams> {
+    let o = Obj::root(body)?;
+    prompts(o.field("input"), limits)?;
+    o.field("instruction").str()?;
+    if let Some(n) = prompt_tokens {
+        check_prompt_tokens_of("input", n, limits)?;
+    }
+    Ok(SamplingParams::default())
+}
+
+/// The sampling fields chat and completions share. Temperature 0 or top_p 0 is greedy
+/// (→A-67), also with `n` > 1. Returns the explicit `max_tokens` (null = no request cap).
+fn sampling(o: &Obj<'_>, limits: &Limits) -> CoreResult<(SamplingParams, Option<u64>)> {
+    let max_tokens = int_in(o.field("max_tokens"), 1, i128::MAX)?;
+    let max_tokens = max_tokens.map(|m| u64::try_from(m).unwrap_or(u64::MAX));
+    o.field("stream").bool()?;
+    let top_k = int_in(o.field("top_k"), 1, i128::MAX)?;
+    let mut p = SamplingParams {
+        temperature: float_in(o.field("temperature"), TEMPERATURE, "")?.unwrap_or(1.0),
+        top_p: float_in(o.field("top_p"), UNIT, "")?.unwrap_or(1.0),
+        top_k: top_k.map_or(0, |k| normalise_top_k(k, limits.vocab_size)),
+        stop: stop(o.field("stop"), limits)?,
+        ..SamplingParams::default()
+    };
+    let n_field = o.field("n");
+    p.n = u32_in(n_field, 1, limits.max_n)?.unwrap_or(1);
+    p.best_of = p.n;
+    if p.n > 1 && limits.databricks_endpoint_type == Some(EndpointType::PayPerToken) {
+        return Err(n_field.bad(
+            codes::UNSUPPORTED,
+            "must be 1 on pay-per-token endpoints (n > 1 needs provisioned throughput)",
+        ));
+    }
+    if p.temperature == 0.0 || p.top_p == 0.0 {
+        make_greedy(&mut p);
+    }
+    Ok((p, max_tokens))
+}

@@ -1,0 +1,245 @@
+//! The TensorRT-LLM-style request (SPEC 7.2-7.5, →A-70..A-76).
+
+use super::{assert_err, limits, merge, ok_with, parse, run_cases, with, Case};
+use crate::validate::codes::*;
+use crate::validate::{validate, Limits, Raw, Route};
+
+const BASE: &str = r#"{"input_ids": [1, 2, 3], "request_output_len": 16}"#;
+
+#[rustfmt::skip]
+const FIELDS: &[Case] = &[
+    ("input_ids", "null", Some(("input_ids", MISSING))),
+    ("input_ids", "[]", Some(("input_ids", EMPTY))),
+    ("input_ids", "[[1, 2, 3]]", None),
+    ("input_ids", "[0, 31999]", None),
+    ("input_ids", "[1, -1]", Some(("input_ids[1]", OUT_OF_RANGE))),
+    ("input_ids", "[32000]", Some(("input_ids[0]", OUT_OF_RANGE))),
+    ("input_ids", "[[1], [2]]", Some(("input_ids", INVALID_FORMAT))),
+    ("input_ids", r#"["1"]"#, Some(("input_ids[0]", WRONG_TYPE))),
+    ("request_output_len", "null", Some(("request_output_len", MISSING))),
+    ("request_output_len", "[16]", None),
+    ("request_output_len", "[[16]]", None),
+    ("request_output_len", "2147483647", None),
+    ("request_output_len", "0", Some(("request_output_len", OUT_OF_RANGE))),
+    ("request_output_len", "2147483648", Some(("request_output_len", OUT_OF_RANGE))),
+    ("request_output_len", "[1, 2]", Some(("request_output_len", INVALID_FORMAT))),
+    ("max_new_tokens", "8", Some(("max_new_tokens", CONFLICT))),
+    ("streaming", "[true]", None),
+    ("streaming", "1", Some(("streaming", WRONG_TYPE))),
+    ("is_streaming", "true", None),
+    ("beam_width", "1", None),
+    ("beam_width", "[4]", None),
+    ("beam_width", "0", Some(("beam_width", OUT_OF_RANGE))),
+    ("beam_width", "129", Some(("beam_width", OUT_OF_RANGE))),
+    ("temperature", "0", None),
+    ("temperature", "-1", Some(("temperature", OUT_OF_RANGE))),
+    ("runtime_top_k", "1024", None),
+    ("runtime_top_k", "1025", Some(("runtime_top_k", OUT_OF_RANGE))),
+    ("runtime_top_k", "-1", Some(("runtime_top_k", OUT_OF_RANGE))),
+    ("runtime_top_p", "0", None),
+    ("runtime_top_p", "1.01", Some(("runtime_top_p", OUT_OF_RANGE))),
+    ("len_penalty", "-3.5", None),
+    ("length_penalty", "1.0", None),
+    ("early_stopping", "[1]", None),
+    ("early_stopping", "0.5", Some(("early_stopping", WRONG_TYPE))),
+    ("repetition_penalty", "0", Some(("repetition_penalty", OUT_OF_RANGE))),
+    ("presence_penalty", "-5", None),
+    ("min_length", "-1", Some(("min_length", OUT_OF_RANGE))),
+    ("no_repeat_ngram_size", "3", None),
+    ("no_repeat_ngram_size", "-1", Some(("no_repeat_ngram_size", OUT_OF_RANGE))),
+    ("random_seed", "18446744073709551615", None),
+    ("random_seed", "-1", Some(("random_seed", OUT_OF_RANGE))),
+    ("random_seed", "18446744073709551616", Some(("random_seed", OUT_OF_RANGE))),
+    ("end_id", "-1", None),
+    ("end_id", "31999", None),
+    ("end_id", "-2", Some(("end_id", OUT_OF_RANGE))),
+    ("end_id", "32000", Some(("end_id", OUT_OF_RANGE))),
+    ("pad_id", "0", None),
+    ("return_log_probs", "[true]", None),
+    ("return_context_logits", "1", Some(("return_context_logits", WRONG_TYPE))),
+    ("lora_task_id", "18446744073709551615", None),
+    ("lora_task_id", "-1", Some(("lora_task_id", OUT_OF_RANGE))),
+    ("lora_config", "[[0, 1, 8], [1, 1, 8]]", None),
+    ("lora_config", "[[0, 1]]", Some(("lora_config[0]", INVALID_FORMAT))),
+    ("prompt_embedding_table", "[[0.1, 0.2], [0.3, 0.4]]", None),
+    ("prompt_embedding_table", "[[0.1, 0.2], [0.3]]", Some(("prompt_embedding_table[1]", INVALID_FORMAT))),
+    ("draft_input_ids", "[5, 6]", None),
+    ("draft_input_ids", "[5, 32000]", Some(("draft_input_ids[1]", OUT_OF_RANGE))),
+    ("bad_words_list", "[[77, 15249, 77], [2, 3, -1]]", None),
+    ("bad_words_list", "[[[77, 15249, 77], [2, 3, -1]]]", None),
+    ("bad_words_list", "[[77, 15249, 77]]", Some(("bad_words_list", INVALID_FORMAT))),
+    ("bad_words_list", "[[77, 15249, 77], [2, 3]]", Some(("bad_words_list", INVALID_FORMAT))),
+    ("bad_words_list", "[[77, 15249, 77], [2, 2, -1]]", Some(("bad_words_list", INVALID_FORMAT))),
+    ("bad_words_list", "[[77, 15249, 77], [0, 3, -1]]", Some(("bad_words_list", INVALID_FORMAT))),
+    ("bad_words_list", "[[77, 15249, 77], [2, 4, -1]]", Some(("bad_words_list", INVALID_FORMAT))),
+    ("bad_words_list", "[[77, 15249, 77], [-1, 2, 3]]", Some(("bad_words_list", INVALID_FORMAT))),
+    ("bad_words_list", "[[77, 32000, 77], [2, 3, -1]]", Some(("bad_words_list[0][1]", OUT_OF_RANGE))),
+    ("stop_words_list", "[[5, 0], [1, -1]]", None),
+    ("stop_words_list", "[[5, 0], [1, 0.5]]", Some(("stop_words_list[1]", WRONG_TYPE))),
+];
+
+#[test]
+fn field_table() {
+    run_cases(Route::Trt, BASE, FIELDS);
+}
+
+#[test]
+fn decoding_modes() {
+    let run = |extra: &str| ok_with(Route::Trt, &merge(BASE, extra), None, &limits());
+    // Absent top-k and top-p are TRT's 0 / 0.0: greedy (→A-74).
+    assert!(run("{}").is_greedy());
+    assert!(run(r#"{"runtime_top_k": 0, "runtime_top_p": 0.0, "temperature": 0.8}"#).is_greedy());
+    let p = run(r#"{"runtime_top_k": 5}"#);
+    assert_eq!(
+        (p.top_k, p.top_p, p.temperature),
+        (5, 1.0, 1.0),
+        "top-p 0 is off"
+    );
+    let p = run(r#"{"runtime_top_p": 0.9, "temperature": 0.7}"#);
+    assert_eq!((p.top_k, p.top_p, p.temperature), (0, 0.9, 0.7));
+    let p = run(r#"{"runtime_top_k": 0, "runtime_top_p": 1.0}"#);
+    assert!(
+        !p.is_greedy(),
+        "the HTTP mapping's 0 / 1.0 samples the full distribution"
+    );
+    assert!(run(r#"{"runtime_top_p": 0.9, "temperature": 0}"#).is_greedy());
+    let p = run(r#"{"beam_width": 4}"#);
+    assert_eq!((p.use_beam_search, p.n, p.best_of), (true, 4, 4));
+    assert!(!run(r#"{"beam_width": 1}"#).use_beam_search);
+}
+
+#[test]
+fn field_mapping() {
+    let run = |extra: &str| ok_with(Route::Trt, &merge(BASE, extra), None, &limits());
+    let p = run("{}");
+    assert_eq!(p.seed, Some(0), "TRT's default random seed");
+    assert!(
+        p.ignore_eos && p.stop_token_ids.is_empty(),
+        "end_id -1: EOS never ends (→A-71)"
+    );
+    assert_eq!((p.max_tokens, p.logprobs), (Some(16), None));
+    let p = run(
+        r#"{"end_id": 2, "min_length": [[3]], "random_seed": 9, "no_repeat_ngram_size": 2, "return_log_probs": true}"#,
+    );
+    assert!(p.ignore_eos);
+    assert_eq!(p.stop_token_ids, vec![2]);
+    assert_eq!(
+        (p.min_tokens, p.seed, p.no_repeat_ngram_size, p.logprobs),
+        (3, Some(9), 2, Some(0))
+    );
+    let p = run(
+        r#"{"bad_words_list": [[77, 15249, 77], [2, 3, -1]], "stop_words_list": [[[5, 6, 0], [2, -1, -1]]]}"#,
+    );
+    assert_eq!(p.bad_words, vec![vec![77, 15249], vec![77]]);
+    assert_eq!(p.stop_token_sequences, vec![vec![5, 6]]);
+    let p = run(
+        r#"{"max_new_tokens": 4, "request_output_len": null, "is_streaming": true, "length_penalty": 2}"#,
+    );
+    assert_eq!(p.max_tokens, Some(4), "aliases (→A-76)");
+    let p =
+        run(r#"{"repetition_penalty": 1.2, "presence_penalty": 0.5, "frequency_penalty": -0.5}"#);
+    assert_eq!(
+        (
+            p.repetition_penalty,
+            p.presence_penalty,
+            p.frequency_penalty
+        ),
+        (1.2, 0.5, -0.5)
+    );
+}
+
+#[test]
+fn output_cap_counts_input_ids() {
+    let limits = Limits {
+        max_model_len: 10,
+        max_input_tokens: 9,
+        ..limits()
+    };
+    let body = |n: usize, out: i128| {
+        let ids = Raw::List(vec![Raw::Int(1); n]);
+        with(
+            &with(&parse(BASE), "input_ids", ids),
+            "request_output_len",
+            Raw::Int(out),
+        )
+    };
+    // The body's own input_ids count; the num_prompt_tokens argument is not needed.
+    assert_eq!(
+        ok_with(Route::Trt, &body(3, 100), None, &limits).max_tokens,
+        Some(7)
+    );
+    assert_eq!(
+        ok_with(Route::Trt, &body(9, 100), Some(1), &limits).max_tokens,
+        Some(1)
+    );
+    assert_err(
+        validate(Route::Trt, &body(10, 1), None, &limits),
+        "input_ids",
+        TOO_LONG,
+        "10 ids",
+    );
+}
+
+#[test]
+fn embedding_bias_and_shapes() {
+    let limits = Limits {
+        vocab_size: 4,
+        ..limits()
+    };
+    let run = |extra: &str| validate(Route::Trt, &merge(BASE, extra), None, &limits);
+    let p = run(r#"{"embedding_bias": [[0.5, 0, -1, 2]]}"#).unwrap();
+    assert_eq!(
+        p.embedding_bias.as_deref(),
+        Some(&[0.5, 0.0, -1.0, 2.0][..])
+    );
+    assert!(run(r#"{"embedding_bias": [0.5, 0, -1, 2]}"#).is_ok());
+    assert_err(
+        run(r#"{"embedding_bias": [0.5, 0, -1]}"#),
+        "embedding_bias",
+        INVALID_FORMAT,
+        "3 of 4",
+    );
+    assert_err(
+        run(r#"{"embedding_bias": [0.5, 0, "x", 1]}"#),
+        "embedding_bias[2]",
+        WRONG_TYPE,
+        "x",
+    );
+    assert!(
+        run(r#"{"draft_input_ids": [1, 2], "draft_logits": [[0, 0, 0, 0], [1, 1, 1, 1]]}"#).is_ok()
+    );
+    assert_err(
+        run(r#"{"draft_input_ids": [1], "draft_logits": [[0, 0, 0, 0], [1, 1, 1, 1]]}"#),
+        "draft_logits",
+        INVALID_FORMAT,
+        "rows",
+    );
+    assert_err(
+        run(r#"{"draft_input_ids": [1], "draft_logits": [[0, 0, 0]]}"#),
+        "draft_logits[0]",
+        INVALID_FORMAT,
+        "width",
+    );
+    assert!(run(r#"{"lora_config": [[0, 1, 8]], "lora_weights": [[0.1, 0.2]]}"#).is_ok());
+    assert_err(
+        run(r#"{"lora_config": [[0, 1, 8]], "lora_weights": [[0.1], [0.2]]}"#),
+        "lora_weights",
+        INVALID_FORMAT,
+        "rows",
+    );
+    let narrow = Limits {
+        max_beam_width: 2,
+        ..limits.clone()
+    };
+    assert_err(
+        validate(
+            Route::Trt,
+            &merge(BASE, r#"{"beam_width": 3}"#),
+            None,
+            &narrow,
+        ),
+        "beam_width",
+        OUT_OF_RANGE,
+        "3 > 2",
+    );
+}
