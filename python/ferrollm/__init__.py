@@ -6,6 +6,7 @@ Python without torch.
 
 from ferrollm._core import (
     FINISH_REASON_NAMES,
+    Limits,
     QueueFullError,
     SamplingParams,
     Scheduler,
@@ -14,10 +15,12 @@ from ferrollm._core import (
     StepPlan,
     ValidationError,
     __version__,
+    validate,
 )
 
 __all__ = [
     "FINISH_REASON_NAMES",
+    "Limits",
     "QueueFullError",
     "SamplingParams",
     "Scheduler",
@@ -26,4 +29,5 @@ __all__ = [
     "StepPlan",
     "ValidationError",
     "__version__",
+    "validate",
 ]

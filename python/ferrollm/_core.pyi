@@ -1,6 +1,6 @@
 """Type stubs for the Rust core, `ferrollm._core` (checked by mypy.stubtest)."""
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, final
 
 import numpy as np
@@ -8,6 +8,7 @@ import numpy.typing as npt
 
 __all__ = [
     "FINISH_REASON_NAMES",
+    "Limits",
     "QueueFullError",
     "SamplingParams",
     "Scheduler",
@@ -16,6 +17,7 @@ __all__ = [
     "StepPlan",
     "ValidationError",
     "__version__",
+    "validate",
 ]
 
 __version__: Final[str]
@@ -40,30 +42,194 @@ class SchedulerError(RuntimeError):
 class SamplingParams:
     """Immutable per-request parameters, validated on construction.
 
-    ``n`` sequences are forked from the prompt; ``max_tokens`` caps each (None: until
-    ``max_model_len``); EOS (unless ``ignore_eos``) and ``stop_token_ids`` end a sequence once it
-    has ``min_tokens`` tokens.
+    Keyword arguments are the field names, with vLLM's ranges; None for any of them means its
+    default. Values are stored normalised: ``top_k`` 0 means off (``-1`` is accepted for it),
+    temperature 0 is greedy (``top_k``/``top_p``/``min_p``/``typical_p`` then read as off),
+    ``best_of`` defaults to ``n``, and ``include_stop_str_in_output`` is False unless there is a
+    stop string or stop token. ``max_tokens`` None means until ``max_model_len``. Token ids must
+    be non-negative (``bad_words`` and ``stop_token_sequences`` are lists of token-id lists;
+    ``logit_bias`` maps token ids to biases in [-100, 100]). Raises ValidationError naming
+    the field.
     """
 
     def __new__(
         cls,
         *,
         n: int = 1,
+        best_of: int | None = None,
+        use_beam_search: bool = False,
         max_tokens: int | None = None,
         min_tokens: int = 0,
         ignore_eos: bool = False,
         stop_token_ids: Sequence[int] | None = None,
+        priority: int = 5,
+        timeout_s: float | None = None,
+        stop: str | Sequence[str] | None = None,
+        stop_token_sequences: Sequence[Sequence[int]] | None = None,
+        include_stop_str_in_output: bool = False,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+        logit_bias: Mapping[int, float] | None = None,
+        embedding_bias: Sequence[float] | npt.NDArray[np.floating[Any]] | None = None,
+        allowed_token_ids: Sequence[int] | None = None,
+        bad_words: Sequence[Sequence[int]] | None = None,
+        no_repeat_ngram_size: int = 0,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        typical_p: float = 1.0,
+        seed: int | None = None,
+        logprobs: int | None = None,
     ) -> SamplingParams: ...
     @property
-    def n(self) -> int: ...
+    def n(self) -> int:
+        """Output sequences returned."""
     @property
-    def max_tokens(self) -> int | None: ...
+    def best_of(self) -> int:
+        """Candidate sequences generated (>= n); the beam width under beam search."""
+    @property
+    def use_beam_search(self) -> bool: ...
+    @property
+    def max_tokens(self) -> int | None:
+        """Cap on generated tokens per sequence; None = until ``max_model_len``."""
     @property
     def min_tokens(self) -> int: ...
     @property
     def ignore_eos(self) -> bool: ...
     @property
     def stop_token_ids(self) -> list[int]: ...
+    @property
+    def priority(self) -> int:
+        """1 (highest) to 5 (lowest, the default)."""
+    @property
+    def timeout_s(self) -> float | None:
+        """Seconds from arrival until the request is dropped; None = no limit."""
+    @property
+    def stop(self) -> list[str]: ...
+    @property
+    def stop_token_sequences(self) -> list[list[int]]: ...
+    @property
+    def include_stop_str_in_output(self) -> bool: ...
+    @property
+    def skip_special_tokens(self) -> bool: ...
+    @property
+    def spaces_between_special_tokens(self) -> bool: ...
+    @property
+    def logit_bias(self) -> dict[int, float]:
+        """Token id to additive bias, in id order."""
+    @property
+    def embedding_bias(self) -> list[float] | None:
+        """Dense additive bias over the vocabulary."""
+    @property
+    def allowed_token_ids(self) -> list[int] | None:
+        """Sorted, unique; None = every token."""
+    @property
+    def bad_words(self) -> list[list[int]]: ...
+    @property
+    def no_repeat_ngram_size(self) -> int: ...
+    @property
+    def repetition_penalty(self) -> float: ...
+    @property
+    def presence_penalty(self) -> float: ...
+    @property
+    def frequency_penalty(self) -> float: ...
+    @property
+    def temperature(self) -> float:
+        """0 = greedy."""
+    @property
+    def top_k(self) -> int:
+        """0 = off."""
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def min_p(self) -> float: ...
+    @property
+    def typical_p(self) -> float: ...
+    @property
+    def seed(self) -> int | None:
+        """None = a random seed per request."""
+    @property
+    def logprobs(self) -> int | None:
+        """Top alternatives returned per token (0..=20); None = no logprobs."""
+
+@final
+class Limits:
+    """Server and model limits that requests are validated against; immutable.
+
+    ``max_model_len`` is MindIE's ``maxSeqLen``, ``max_input_tokens`` its ``maxInputTokenLen``
+    and ``max_iter_times`` its ``maxIterTimes``. ``vocab_size`` 0 means unknown (the checks
+    that need it are skipped). ``multimodal`` False rejects media content parts.
+    ``databricks_endpoint_type`` is "pay_per_token", "provisioned_throughput" or None (both
+    ``n`` and ``error_behavior`` accepted). Raises ValidationError naming the field.
+    """
+
+    def __new__(
+        cls,
+        *,
+        max_model_len: int = 8192,
+        max_input_tokens: int = 8192,
+        max_position_embeddings: int | None = None,
+        max_iter_times: int = 8192,
+        vocab_size: int = 0,
+        max_prompt_chars: int = 4194304,
+        max_stop_chars: int = 32768,
+        max_n: int = 128,
+        max_logprobs: int = 20,
+        max_tools_databricks: int = 32,
+        max_beam_width: int = 128,
+        multimodal: bool = False,
+        databricks_endpoint_type: str | None = None,
+    ) -> Limits: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def max_input_tokens(self) -> int: ...
+    @property
+    def max_position_embeddings(self) -> int | None: ...
+    @property
+    def max_iter_times(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def max_prompt_chars(self) -> int: ...
+    @property
+    def max_stop_chars(self) -> int: ...
+    @property
+    def max_n(self) -> int: ...
+    @property
+    def max_logprobs(self) -> int: ...
+    @property
+    def max_tools_databricks(self) -> int: ...
+    @property
+    def max_beam_width(self) -> int: ...
+    @property
+    def multimodal(self) -> bool: ...
+    @property
+    def databricks_endpoint_type(self) -> str | None: ...
+
+def validate(
+    route: str,
+    body: Mapping[str, Any],
+    num_prompt_tokens: int | None = None,
+    limits: Limits | None = None,
+) -> SamplingParams:
+    """Validate a decoded request body of ``route`` and return its normalised parameters.
+
+    ``route`` is "generate", "generate_stream", "chat", "completions", "databricks_chat",
+    "databricks_completions", "databricks_embeddings", "trt" or "offline". Each route keeps its
+    own ranges. With ``num_prompt_tokens`` the prompt-token limit and the output cap
+    ``min(max_tokens or the route default, max_iter_times, max_model_len - prompt_tokens)``
+    apply; without it ``max_tokens`` is capped by ``max_iter_times`` only. Raises
+    ValidationError whose ``param`` is the field path as the client wrote it
+    (``messages[0].content[1].type``) and whose ``code`` is a stable tag (``out_of_range``,
+    ``wrong_type``, ``missing``, ``too_long``, ``empty``, ``conflict``,
+    ``unsupported_content_type``, ``invalid_format``, ``invalid_value``, ``too_many``,
+    ``unsupported``).
+    """
 
 @final
 class StepPlan:

@@ -202,16 +202,23 @@ fn message(
     tool_call_id(msg.field("tool_call_id"), role, flavor)?;
     let content = msg.field("content");
     let chars = self::content(content, rules, media)?;
+    // A list of parts is never empty here (`content` rejects `[]` and empty text parts), so
+    // a media-only message counts as content even though it has no text.
+    let is_empty = matches!(content.raw, None | Some(Raw::Str(_))) && chars.unwrap_or(0) == 0;
     let may_be_empty = role == "assistant" && has_tool_calls;
-    match chars {
-        None if !may_be_empty => Err(content.missing()),
-        Some(0) if !may_be_empty => Err(content.bad(codes::EMPTY, "must not be empty")),
-        Some(n) if n > 0 && has_tool_calls && flavor == Flavor::Databricks => Err(content.bad(
+    if is_empty && !may_be_empty {
+        return Err(match chars {
+            None => content.missing(),
+            Some(_) => content.bad(codes::EMPTY, "must not be empty"),
+        });
+    }
+    if !is_empty && has_tool_calls && flavor == Flavor::Databricks {
+        return Err(content.bad(
             codes::CONFLICT,
             "must be absent, null or \"\" on a message with `tool_calls`",
-        )),
-        _ => Ok(chars.unwrap_or(0)),
+        ));
     }
+    Ok(chars.unwrap_or(0))
 }
 
 /// `tool_calls` in history: only on assistant messages; each `{id, type: "function",

@@ -160,109 +160,86 @@ fn message_table() {
     run_cases(Route::Chat, BASE, MESSAGES);
 }
 
-const TOOL: &str = r#"{"type": "function", "function": {"name": "get", "parameters": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}}}"#;
+/// A body with one tool, `get`.
+const WITH_TOOL: &str = r#"{"model": "m", "messages": [{"role": "user", "content": "Hi"}],
+    "tools": [{"type": "function", "function": {"name": "get", "parameters": {"type": "object",
+        "properties": {"id": {"type": "string"}}, "required": ["id"]}}}]}"#;
+
+#[rustfmt::skip]
+const TOOLS: &[Case] = &[
+    ("tool_choice", r#""none""#, None),
+    ("tool_choice", r#""auto""#, None),
+    ("tool_choice", r#""required""#, None),
+    ("tool_choice", r#"{"type": "function", "function": {"name": "get"}}"#, None),
+    ("tool_choice", r#""any""#, Some(("tool_choice", INVALID_VALUE))),
+    ("tool_choice", r#"{"type": "function", "function": {"name": "put"}}"#, Some(("tool_choice.function.name", INVALID_VALUE))),
+    ("tool_choice", r#"{"type": "function"}"#, Some(("tool_choice.function", MISSING))),
+    ("tool_choice", "3", Some(("tool_choice", WRONG_TYPE))),
+    ("tools", r#"[{"type": "retrieval", "function": {"name": "f"}}]"#, Some(("tools[0].type", INVALID_VALUE))),
+    ("tools", r#"[{"type": "function"}]"#, Some(("tools[0].function", MISSING))),
+    ("tools", r#"[{"type": "function", "function": {}}]"#, Some(("tools[0].function.name", MISSING))),
+    ("tools", r#"[{"type": "function", "function": {"name": "f", "description": {"a": 1}}}]"#, Some(("tools[0].function.description", WRONG_TYPE))),
+    ("tools", r#"[{"type": "function", "function": {"name": "f", "strict": "yes"}}]"#, Some(("tools[0].function.strict", WRONG_TYPE))),
+    ("tools", r#"[{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]"#, Some(("tools[1].function.name", CONFLICT))),
+    // MindIE `parameters` rules (→A-36)
+    ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {"properties": {}, "required": []}}}]"#, Some(("tools[0].function.parameters.type", MISSING))),
+    ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "array", "properties": {}, "required": []}}}]"#, Some(("tools[0].function.parameters.type", INVALID_VALUE))),
+    ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": []}}}]"#, Some(("tools[0].function.parameters.properties", MISSING))),
+    ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": 1}, "required": []}}}]"#, Some(("tools[0].function.parameters.properties.a", WRONG_TYPE))),
+    ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]"#, Some(("tools[0].function.parameters.required", MISSING))),
+    ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}, "required": [1]}}}]"#, Some(("tools[0].function.parameters.required[0]", WRONG_TYPE))),
+    ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": "no"}}}]"#, Some(("tools[0].function.parameters.additionalProperties", WRONG_TYPE))),
+];
 
 #[test]
 fn tools_and_tool_choice() {
-    let base = with(&parse(BASE), "tools", parse(&format!("[{TOOL}]")));
-    let run = |path: &str, value: &str| {
-        validate(
-            Route::Chat,
-            &with(&base, path, parse(value)),
-            None,
-            &limits(),
-        )
-    };
-    for choice in [
-        r#""none""#,
-        r#""auto""#,
-        r#""required""#,
-        r#"{"type": "function", "function": {"name": "get"}}"#,
-    ] {
-        assert!(run("tool_choice", choice).is_ok(), "{choice}");
-    }
-    #[rustfmt::skip]
-    let rejected = [
-        ("tool_choice", r#""any""#, "tool_choice", INVALID_VALUE),
-        ("tool_choice", r#"{"type": "function", "function": {"name": "put"}}"#, "tool_choice.function.name", INVALID_VALUE),
-        ("tool_choice", r#"{"type": "function"}"#, "tool_choice.function", MISSING),
-        ("tool_choice", "3", "tool_choice", WRONG_TYPE),
-        ("tools", r#"[{"type": "retrieval", "function": {"name": "f"}}]"#, "tools[0].type", INVALID_VALUE),
-        ("tools", r#"[{"type": "function"}]"#, "tools[0].function", MISSING),
-        ("tools", r#"[{"type": "function", "function": {}}]"#, "tools[0].function.name", MISSING),
-        ("tools", r#"[{"type": "function", "function": {"name": "f", "description": {"a": 1}}}]"#, "tools[0].function.description", WRONG_TYPE),
-        ("tools", r#"[{"type": "function", "function": {"name": "f", "strict": "yes"}}]"#, "tools[0].function.strict", WRONG_TYPE),
-        ("tools", r#"[{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]"#, "tools[1].function.name", CONFLICT),
-        // MindIE `parameters` rules (→A-36)
-        ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {"properties": {}, "required": []}}}]"#, "tools[0].function.parameters.type", MISSING),
-        ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "array", "properties": {}, "required": []}}}]"#, "tools[0].function.parameters.type", INVALID_VALUE),
-        ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": []}}}]"#, "tools[0].function.parameters.properties", MISSING),
-        ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": 1}, "required": []}}}]"#, "tools[0].function.parameters.properties.a", WRONG_TYPE),
-        ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]"#, "tools[0].function.parameters.required", MISSING),
-        ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}, "required": [1]}}}]"#, "tools[0].function.parameters.required[0]", WRONG_TYPE),
-        ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": "no"}}}]"#, "tools[0].function.parameters.additionalProperties", WRONG_TYPE),
-    ];
-    for (path, value, param, code) in rejected {
-        assert_err(run(path, value), param, code, value);
-    }
+    run_cases(Route::Chat, WITH_TOOL, TOOLS);
+}
+
+#[rustfmt::skip]
+const NO_TOOLS: &[Case] = &[
     // "required" or a named choice without tools (→A-38); "none" and "auto" are fine.
-    let bare = parse(BASE);
-    for (choice, accepted) in [
-        (r#""none""#, true),
-        (r#""auto""#, true),
-        (r#""required""#, false),
-        (
-            r#"{"type": "function", "function": {"name": "get"}}"#,
-            false,
-        ),
-    ] {
-        let result = validate(
-            Route::Chat,
-            &with(&bare, "tool_choice", parse(choice)),
-            None,
-            &limits(),
-        );
-        if accepted {
-            assert!(result.is_ok(), "{choice}");
-        } else {
-            assert_err(result, "tool_choice", CONFLICT, choice);
-        }
-    }
+    ("tool_choice", r#""none""#, None),
+    ("tool_choice", r#""auto""#, None),
+    ("tool_choice", r#""required""#, Some(("tool_choice", CONFLICT))),
+    ("tool_choice", r#"{"type": "function", "function": {"name": "get"}}"#, Some(("tool_choice", CONFLICT))),
+    ("tools", "[]", None),
+];
+
+#[test]
+fn tool_choice_without_tools_and_no_count_limit() {
+    run_cases(Route::Chat, BASE, NO_TOOLS);
     // No tool-count limit on MindIE (→A-41).
-    let many = format!(
-        "[{}]",
-        (0..40)
-            .map(|i| format!(r#"{{"type": "function", "function": {{"name": "f{i}"}}}}"#))
-            .collect::<Vec<_>>()
-            .join(",")
-    );
-    assert!(validate(
-        Route::Chat,
-        &with(&bare, "tools", parse(&many)),
-        None,
-        &limits()
-    )
-    .is_ok());
+    let tool = |i| format!(r#"{{"type": "function", "function": {{"name": "f{i}"}}}}"#);
+    let many = format!("[{}]", (0..40).map(tool).collect::<Vec<_>>().join(","));
+    let body = with(&parse(BASE), "tools", parse(&many));
+    assert!(validate(Route::Chat, &body, None, &limits()).is_ok());
+}
+
+/// Validates `BASE` with the extra top-level fields of the JSON object `extra`.
+fn chat(extra: &str) -> crate::params::SamplingParams {
+    ok_with(Route::Chat, &merge(BASE, extra), None, &limits())
 }
 
 #[test]
-fn defaults_and_normalisation() {
+fn defaults() {
     let p = ok(Route::Chat, BASE);
     assert_eq!(
         p.max_tokens,
         Some(1000),
         "default max_tokens is max_iter_times"
     );
-    assert_eq!(
-        (p.temperature, p.top_p, p.top_k, p.n, p.best_of),
-        (1.0, 1.0, 0, 1, 1)
-    );
+    let sampling = (p.temperature, p.top_p, p.top_k, p.n, p.best_of);
+    assert_eq!(sampling, (1.0, 1.0, 0, 1, 1));
     assert!(p.skip_special_tokens && !p.ignore_eos && p.logprobs.is_none() && p.seed.is_none());
-    let body = |extra: &str| format!("{{{}}}", extra);
-    let ok = |extra: &str| ok_with(Route::Chat, &merge(BASE, extra), None, &limits());
-    let p = ok(&body(
-        r#""top_k": -1, "seed": 0, "stop": "x", "stop_token_ids": [2, -1, 4294967296, 32000, 13], "include_stop_str_in_output": true"#,
-    ));
+}
+
+#[test]
+fn stops_and_top_k_normalisation() {
+    let p = chat(
+        r#"{"top_k": -1, "seed": 0, "stop": "x", "stop_token_ids": [2, -1, 4294967296, 32000, 13],
+            "include_stop_str_in_output": true}"#,
+    );
     assert_eq!((p.top_k, p.seed), (0, Some(0)));
     assert_eq!(p.stop, vec!["x".to_string()]);
     assert_eq!(
@@ -272,56 +249,45 @@ fn defaults_and_normalisation() {
     );
     assert!(p.include_stop_str_in_output);
     // include_stop_str_in_output is ignored without stop or stop_token_ids (also if all dropped).
-    assert!(
-        !ok(&body(r#""include_stop_str_in_output": true, "stop": []"#)).include_stop_str_in_output
-    );
-    assert!(
-        !ok(&body(
-            r#""include_stop_str_in_output": true, "stop_token_ids": [-5]"#
-        ))
-        .include_stop_str_in_output
-    );
+    let p = chat(r#"{"include_stop_str_in_output": true, "stop": []}"#);
+    assert!(!p.include_stop_str_in_output);
+    let p = chat(r#"{"include_stop_str_in_output": true, "stop_token_ids": [-5]}"#);
+    assert!(!p.include_stop_str_in_output);
     assert_eq!(
-        ok(&body(r#""top_k": 40000"#)).top_k,
+        chat(r#"{"top_k": 40000}"#).top_k,
         0,
         "top_k >= vocab is off"
     );
-    // temperature 0 is greedy; the truncation samplers are switched off.
-    let p = ok(&body(
-        r#""temperature": 0, "top_p": 0.5, "top_k": 5, "min_p": 0.2, "repetition_penalty": 1.5"#,
-    ));
+    // temperature 0 is greedy; the truncation samplers are switched off, penalties stay.
+    let p = chat(
+        r#"{"temperature": 0, "top_p": 0.5, "top_k": 5, "min_p": 0.2, "repetition_penalty": 1.5}"#,
+    );
     assert!(p.is_greedy());
     assert_eq!(
         (p.top_p, p.top_k, p.min_p, p.repetition_penalty),
         (1.0, 0, 0.0, 1.5)
     );
-    // logprobs
-    assert_eq!(ok(&body(r#""logprobs": true"#)).logprobs, Some(0));
+}
+
+#[test]
+fn logprobs_and_extras() {
+    assert_eq!(chat(r#"{"logprobs": true}"#).logprobs, Some(0));
     assert_eq!(
-        ok(&body(r#""logprobs": true, "top_logprobs": 20"#)).logprobs,
+        chat(r#"{"logprobs": true, "top_logprobs": 20}"#).logprobs,
         Some(20)
     );
-    assert_eq!(ok(&body(r#""logprobs": false"#)).logprobs, None);
-    let result = validate(
-        Route::Chat,
-        &merge(BASE, &body(r#""logprobs": true, "top_logprobs": 21"#)),
-        None,
-        &limits(),
-    );
+    assert_eq!(chat(r#"{"logprobs": false}"#).logprobs, None);
+    let run = |extra: &str| validate(Route::Chat, &merge(BASE, extra), None, &limits());
+    let result = run(r#"{"logprobs": true, "top_logprobs": 21}"#);
     assert_err(result, "top_logprobs", OUT_OF_RANGE, "21");
-    // extras
-    let p = ok(&body(
-        r#""logit_bias": {"9": 1.5, "2": -3}, "allowed_token_ids": [9, 2, 9], "min_tokens": 3, "max_tokens": 3"#,
-    ));
+    let p = chat(
+        r#"{"logit_bias": {"9": 1.5, "2": -3}, "allowed_token_ids": [9, 2, 9], "min_tokens": 3,
+            "max_tokens": 3}"#,
+    );
     assert_eq!(p.logit_bias, vec![(2, -3.0), (9, 1.5)]);
     assert_eq!(p.allowed_token_ids, Some(vec![2, 9]));
     assert_eq!((p.min_tokens, p.max_tokens), (3, Some(3)));
-    let result = validate(
-        Route::Chat,
-        &merge(BASE, &body(r#""min_tokens": 4, "max_tokens": 3"#)),
-        None,
-        &limits(),
-    );
+    let result = run(r#"{"min_tokens": 4, "max_tokens": 3}"#);
     assert_err(result, "min_tokens", OUT_OF_RANGE, "min > max");
 }
 
@@ -366,6 +332,30 @@ fn multimodal_chat() {
         "21 media parts",
     );
     // The limit counts across messages too.
+    let images = |k: usize| {
+        (0..k)
+            .map(|_| part("image_url"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let two_messages = format!(
+        r#"{{"model": "m", "messages": [{{"role": "user", "content": [{}]}}, {{"role": "user", "content": [{{"type": "text", "text": "a"}}, {}]}}]}}"#,
+        images(10),
+        images(11)
+    );
+    let result = validate(Route::Chat, &parse(&two_messages), None, &mm);
+    assert_err(
+        result,
+        "messages[1].content[11]",
+        TOO_MANY,
+        "10 + 11 media parts",
+    );
+    // A message of media alone is content (the request still has text elsewhere).
+    let media_only = format!(
+        r#"{{"model": "m", "messages": [{{"role": "user", "content": [{}]}}, {{"role": "user", "content": "what is this?"}}]}}"#,
+        images(1)
+    );
+    assert!(validate(Route::Chat, &parse(&media_only), None, &mm).is_ok());
     let url = r#"{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,AAAA"}}"#;
     assert!(validate(Route::Chat, &parse(&msg(vec![url.to_string()])), None, &mm).is_ok());
     let p = ok_with(

@@ -70,30 +70,28 @@ fn chat_field_table() {
 }
 
 #[test]
-fn chat_tool_count_and_normalisation() {
-    let tool = |i: usize| format!(r#"{{"type": "function", "function": {{"name": "f{i}"}}}}"#);
-    let tools = |k: usize| {
+fn chat_tool_count() {
+    let tool = |i| format!(r#"{{"type": "function", "function": {{"name": "f{i}"}}}}"#);
+    let tools = |k| {
         parse(&format!(
             "[{}]",
             (0..k).map(tool).collect::<Vec<_>>().join(",")
         ))
     };
-    let base = parse(CHAT);
-    assert!(validate(
-        Route::DatabricksChat,
-        &with(&base, "tools", tools(32)),
-        None,
-        &limits()
-    )
-    .is_ok());
-    let result = validate(
-        Route::DatabricksChat,
-        &with(&base, "tools", tools(33)),
-        None,
-        &limits(),
-    );
-    assert_err(result, "tools", TOO_MANY, "33 tools");
+    let run = |k| {
+        validate(
+            Route::DatabricksChat,
+            &with(&parse(CHAT), "tools", tools(k)),
+            None,
+            &limits(),
+        )
+    };
+    assert!(run(32).is_ok());
+    assert_err(run(33), "tools", TOO_MANY, "33 tools");
+}
 
+#[test]
+fn chat_normalisation() {
     let run = |extra: &str| ok_with(Route::DatabricksChat, &merge(CHAT, extra), None, &limits());
     let p = run("{}");
     assert_eq!(
@@ -123,19 +121,15 @@ fn chat_tool_count_and_normalisation() {
     assert_eq!(run(r#"{"max_tokens": 7}"#).max_tokens, Some(7));
     // Unknown to Databricks: ignored.
     assert_eq!(run(r#"{"seed": "x", "presence_penalty": 9}"#).seed, None);
-    let p = ok_with(
-        Route::DatabricksChat,
-        &parse(CHAT),
-        Some(4000),
-        &Limits {
-            max_input_tokens: 4095,
-            ..limits()
-        },
-    );
+    let long = Limits {
+        max_input_tokens: 4095,
+        ..limits()
+    };
+    let p = ok_with(Route::DatabricksChat, &parse(CHAT), Some(4000), &long);
     assert_eq!(
         p.max_tokens,
         Some(96),
-        "null max_tokens: min(max_iter_times, max_model_len - prompt)"
+        "null: min(max_iter_times, max_model_len - prompt)"
     );
 }
 

@@ -16,75 +16,27 @@ fn param_of<T: std::fmt::Debug>(result: Result<T, CoreError>) -> String {
     }
 }
 
+/// Makes one limit invalid.
+type Breaker = fn(&mut Limits);
+
 #[test]
 fn limits_validate_names_the_field() {
     assert!(Limits::default().validate().is_ok());
-    let cases: [(Limits, &str); 9] = [
-        (
-            Limits {
-                max_model_len: 1,
-                ..Limits::default()
-            },
-            "max_model_len",
-        ),
-        (
-            Limits {
-                max_input_tokens: 0,
-                ..Limits::default()
-            },
-            "max_input_tokens",
-        ),
-        (
-            Limits {
-                max_position_embeddings: Some(0),
-                ..Limits::default()
-            },
-            "max_position_embeddings",
-        ),
-        (
-            Limits {
-                max_iter_times: 0,
-                ..Limits::default()
-            },
-            "max_iter_times",
-        ),
-        (
-            Limits {
-                max_prompt_chars: 0,
-                ..Limits::default()
-            },
-            "max_prompt_chars",
-        ),
-        (
-            Limits {
-                max_stop_chars: 0,
-                ..Limits::default()
-            },
-            "max_stop_chars",
-        ),
-        (
-            Limits {
-                max_n: 129,
-                ..Limits::default()
-            },
-            "max_n",
-        ),
-        (
-            Limits {
-                max_logprobs: 21,
-                ..Limits::default()
-            },
-            "max_logprobs",
-        ),
-        (
-            Limits {
-                max_beam_width: 0,
-                ..Limits::default()
-            },
-            "max_beam_width",
-        ),
+    #[rustfmt::skip]
+    let cases: [(Breaker, &str); 9] = [
+        (|l| l.max_model_len = 1, "max_model_len"),
+        (|l| l.max_input_tokens = 0, "max_input_tokens"),
+        (|l| l.max_position_embeddings = Some(0), "max_position_embeddings"),
+        (|l| l.max_iter_times = 0, "max_iter_times"),
+        (|l| l.max_prompt_chars = 0, "max_prompt_chars"),
+        (|l| l.max_stop_chars = 0, "max_stop_chars"),
+        (|l| l.max_n = 129, "max_n"),
+        (|l| l.max_logprobs = 21, "max_logprobs"),
+        (|l| l.max_beam_width = 0, "max_beam_width"),
     ];
-    for (limits, field) in cases {
+    for (break_it, field) in cases {
+        let mut limits = Limits::default();
+        break_it(&mut limits);
         assert_eq!(param_of(limits.validate()), field);
     }
 }

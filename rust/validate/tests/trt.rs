@@ -180,66 +180,40 @@ fn output_cap_counts_input_ids() {
     );
 }
 
+/// Shape rules with a 4-token vocabulary: (extra fields, expected error or None).
+#[rustfmt::skip]
+const SHAPES: &[(&str, Option<(&str, &str)>)] = &[
+    (r#"{"embedding_bias": [0.5, 0, -1, 2]}"#, None),
+    (r#"{"embedding_bias": [0.5, 0, -1]}"#, Some(("embedding_bias", INVALID_FORMAT))),
+    (r#"{"embedding_bias": [0.5, 0, "x", 1]}"#, Some(("embedding_bias[2]", WRONG_TYPE))),
+    (r#"{"draft_input_ids": [1, 2], "draft_logits": [[0, 0, 0, 0], [1, 1, 1, 1]]}"#, None),
+    (r#"{"draft_input_ids": [1], "draft_logits": [[0, 0, 0, 0], [1, 1, 1, 1]]}"#, Some(("draft_logits", INVALID_FORMAT))),
+    (r#"{"draft_input_ids": [1], "draft_logits": [[0, 0, 0]]}"#, Some(("draft_logits[0]", INVALID_FORMAT))),
+    (r#"{"lora_config": [[0, 1, 8]], "lora_weights": [[0.1, 0.2]]}"#, None),
+    (r#"{"lora_config": [[0, 1, 8]], "lora_weights": [[0.1], [0.2]]}"#, Some(("lora_weights", INVALID_FORMAT))),
+    (r#"{"beam_width": 2}"#, None),
+    (r#"{"beam_width": 3}"#, Some(("beam_width", OUT_OF_RANGE))),
+];
+
 #[test]
 fn embedding_bias_and_shapes() {
     let limits = Limits {
         vocab_size: 4,
+        max_beam_width: 2,
         ..limits()
     };
     let run = |extra: &str| validate(Route::Trt, &merge(BASE, extra), None, &limits);
+    for &(extra, expected) in SHAPES {
+        match expected {
+            None => assert!(run(extra).is_ok(), "{extra}"),
+            Some((param, code)) => assert_err(run(extra), param, code, extra),
+        }
+    }
     let p = run(r#"{"embedding_bias": [[0.5, 0, -1, 2]]}"#).unwrap();
+    let bias = p.embedding_bias.as_deref();
     assert_eq!(
-        p.embedding_bias.as_deref(),
-        Some(&[0.5, 0.0, -1.0, 2.0][..])
-    );
-    assert!(run(r#"{"embedding_bias": [0.5, 0, -1, 2]}"#).is_ok());
-    assert_err(
-        run(r#"{"embedding_bias": [0.5, 0, -1]}"#),
-        "embedding_bias",
-        INVALID_FORMAT,
-        "3 of 4",
-    );
-    assert_err(
-        run(r#"{"embedding_bias": [0.5, 0, "x", 1]}"#),
-        "embedding_bias[2]",
-        WRONG_TYPE,
-        "x",
-    );
-    assert!(
-        run(r#"{"draft_input_ids": [1, 2], "draft_logits": [[0, 0, 0, 0], [1, 1, 1, 1]]}"#).is_ok()
-    );
-    assert_err(
-        run(r#"{"draft_input_ids": [1], "draft_logits": [[0, 0, 0, 0], [1, 1, 1, 1]]}"#),
-        "draft_logits",
-        INVALID_FORMAT,
-        "rows",
-    );
-    assert_err(
-        run(r#"{"draft_input_ids": [1], "draft_logits": [[0, 0, 0]]}"#),
-        "draft_logits[0]",
-        INVALID_FORMAT,
-        "width",
-    );
-    assert!(run(r#"{"lora_config": [[0, 1, 8]], "lora_weights": [[0.1, 0.2]]}"#).is_ok());
-    assert_err(
-        run(r#"{"lora_config": [[0, 1, 8]], "lora_weights": [[0.1], [0.2]]}"#),
-        "lora_weights",
-        INVALID_FORMAT,
-        "rows",
-    );
-    let narrow = Limits {
-        max_beam_width: 2,
-        ..limits.clone()
-    };
-    assert_err(
-        validate(
-            Route::Trt,
-            &merge(BASE, r#"{"beam_width": 3}"#),
-            None,
-            &narrow,
-        ),
-        "beam_width",
-        OUT_OF_RANGE,
-        "3 > 2",
+        bias,
+        Some(&[0.5, 0.0, -1.0, 2.0][..]),
+        "a [1, vocab] tensor"
     );
 }
