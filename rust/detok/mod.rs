@@ -32,6 +32,7 @@
 //! emits the longest valid UTF-8 prefix; the generic path re-decodes a window of a few tokens
 //! (see `window.rs`). Neither grows with the length of the sequence.
 
+mod decoder;
 mod stream;
 mod table;
 mod utf8;
@@ -51,12 +52,14 @@ pub use window::MAX_PENDING;
 
 use crate::error::{CoreError, CoreResult};
 use crate::types::TokenId;
+use decoder::RunDecoder;
 use table::{Kind, TokenTable};
 
 /// A loaded tokenizer with the tables streaming needs. `Send + Sync`; share it with `Arc`.
 pub struct Detokenizer {
     tokenizer: Tokenizer,
     table: TokenTable,
+    run: RunDecoder,
     /// The decoder is ByteLevel: the table holds each token's bytes.
     byte_level: bool,
     /// Streams of byte-level tokenizers use the byte table instead of the generic window.
@@ -73,9 +76,14 @@ impl Detokenizer {
         let byte_fallback =
             decoder.is_some_and(|d| d.decode(vec!["<0x41>".to_string()]).is_ok_and(|s| s == "A"));
         let table = TokenTable::new(&tokenizer, byte_level);
+        let mut run = RunDecoder::new(decoder, &table);
+        if !byte_level {
+            run.cache_lengths(&table);
+        }
         Detokenizer {
             tokenizer,
             table,
+            run,
             byte_level,
             fast_path: byte_level,
             byte_fallback,
@@ -115,6 +123,9 @@ impl Detokenizer {
     /// the two paths.
     pub fn with_fast_path(mut self, enabled: bool) -> Self {
         self.fast_path = enabled && self.byte_level;
+        if !self.fast_path {
+            self.run.cache_lengths(&self.table);
+        }
         self
     }
 
@@ -226,18 +237,16 @@ impl Detokenizer {
         }
     }
 
-    /// Decodes a run of normal tokens with the tokenizer's decoder (tokens joined with " " when
-    /// it has none, as `tokenizers` does). A decoder error renders the run as "": the stock
-    /// decoders never fail, and streams and `decode` share this function, so they agree.
+    /// Decodes a run of normal tokens with the tokenizer's decoder.
+    #[inline]
     pub(crate) fn decode_run(&self, ids: &[TokenId]) -> String {
-        let tokens: Vec<String> = ids
-            .iter()
-            .map(|&id| self.table.string(id).to_owned())
-            .collect();
-        match self.tokenizer.get_decoder() {
-            Some(decoder) => decoder.decode(tokens).unwrap_or_default(),
-            None => tokens.join(" "),
-        }
+        self.run.decode(&self.table, ids)
+    }
+
+    /// The byte length of `decode_run(&[id])`.
+    #[inline]
+    pub(crate) fn alone_len(&self, id: TokenId) -> usize {
+        self.run.alone_len(&self.table, id)
     }
 
     /// The byte of a `<0xNN>` token when the decoder does byte fallback, parsed exactly as

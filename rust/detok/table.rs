@@ -17,13 +17,39 @@ pub(crate) enum Kind {
     Missing,
 }
 
-/// The per-id tables. Strings and bytes are stored flat, `ends[i]` closing id `i`'s slice.
+/// Strings by id, stored flat: `ends[i]` closes id `i`'s slice of `buf`.
+#[derive(Default)]
+pub(crate) struct FlatStrings {
+    buf: String,
+    ends: Vec<usize>,
+}
+
+impl FlatStrings {
+    /// Appends the string of the next id.
+    pub(crate) fn push(&mut self, s: &str) {
+        self.buf.push_str(s);
+        self.ends.push(self.buf.len());
+    }
+
+    /// The string of `id` ("" past the end).
+    #[inline]
+    pub(crate) fn get(&self, id: TokenId) -> &str {
+        let i = id as usize;
+        if i >= self.ends.len() {
+            return "";
+        }
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.buf[start..self.ends[i]]
+    }
+}
+
+/// The per-id tables.
 pub(crate) struct TokenTable {
     kinds: Vec<Kind>,
-    strings: String,
-    string_ends: Vec<usize>,
+    /// The token strings as the tokenizer stores them ("" when missing).
+    strings: FlatStrings,
     /// Byte-level tokenizers only (else empty): the bytes the ByteLevel decoder maps each
-    /// token to.
+    /// token to, `byte_ends[i]` closing id `i`'s slice.
     bytes: Vec<u8>,
     byte_ends: Vec<usize>,
 }
@@ -40,8 +66,7 @@ impl TokenTable {
         let added = tokenizer.get_added_vocabulary();
         let mut table = TokenTable {
             kinds: Vec::with_capacity(num_ids),
-            strings: String::new(),
-            string_ends: Vec::with_capacity(num_ids),
+            strings: FlatStrings::default(),
             bytes: Vec::new(),
             byte_ends: Vec::new(),
         };
@@ -55,8 +80,7 @@ impl TokenTable {
             };
             let token = token.unwrap_or_default();
             table.kinds.push(kind);
-            table.strings.push_str(&token);
-            table.string_ends.push(table.strings.len());
+            table.strings.push(&token);
             if byte_level {
                 byte_level_bytes(&token, &mut table.bytes);
                 table.byte_ends.push(table.bytes.len());
@@ -83,12 +107,7 @@ impl TokenTable {
     /// The token string of `id` as the tokenizer stores it ("" when missing).
     #[inline]
     pub(crate) fn string(&self, id: TokenId) -> &str {
-        let i = id as usize;
-        if i >= self.string_ends.len() {
-            return "";
-        }
-        let start = if i == 0 { 0 } else { self.string_ends[i - 1] };
-        &self.strings[start..self.string_ends[i]]
+        self.strings.get(id)
     }
 
     /// The bytes of `id` for a byte-level table (empty otherwise or when missing).

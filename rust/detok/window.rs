@@ -17,10 +17,6 @@ use crate::types::TokenId;
 /// cost constant when a model emits bytes that never form a character.
 pub const MAX_PENDING: usize = 16;
 
-/// The window drops the tokens before its last clean boundary once there are this many. Larger
-/// means fewer re-decodes of the context, smaller means shorter decodes.
-const REBASE_AFTER: usize = 4;
-
 /// The state of one run on the generic path.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Window {
@@ -72,12 +68,15 @@ impl Window {
         }
     }
 
-    /// Records a clean boundary at the end of the window, first dropping the tokens before the
-    /// previous clean boundary when there are enough: the tokens since it become the context.
+    /// Records a clean boundary at the end of the window and moves the window's start to the
+    /// previous clean boundary: the tokens since then (usually one) become the context.
     fn mark_clean(&mut self, det: &Detokenizer, text_len: usize) {
-        if self.clean >= REBASE_AFTER {
+        if self.clean > 0 {
             self.ids.drain(..self.clean);
-            self.emitted = det.decode_run(&self.ids).len();
+            self.emitted = match self.ids[..] {
+                [id] => det.alone_len(id),
+                _ => det.decode_run(&self.ids).len(),
+            };
         } else {
             self.emitted = text_len;
         }

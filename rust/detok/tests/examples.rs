@@ -25,6 +25,10 @@ fn fixtures_have_the_decoders_they_stand_for() {
     assert_eq!(specials(&SENTENCEPIECE), vec![0, 1, 2]);
     assert_eq!(id_of(&SENTENCEPIECE, "<0xE4>"), 3 + 0xE4);
     assert_eq!(specials(&WORDPIECE).len(), 5);
+    // The Llama decoder's leading Replace runs once per token at load, not per decode.
+    assert!(SENTENCEPIECE.run.has_pieces() && !WORDPIECE.run.has_pieces());
+    let piece = SENTENCEPIECE.run.piece(id_of(&SENTENCEPIECE, "▁the"));
+    assert_eq!(piece, Some(" the"));
 }
 
 #[test]
