@@ -2,6 +2,7 @@
 //! extracts its inputs, releases the GIL for work that scales with the batch, calls the core and
 //! converts the result; every core error is mapped to Python once, in `errors.rs`.
 
+mod detok;
 mod errors;
 mod params;
 mod scheduler;
@@ -26,6 +27,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<scheduler::PyScheduler>()?;
     m.add_class::<scheduler::PyStepPlan>()?;
     m.add_class::<scheduler::PyStepOutput>()?;
+    m.add_class::<detok::PyDetokenizer>()?;
+    m.add_class::<detok::PyDecodeStream>()?;
     m.add("ValidationError", py.get_type::<errors::ValidationError>())?;
     m.add("QueueFullError", py.get_type::<errors::QueueFullError>())?;
     m.add("SchedulerError", py.get_type::<errors::SchedulerError>())?;
