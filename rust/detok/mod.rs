@@ -17,11 +17,12 @@
 //! any ids except where a decoder renders earlier tokens differently once later ones arrive:
 //! * ByteFallback renders a run of `<0xNN>` tokens as its UTF-8 text if the whole run is valid,
 //!   else as one U+FFFD per byte. The stream emits a character as soon as its bytes complete,
-//!   so a run that is valid UTF-8 up to some token and later turns invalid (for instance
-//!   `<0xE4><0xB8><0xAD><0xE4>` followed by a normal token, or by a special token when
-//!   `skip_special_tokens` is false) streams as `中` then `�` where `decode` gives `����`. Ids
-//!   that encode text never do this, nor do special tokens placed between characters. Waiting
-//!   for the end of every byte run instead would hold back whole sentences of byte-fallback CJK.
+//!   so a run that is valid UTF-8 up to some token and later turns invalid streams its valid
+//!   start: `<0xE4><0xB8><0xAD><0xE4>` then `x` streams `中` then `���x` where `decode` gives
+//!   `����x`. The same happens when a
+//!   special token ends such a run with `skip_special_tokens` false. Ids that encode text never
+//!   do this, nor do special tokens placed between characters. Waiting for the end of every
+//!   byte run instead would hold back whole sentences of byte-fallback CJK.
 //! * A window holds at most [`MAX_PENDING`] tokens past the point where its text last ended
 //!   cleanly (not in U+FFFD); past that it emits what it holds, to keep the cost per token
 //!   bounded when a model emits bytes that never form a character. Only text with that many
@@ -29,8 +30,10 @@
 //!   in an incomplete byte run) can then differ.
 //!
 //! **Cost.** Per token, the fast path appends the token's bytes (a table built at load) and
-//! emits the longest valid UTF-8 prefix; the generic path re-decodes a window of a few tokens
-//! (see `window.rs`). Neither grows with the length of the sequence.
+//! emits the longest valid UTF-8 prefix. The generic path decodes a window of the last clean
+//! chunk (usually one token) plus the new token; leading per-token decoder stages (the Llama
+//! decoder's Replace) were applied to the whole vocabulary at load (`decoder.rs`). Neither
+//! grows with the length of the sequence.
 
 mod decoder;
 mod stream;
