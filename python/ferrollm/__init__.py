@@ -6,6 +6,8 @@ Python without torch.
 
 from ferrollm._core import (
     FINISH_REASON_NAMES,
+    DecodeStream,
+    Detokenizer,
     Limits,
     QueueFullError,
     SamplingParams,
@@ -20,6 +22,8 @@ from ferrollm._core import (
 
 __all__ = [
     "FINISH_REASON_NAMES",
+    "DecodeStream",
+    "Detokenizer",
     "Limits",
     "QueueFullError",
     "SamplingParams",

@@ -1,5 +1,6 @@
 """Type stubs for the Rust core, `ferrollm._core` (checked by mypy.stubtest)."""
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, final
 
@@ -8,6 +9,8 @@ import numpy.typing as npt
 
 __all__ = [
     "FINISH_REASON_NAMES",
+    "DecodeStream",
+    "Detokenizer",
     "Limits",
     "QueueFullError",
     "SamplingParams",
@@ -360,3 +363,63 @@ class Scheduler:
     def max_num_batched_tokens(self) -> int: ...
     @property
     def max_model_len(self) -> int: ...
+
+@final
+class Detokenizer:
+    """A tokenizer.json loaded for incremental detokenization; load once per model and share.
+
+    ``decode`` is the all-at-once reference text. With ``skip_special_tokens`` special tokens
+    are dropped (equal to ``tokenizers.Tokenizer.decode(ids, skip_special_tokens=True)``);
+    without it each run of normal tokens is decoded on its own and each special token is its
+    own segment, the segments joined with ``" "`` if ``spaces_between_special_tokens`` else
+    ``""`` (vLLM's convention). Ids that no token has are ignored. Byte-level tokenizers
+    (GPT-2, Qwen, Llama-3) stream through a per-token byte table (``has_fast_path``).
+    """
+
+    @staticmethod
+    def from_file(path: str | os.PathLike[str]) -> Detokenizer:
+        """Load a tokenizer.json file; a bad file raises ValidationError(param="tokenizer")."""
+    @staticmethod
+    def from_str(json: str) -> Detokenizer:
+        """Load tokenizer.json contents; invalid JSON raises ValidationError."""
+    def decode(
+        self,
+        token_ids: _TokenIds,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> str:
+        """The text of ``token_ids`` all at once: what a stream's deltas concatenate to."""
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``; ``add_special_tokens`` applies the post-processor."""
+    @property
+    def vocab_size(self) -> int:
+        """One past the largest token id, added tokens included."""
+    @property
+    def has_fast_path(self) -> bool:
+        """Whether streams use the byte-level fast path."""
+    def is_special(self, token_id: int) -> bool:
+        """Whether ``token_id`` is a special token (dropped by ``skip_special_tokens``)."""
+    def token_text(self, token_id: int) -> str:
+        """The text one token stands for (for logprobs); half a character is U+FFFD."""
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes one token stands for (OpenAI logprobs ``bytes``)."""
+    def stream(
+        self, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
+    ) -> DecodeStream:
+        """A new per-sequence stream with these flags."""
+
+@final
+class DecodeStream:
+    """One sequence's incremental detokenization, from ``Detokenizer.stream()``.
+
+    Each call returns the text that became final (possibly ``""``); no delta ever holds half a
+    UTF-8 character, and the deltas plus ``finish()`` concatenate to ``Detokenizer.decode``
+    of all ids with the same flags.
+    """
+
+    def step(self, token_id: int) -> str:
+        """Add one token; return the text it completed."""
+    def push(self, token_ids: _TokenIds) -> str:
+        """Add many tokens at once; return the text they completed."""
+    def finish(self) -> str:
+        """End the sequence: return what was held back and reset the stream."""

@@ -2,6 +2,7 @@
 //! extracts its inputs, releases the GIL for work that scales with the batch, calls the core and
 //! converts the result; every core error is mapped to Python once, in `errors.rs`.
 
+mod detok;
 mod errors;
 mod params;
 mod scheduler;
@@ -29,6 +30,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<scheduler::PyStepOutput>()?;
     m.add_class::<validate::PyLimits>()?;
     m.add_function(wrap_pyfunction!(validate::validate, m)?)?;
+    m.add_class::<detok::PyDetokenizer>()?;
+    m.add_class::<detok::PyDecodeStream>()?;
     m.add("ValidationError", py.get_type::<errors::ValidationError>())?;
     m.add("QueueFullError", py.get_type::<errors::QueueFullError>())?;
     m.add("SchedulerError", py.get_type::<errors::SchedulerError>())?;
