@@ -12,8 +12,10 @@ from ferrollm._core import (
     SchedulerError,
     StepOutput,
     StepPlan,
+    StopMatcher,
     ValidationError,
     __version__,
+    truncate_at_stop,
 )
 
 __all__ = [
@@ -24,6 +26,8 @@ __all__ = [
     "SchedulerError",
     "StepOutput",
     "StepPlan",
+    "StopMatcher",
     "ValidationError",
     "__version__",
+    "truncate_at_stop",
 ]

@@ -5,6 +5,7 @@
 mod errors;
 mod params;
 mod scheduler;
+mod stop;
 
 use pyo3::prelude::*;
 
@@ -26,6 +27,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<scheduler::PyScheduler>()?;
     m.add_class::<scheduler::PyStepPlan>()?;
     m.add_class::<scheduler::PyStepOutput>()?;
+    m.add_class::<stop::PyStopMatcher>()?;
+    m.add_function(wrap_pyfunction!(stop::py_truncate_at_stop, m)?)?;
     m.add("ValidationError", py.get_type::<errors::ValidationError>())?;
     m.add("QueueFullError", py.get_type::<errors::QueueFullError>())?;
     m.add("SchedulerError", py.get_type::<errors::SchedulerError>())?;
