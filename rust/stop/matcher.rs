@@ -50,6 +50,19 @@ impl StopMatcher {
     /// match (or [`Self::finish`]) further pushes emit nothing and return `None`.
     /// Costs O(`delta` + held), independent of the text seen before.
     pub fn push(&mut self, delta: &str, out: &mut String) -> Option<usize> {
+        self.feed(delta, out, true)
+    }
+
+    /// Like [`Self::push`], but a stop completing inside `delta` does not end the text: for the
+    /// text of tokens before `min_tokens`. Text is still held back, so a stop that starts here
+    /// and completes in a later [`Self::push`] still matches (and cuts into this text). The
+    /// held text may then include a whole stop that was let pass (it is released by the next
+    /// push that cannot continue it).
+    pub fn push_without_stopping(&mut self, delta: &str, out: &mut String) {
+        self.feed(delta, out, false);
+    }
+
+    fn feed(&mut self, delta: &str, out: &mut String, stop_at_match: bool) -> Option<usize> {
         let Phase::Open(state) = self.phase else {
             return None;
         };
@@ -57,7 +70,7 @@ impl StopMatcher {
             out.push_str(delta);
             return None;
         };
-        match stops.scan(state, delta.as_bytes()) {
+        match stops.scan(state, delta.as_bytes(), stop_at_match) {
             Scan::Open { state, held } => {
                 self.phase = Phase::Open(state);
                 self.release(delta, held, out);

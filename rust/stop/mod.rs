@@ -25,6 +25,10 @@
 //!
 //! With no stop strings the matcher is a pass-through.
 //!
+//! Before `min_tokens`, text is fed with [`StopMatcher::push_without_stopping`]: stops that
+//! complete inside it are let pass, but one that starts there and completes later still cuts
+//! the text where it starts.
+//!
 //! # Token stop sequences
 //!
 //! [`TokenStops`] matches multi-token stop sequences (TensorRT-LLM `stop_words_list`) on the

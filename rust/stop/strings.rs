@@ -106,10 +106,10 @@ impl StopStrings {
         self.start
     }
 
-    /// Runs the automaton over `delta` from `state` and stops at the first byte where some stop
-    /// completes, picking the longest stop ending there (then the lowest index). A standard
-    /// automaton lists at each match state every stop ending there.
-    pub(crate) fn scan(&self, mut state: StateID, delta: &[u8]) -> Scan {
+    /// Runs the automaton over `delta` from `state` and, with `stop_at_match`, stops at the
+    /// first byte where some stop completes, picking the longest stop ending there (then the
+    /// lowest index). A standard automaton lists at each match state every stop ending there.
+    pub(crate) fn scan(&self, mut state: StateID, delta: &[u8], stop_at_match: bool) -> Scan {
         let aut = &self.nfa;
         let mut i = 0;
         while i < delta.len() {
@@ -124,7 +124,7 @@ impl StopStrings {
             }
             state = aut.next_state(Anchored::No, state, delta[i]);
             i += 1;
-            if aut.is_special(state) && aut.is_match(state) {
+            if stop_at_match && aut.is_special(state) && aut.is_match(state) {
                 let (len, Reverse(index)) = (0..aut.match_len(state))
                     .map(|k| aut.match_pattern(state, k))
                     .map(|pid| (aut.pattern_len(pid), Reverse(pid.as_usize())))

@@ -192,6 +192,30 @@ fn a_long_stop_is_held_as_long_as_it_can_still_match() {
 }
 
 #[test]
+fn stops_completing_before_min_tokens_are_let_pass() {
+    let mut m = matcher(&["STOP"], false);
+    let mut out = String::new();
+    m.push_without_stopping("a STOP b ST", &mut out);
+    assert_eq!((out.as_str(), m.held()), ("a STOP b ", "ST"));
+    assert_eq!(m.push("OP c", &mut out), Some(0));
+    assert_eq!(out, "a STOP b ");
+    // A stop that starts before the boundary and completes after it still cuts the text.
+    let mut m = matcher(&["ab", "abc"], false);
+    let mut out = String::new();
+    m.push_without_stopping("xab", &mut out);
+    assert_eq!((out.as_str(), m.held()), ("x", "ab"));
+    assert_eq!(m.push("c", &mut out), Some(1));
+    assert_eq!(out, "x");
+    // A stop let pass whole is held until the next push, then released.
+    let mut m = matcher(&["ab"], false);
+    let mut out = String::new();
+    m.push_without_stopping("xab", &mut out);
+    assert_eq!((out.as_str(), m.held()), ("x", "ab"));
+    assert_eq!(m.push("d", &mut out), None);
+    assert_eq!((out.as_str(), m.held()), ("xabd", ""));
+}
+
+#[test]
 fn reference_examples() {
     let stops = strings(&["abcd", "bc", "x"]);
     assert_eq!(
@@ -206,16 +230,39 @@ fn reference_examples() {
     assert_eq!(truncate_at_stop("", &stops, false), ("".into(), None));
 }
 
-/// The longest suffix of `text` that is a proper prefix of some stop, by brute force.
-fn longest_held(text: &str, stops: &[String]) -> usize {
+/// The longest suffix of `text` that is a prefix of some stop (a proper one if `proper`), by
+/// brute force.
+fn longest_held(text: &str, stops: &[String], proper: bool) -> usize {
     (0..=text.len())
         .rev()
         .filter(|&k| text.is_char_boundary(text.len() - k))
         .find(|&k| {
             let suffix = &text[text.len() - k..];
-            stops.iter().any(|s| s.len() > k && s.starts_with(suffix))
+            stops
+                .iter()
+                .any(|s| (s.len() > k || !proper) && s.starts_with(suffix))
         })
         .unwrap_or(0)
+}
+
+/// The reference when the first `boundary` bytes cannot end the text (before `min_tokens`):
+/// the first stop to complete after `boundary`, by brute force over start positions.
+fn truncate_after(
+    text: &str,
+    stops: &[String],
+    include: bool,
+    boundary: usize,
+) -> (String, Option<usize>) {
+    let first = (0..=text.len())
+        .filter(|&at| text.is_char_boundary(at))
+        .flat_map(|at| stops.iter().enumerate().map(move |(i, s)| (at, i, s)))
+        .filter(|&(at, _, s)| text[at..].starts_with(s.as_str()) && at + s.len() > boundary)
+        .map(|(at, i, s)| (at + s.len(), at, i))
+        .min();
+    match first {
+        Some((end, at, i)) => (text[..if include { end } else { at }].to_string(), Some(i)),
+        None => (text.to_string(), None),
+    }
 }
 
 fn small_text(max_chars: usize) -> impl Strategy<Value = String> {
@@ -249,13 +296,27 @@ proptest! {
         sizes in proptest::collection::vec(0usize..6, 0..20),
         stops in proptest::collection::vec(small_text(7).prop_filter("non-empty", |s| !s.is_empty()), 0..6),
         include in any::<bool>(),
+        num_unchecked in prop_oneof![Just(0usize), 0usize..4],
     ) {
-        let (expected, expected_index) = truncate_at_stop(&text, &stops, include);
+        let deltas = split(&text, &sizes);
+        let num_unchecked = num_unchecked.min(deltas.len());
+        let boundary: usize = deltas[..num_unchecked].iter().map(|d| d.len()).sum();
+        let (expected, expected_index) = truncate_after(&text, &stops, include, boundary);
+        if boundary == 0 {
+            prop_assert_eq!(truncate_at_stop(&text, &stops, include), (expected.clone(), expected_index));
+        }
         let mut m = StopMatcher::new(Some(Arc::new(StopStrings::new(&stops).unwrap())), include);
-        let (mut out, mut seen, mut matched) = (String::new(), String::new(), None);
-        for delta in split(&text, &sizes) {
+        let (mut out, mut seen, mut matched, mut proper) = (String::new(), String::new(), None, true);
+        for (k, delta) in deltas.into_iter().enumerate() {
             let before = out.len();
-            let got = m.push(delta, &mut out);
+            let got = if k < num_unchecked {
+                m.push_without_stopping(delta, &mut out);
+                proper = false;
+                None
+            } else {
+                proper |= !delta.is_empty();
+                m.push(delta, &mut out)
+            };
             prop_assert!(got.is_none() || matched.is_none(), "matched twice");
             matched = matched.or(got);
             // Emitted text is only ever appended, and is always a prefix of the final output.
@@ -267,7 +328,7 @@ proptest! {
                 seen.push_str(delta);
                 // Nothing lost, and the held text is exactly the minimal hold-back.
                 prop_assert_eq!(format!("{out}{}", m.held()), seen.as_str());
-                prop_assert_eq!(m.held_len(), longest_held(&seen, &stops));
+                prop_assert_eq!(m.held_len(), longest_held(&seen, &stops, proper));
             }
         }
         m.finish(&mut out);
