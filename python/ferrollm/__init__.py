@@ -15,8 +15,10 @@ from ferrollm._core import (
     SchedulerError,
     StepOutput,
     StepPlan,
+    StopMatcher,
     ValidationError,
     __version__,
+    truncate_at_stop,
     validate,
 )
 
@@ -31,7 +33,9 @@ __all__ = [
     "SchedulerError",
     "StepOutput",
     "StepPlan",
+    "StopMatcher",
     "ValidationError",
     "__version__",
+    "truncate_at_stop",
     "validate",
 ]

@@ -18,8 +18,10 @@ __all__ = [
     "SchedulerError",
     "StepOutput",
     "StepPlan",
+    "StopMatcher",
     "ValidationError",
     "__version__",
+    "truncate_at_stop",
     "validate",
 ]
 
@@ -423,3 +425,35 @@ class DecodeStream:
         """Add many tokens at once; return the text they completed."""
     def finish(self) -> str:
         """End the sequence: return what was held back and reset the stream."""
+
+class StopMatcher:
+    """Finds the first stop string in one sequence's text as it streams in.
+
+    The stop that completes first (earliest end; then the longest; then the first listed) ends
+    the text: output stops just before it, or just after it with
+    ``include_stop_str_in_output``. Only the longest tail that could still start a stop is held
+    back, so the result does not depend on how the text is split into deltas. An empty ``stop``
+    makes a pass-through; an empty string in it raises ValidationError.
+    """
+
+    def __new__(
+        cls, stop: Sequence[str], include_stop_str_in_output: bool = False
+    ) -> StopMatcher: ...
+    def push(self, delta: str) -> tuple[str, str | None]:
+        """Feed the next delta; return the text now safe to emit and the matched stop string.
+
+        After a match (or ``finish()``) further pushes return ``("", None)``.
+        """
+    def finish(self) -> str:
+        """Return the held-back tail: the text has ended, so no stop can complete any more."""
+    @property
+    def stopped(self) -> bool:
+        """True once a stop string has matched."""
+    @property
+    def held(self) -> str:
+        """The text held back because a stop could still start in it."""
+
+def truncate_at_stop(
+    text: str, stop: Sequence[str], include_stop_str_in_output: bool = False
+) -> tuple[str, str | None]:
+    """The whole-text result of the stop rule: ``(text up to the stop, matched stop or None)``."""

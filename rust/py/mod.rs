@@ -7,6 +7,7 @@ mod errors;
 mod params;
 mod scheduler;
 mod validate;
+mod stop;
 
 use pyo3::prelude::*;
 
@@ -32,6 +33,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(validate::validate, m)?)?;
     m.add_class::<detok::PyDetokenizer>()?;
     m.add_class::<detok::PyDecodeStream>()?;
+    m.add_class::<stop::PyStopMatcher>()?;
+    m.add_function(wrap_pyfunction!(stop::py_truncate_at_stop, m)?)?;
     m.add("ValidationError", py.get_type::<errors::ValidationError>())?;
     m.add("QueueFullError", py.get_type::<errors::QueueFullError>())?;
     m.add("SchedulerError", py.get_type::<errors::SchedulerError>())?;
