@@ -7,6 +7,8 @@ Python without torch.
 from ferrollm._core import (
     FINISH_REASON_NAMES,
     QueueFullError,
+    Sampler,
+    SampleResult,
     SamplingParams,
     Scheduler,
     SchedulerError,
@@ -19,6 +21,8 @@ from ferrollm._core import (
 __all__ = [
     "FINISH_REASON_NAMES",
     "QueueFullError",
+    "SampleResult",
+    "Sampler",
     "SamplingParams",
     "Scheduler",
     "SchedulerError",

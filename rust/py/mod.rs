@@ -4,6 +4,7 @@
 
 mod errors;
 mod params;
+mod sampling;
 mod scheduler;
 
 use pyo3::prelude::*;
@@ -26,6 +27,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<scheduler::PyScheduler>()?;
     m.add_class::<scheduler::PyStepPlan>()?;
     m.add_class::<scheduler::PyStepOutput>()?;
+    m.add_class::<sampling::PySampler>()?;
+    m.add_class::<sampling::PySampleResult>()?;
     m.add("ValidationError", py.get_type::<errors::ValidationError>())?;
     m.add("QueueFullError", py.get_type::<errors::QueueFullError>())?;
     m.add("SchedulerError", py.get_type::<errors::SchedulerError>())?;
