@@ -13,6 +13,8 @@ __all__ = [
     "Detokenizer",
     "Limits",
     "QueueFullError",
+    "SampleResult",
+    "Sampler",
     "SamplingParams",
     "Scheduler",
     "SchedulerError",
@@ -30,6 +32,7 @@ __version__: Final[str]
 FINISH_REASON_NAMES: Final[tuple[str, str, str, str, str]]
 
 _TokenIds = Sequence[int] | npt.NDArray[np.integer[Any]]
+_Indices = Sequence[int] | npt.NDArray[np.integer[Any]]
 
 class ValidationError(ValueError):
     """A value broke a rule; ``param`` names the field and ``code`` the rule."""
@@ -457,3 +460,88 @@ def truncate_at_stop(
     text: str, stop: Sequence[str], include_stop_str_in_output: bool = False
 ) -> tuple[str, str | None]:
     """The whole-text result of the stop rule: ``(text up to the stop, matched stop or None)``."""
+
+class SampleResult:
+    """One step's draws as numpy columns, one entry per sample.
+
+    ``logprobs`` is NaN where a sample did not ask for logprobs; ``top_token_ids`` and
+    ``top_logprobs`` have shape ``[samples, max_k]``, padded with -1 and -inf.
+    """
+
+    @property
+    def token_ids(self) -> npt.NDArray[np.uint32]: ...
+    @property
+    def logprobs(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def top_token_ids(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def top_logprobs(self) -> npt.NDArray[np.float32]: ...
+    def __len__(self) -> int: ...
+
+@final
+class Sampler:
+    """Draws one token per sample from a step's logits (processors, filters, seeded draw).
+
+    ``logprobs_mode`` is ``"raw"`` (log-softmax of the unprocessed logits, vLLM's default) or
+    ``"processed"`` (the distribution actually sampled from; filtered tokens at -inf).
+    """
+
+    def __new__(cls, logprobs_mode: str = "raw") -> Sampler: ...
+    @property
+    def logprobs_mode(self) -> str: ...
+    @property
+    def num_threads(self) -> int:
+        """Worker threads sampling runs on (rayon's global pool)."""
+    def sample(
+        self,
+        logits: npt.NDArray[np.float32],
+        rows: _Indices,
+        params: Sequence[SamplingParams],
+        prompts: Sequence[_TokenIds],
+        outputs: Sequence[_TokenIds],
+        seeds: _Indices,
+        sample_indices: _Indices | None = None,
+        eos_token_ids: Sequence[int] = (),
+    ) -> SampleResult:
+        """Draw a token for each sample ``i`` from ``logits[rows[i]]`` (releases the GIL).
+
+        ``logits`` must be a C-contiguous float32 ``[num_rows, vocab]`` array; it is read in
+        place, never copied (other dtypes or layouts raise ValidationError). The draw is a pure
+        function of ``(seeds[i], sample_indices[i], len(outputs[i]))`` and the inputs.
+        """
+    @staticmethod
+    def process_logits(
+        logits_row: npt.NDArray[np.float32],
+        params: SamplingParams,
+        prompt: _TokenIds,
+        output: _TokenIds,
+        eos_token_ids: Sequence[int] = (),
+    ) -> npt.NDArray[np.float32]:
+        """The row after the logits processors and temperature (a new array)."""
+    @staticmethod
+    def filtered_probs(
+        processed_row: npt.NDArray[np.float32], params: SamplingParams
+    ) -> npt.NDArray[np.float32]:
+        """The exact distribution a draw uses over a processed row (zeros for removed tokens)."""
+    @staticmethod
+    def _params_for_tests(
+        *,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        typical_p: float = 1.0,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logit_bias: dict[int, float] | None = None,
+        embedding_bias: Sequence[float] | None = None,
+        allowed_token_ids: Sequence[int] | None = None,
+        bad_words: Sequence[Sequence[int]] | None = None,
+        min_tokens: int = 0,
+        no_repeat_ngram_size: int = 0,
+        seed: int | None = None,
+        logprobs: int | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+    ) -> SamplingParams:
+        """Test-only: SamplingParams with sampling fields set directly, unvalidated."""

@@ -5,6 +5,7 @@
 mod detok;
 mod errors;
 mod params;
+mod sampling;
 mod scheduler;
 mod validate;
 mod stop;
@@ -35,6 +36,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<detok::PyDecodeStream>()?;
     m.add_class::<stop::PyStopMatcher>()?;
     m.add_function(wrap_pyfunction!(stop::py_truncate_at_stop, m)?)?;
+    m.add_class::<sampling::PySampler>()?;
+    m.add_class::<sampling::PySampleResult>()?;
     m.add("ValidationError", py.get_type::<errors::ValidationError>())?;
     m.add("QueueFullError", py.get_type::<errors::QueueFullError>())?;
     m.add("SchedulerError", py.get_type::<errors::SchedulerError>())?;
