@@ -2,7 +2,10 @@
 //! code, emoji) streamed token by token through a fresh `DecodeStream`, per tokenizer and path.
 //! Throughput is in tokens, so criterion's time divided by 1000 is the cost per token.
 
+use std::sync::Arc;
+
 use _core::detok::{DecodeStream, Detokenizer};
+use _core::stop::{StopMatcher, StopStrings};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 #[path = "../rust/detok/fixtures.rs"]
@@ -58,5 +61,44 @@ fn streaming(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, streaming);
+/// The whole text path of `update()` per token: detokenize, then the stop matcher (4 stop
+/// strings that never match, so every token goes through hold-back checks).
+fn detok_and_stop(c: &mut Criterion) {
+    let stops: Vec<String> = ["\n\nUser:", "<|im_end|>", "###", "The end."]
+        .map(String::from)
+        .to_vec();
+    let stops = Arc::new(StopStrings::new(&stops).expect("valid stops"));
+    let mut group = c.benchmark_group("detok_plus_stop_1k_tokens");
+    group.throughput(Throughput::Elements(NUM_TOKENS as u64));
+    let mut out = String::with_capacity(16 * NUM_TOKENS);
+    let mut delta = String::new();
+    for (name, det) in [
+        ("byte_level_fast", Detokenizer::new(fixtures::byte_level())),
+        (
+            "sentencepiece_generic",
+            Detokenizer::new(fixtures::sentencepiece()),
+        ),
+    ] {
+        let ids = output_ids(&det);
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let mut stream = DecodeStream::new(true, true);
+                let mut matcher = StopMatcher::new(Some(stops.clone()), false);
+                out.clear();
+                for &id in &ids {
+                    delta.clear();
+                    stream.step(&det, std::hint::black_box(id), &mut delta);
+                    assert!(matcher.push(&delta, &mut out).is_none());
+                }
+                delta.clear();
+                stream.finish(&det, &mut delta);
+                matcher.push(&delta, &mut out);
+                matcher.finish(&mut out);
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, streaming, detok_and_stop);
 criterion_main!(benches);

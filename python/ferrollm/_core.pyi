@@ -308,7 +308,26 @@ class StepOutput:
     @property
     def token_ids(self) -> npt.NDArray[np.uint32]: ...
     @property
-    def finish_reasons(self) -> npt.NDArray[np.uint8]: ...
+    def finish_reasons(self) -> npt.NDArray[np.uint8]:
+        """FINISH_REASON_NAMES code if the sequence ended with this token, else 0."""
+    @property
+    def text(self) -> str:
+        """The text deltas of all samples, concatenated (see ``text_offsets``)."""
+    @property
+    def text_offsets(self) -> npt.NDArray[np.uint32]:
+        """Sample ``i``'s delta is ``text[text_offsets[i]:text_offsets[i + 1]]`` (code points)."""
+    @property
+    def stop_str_indices(self) -> npt.NDArray[np.int32]:
+        """Index into the request's ``stop`` of the string that ended the sequence, else -1."""
+    @property
+    def logprobs(self) -> npt.NDArray[np.float32]:
+        """Logprob of each appended token; NaN when the request asked for none."""
+    @property
+    def top_token_ids(self) -> npt.NDArray[np.int32]:
+        """``[samples, k]`` best alternatives, best first, padded with -1."""
+    @property
+    def top_logprobs(self) -> npt.NDArray[np.float32]:
+        """``[samples, k]`` logprobs of ``top_token_ids``, padded with -inf."""
     @property
     def finished_req_ids(self) -> npt.NDArray[np.uint64]: ...
     def __len__(self) -> int: ...
@@ -333,26 +352,42 @@ class Scheduler:
         enable_prefix_caching: bool = True,
         priority_aging_s: float = 10.0,
         eos_token_ids: Sequence[int] | None = None,
-    ) -> Scheduler: ...
+        tokenizer: Detokenizer | None = None,
+        logprobs_mode: str = "raw",
+    ) -> Scheduler:
+        """``tokenizer`` turns appended tokens into text deltas and enables stop strings;
+        ``logprobs_mode`` is ``"raw"`` (vLLM's default: log-softmax of the model's logits) or
+        ``"processed"`` (the distribution actually sampled from)."""
     def add_request(
         self,
         request_id: int,
         prompt_token_ids: _TokenIds,
         params: SamplingParams | None = None,
         *,
-        priority: int = 5,
+        priority: int | None = None,
         arrival_time: float | None = None,
         deadline: float | None = None,
         cache_salt: str | None = None,
     ) -> None:
-        """Queue a request. Raises ValidationError or QueueFullError."""
+        """Queue a request. Raises ValidationError or QueueFullError.
+
+        ``priority`` defaults to ``params.priority``; ``deadline`` to arrival +
+        ``params.timeout_s`` when that is set."""
     def abort_request(self, request_id: int) -> bool:
         """End a request at the next schedule(); False if no such unfinished request."""
     def has_unfinished_requests(self) -> bool: ...
     def schedule(self, now: float | None = None) -> StepPlan:
         """Plan the next step; ``now`` defaults to ``time.time()``."""
-    def update(self, plan: StepPlan, sampled_token_ids: _TokenIds) -> StepOutput:
-        """Apply one sampled token per sample of ``plan`` (the last plan returned)."""
+    def update(
+        self, plan: StepPlan, logits_or_token_ids: npt.NDArray[np.float32] | _TokenIds
+    ) -> StepOutput:
+        """Finish the step of ``plan`` (the last plan returned).
+
+        Give the step's float32 logits ``[plan.num_samples, vocab]`` (row ``i`` for sample ``i``)
+        to sample every row in Rust, or one already-sampled token id per sample. Tokens are
+        appended, detokenized (with a tokenizer), checked against stops, and finished requests
+        are released.
+        """
     def check_invariants(self) -> None:
         """Raise SchedulerError if the block accounting or the queues are inconsistent."""
     def stats(self) -> dict[str, int]: ...
@@ -429,6 +464,7 @@ class DecodeStream:
     def finish(self) -> str:
         """End the sequence: return what was held back and reset the stream."""
 
+@final
 class StopMatcher:
     """Finds the first stop string in one sequence's text as it streams in.
 
@@ -461,6 +497,7 @@ def truncate_at_stop(
 ) -> tuple[str, str | None]:
     """The whole-text result of the stop rule: ``(text up to the stop, matched stop or None)``."""
 
+@final
 class SampleResult:
     """One step's draws as numpy columns, one entry per sample.
 

@@ -58,6 +58,15 @@ use crate::types::TokenId;
 use decoder::RunDecoder;
 use table::{Kind, TokenTable};
 
+impl std::fmt::Debug for Detokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Detokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("fast_path", &self.fast_path)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A loaded tokenizer with the tables streaming needs. `Send + Sync`; share it with `Arc`.
 pub struct Detokenizer {
     tokenizer: Tokenizer,

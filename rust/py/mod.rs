@@ -7,8 +7,8 @@ mod errors;
 mod params;
 mod sampling;
 mod scheduler;
-mod validate;
 mod stop;
+mod validate;
 
 use pyo3::prelude::*;
 

@@ -5,15 +5,18 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use numpy::{
-    Element, PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods,
+    Element, PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArray,
+    PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyString};
 
+use super::detok::PyDetokenizer;
 use super::errors::{guard, int_arg, SchedulerError};
 use super::params::PySamplingParams;
 use crate::error::CoreError;
 use crate::params::{check_priority, SamplingParams};
+use crate::sampling::{LogprobsMode, SamplerConfig};
 use crate::sched::{Scheduler, SchedulerConfig, StepOutput, StepPlan};
 use crate::types::{RequestId, TokenId};
 
@@ -21,6 +24,22 @@ fn now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The sampler settings named by the constructor's `logprobs_mode`.
+fn sampler_config(logprobs_mode: &str) -> Result<SamplerConfig, CoreError> {
+    let logprobs_mode = match logprobs_mode {
+        "raw" => LogprobsMode::Raw,
+        "processed" => LogprobsMode::Processed,
+        other => {
+            return Err(CoreError::invalid(
+                "logprobs_mode",
+                "invalid_value",
+                format!("`logprobs_mode` must be \"raw\" or \"processed\"; got {other:?}"),
+            ))
+        }
+    };
+    Ok(SamplerConfig { logprobs_mode })
 }
 
 fn bad_tokens(param: &'static str, detail: &str) -> CoreError {
@@ -100,7 +119,7 @@ impl PyScheduler {
     #[new]
     #[pyo3(signature = (*, num_blocks, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192,
         max_model_len=8192, max_num_waiting=4096, enable_prefix_caching=true, priority_aging_s=10.0,
-        eos_token_ids=None))]
+        eos_token_ids=None, tokenizer=None, logprobs_mode="raw"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: usize,
@@ -112,6 +131,8 @@ impl PyScheduler {
         enable_prefix_caching: bool,
         priority_aging_s: f64,
         eos_token_ids: Option<Vec<TokenId>>,
+        tokenizer: Option<PyRef<'_, PyDetokenizer>>,
+        logprobs_mode: &str,
     ) -> PyResult<Self> {
         let cfg = SchedulerConfig {
             num_blocks,
@@ -124,14 +145,15 @@ impl PyScheduler {
             priority_aging_s,
             eos_token_ids: eos_token_ids.unwrap_or_default(),
         };
-        Ok(PyScheduler {
-            inner: Scheduler::new(cfg)?,
-        })
+        let mut inner = Scheduler::new(cfg)?;
+        inner.set_detokenizer(tokenizer.map(|t| t.inner.clone()));
+        inner.set_sampler_config(sampler_config(logprobs_mode)?);
+        Ok(PyScheduler { inner })
     }
 
     #[pyo3(signature = (request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None,
         deadline=None, cache_salt=None),
-        text_signature = "(self, request_id, prompt_token_ids, params=None, *, priority=5, arrival_time=None, deadline=None, cache_salt=None)")]
+        text_signature = "(self, request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None, deadline=None, cache_salt=None)")]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -147,10 +169,12 @@ impl PyScheduler {
         let prompt = extract_token_ids("prompt_token_ids", prompt_token_ids)?;
         let params =
             params.map_or_else(|| Arc::new(SamplingParams::default()), |p| p.inner.clone());
-        let priority =
-            priority.map_or(Ok(5), |p| int_arg("priority", "an integer in [1, 5]", p))?;
+        let priority = priority.map_or(Ok(i64::from(params.priority)), |p| {
+            int_arg("priority", "an integer in [1, 5]", p)
+        })?;
         let priority = check_priority(priority)?;
         let arrival = arrival_time.unwrap_or_else(now);
+        let deadline = deadline.or(params.timeout_s.map(|t| arrival + t));
         let extra_key = cache_salt.map(|s| Arc::<str>::from(format!("salt:{s}")));
         self.inner.add_request(
             RequestId(request_id),
@@ -182,15 +206,33 @@ impl PyScheduler {
         PyStepPlan::new(py, plan)
     }
 
+    /// `logits_or_token_ids`: the step's float32 logits `[num_samples, vocab]` (sampled here,
+    /// read without copying when C-contiguous), or one sampled token id per sample.
     fn update(
         &mut self,
         py: Python<'_>,
         plan: PyRef<'_, PyStepPlan>,
-        sampled_token_ids: &Bound<'_, PyAny>,
+        logits_or_token_ids: &Bound<'_, PyAny>,
     ) -> PyResult<PyStepOutput> {
-        let sampled = extract_token_ids("sampled_token_ids", sampled_token_ids)?;
         let (step_id, inner) = (plan.step_id, &mut self.inner);
-        let out = py.detach(|| guard("update()", || inner.update(step_id, &sampled)))??;
+        let out = if let Ok(logits) = logits_or_token_ids.extract::<PyReadonlyArray2<'_, f32>>() {
+            let vocab = logits.shape()[1];
+            let logits = logits.as_slice().map_err(|_| {
+                CoreError::invalid(
+                    "logits",
+                    "not_contiguous",
+                    "`logits` must be a C-contiguous float32 array (use np.ascontiguousarray)",
+                )
+            })?;
+            py.detach(|| {
+                guard("update()", || {
+                    inner.update_with_logits(step_id, logits, vocab)
+                })
+            })??
+        } else {
+            let sampled = extract_token_ids("sampled_token_ids", logits_or_token_ids)?;
+            py.detach(|| guard("update()", || inner.update(step_id, &sampled)))??
+        };
         PyStepOutput::new(py, out)
     }
 
@@ -271,8 +313,12 @@ fn arr<T: Element>(py: Python<'_>, v: Vec<T>) -> Arr<T> {
 
 fn arr2<T: Element>(py: Python<'_>, v: Vec<T>, cols: usize) -> PyResult<Py<PyAny>> {
     let rows = v.len().checked_div(cols).unwrap_or(0);
+    arr_shaped(py, v, [rows, cols])
+}
+
+fn arr_shaped<T: Element>(py: Python<'_>, v: Vec<T>, shape: [usize; 2]) -> PyResult<Py<PyAny>> {
     Ok(PyArray1::from_vec(py, v)
-        .reshape([rows, cols])?
+        .reshape(shape)?
         .into_any()
         .unbind())
 }
@@ -354,12 +400,25 @@ pub struct PyStepOutput {
     seq_indices: Arr<u32>,
     token_ids: Arr<u32>,
     finish_reasons: Arr<u8>,
+    text: Py<PyString>,
+    text_offsets: Arr<u32>,
+    stop_str_indices: Arr<i32>,
+    logprobs: Arr<f32>,
+    top_token_ids: Py<PyAny>,
+    top_logprobs: Py<PyAny>,
     finished_req_ids: Arr<u64>,
 }
 
 impl PyStepOutput {
     fn new(py: Python<'_>, o: StepOutput) -> PyResult<Self> {
+        let n = o.num_samples();
         Ok(PyStepOutput {
+            top_token_ids: arr_shaped(py, o.top_token_ids, [n, o.num_top_logprobs])?,
+            top_logprobs: arr_shaped(py, o.top_logprobs, [n, o.num_top_logprobs])?,
+            text: PyString::new(py, &o.text).unbind(),
+            text_offsets: arr(py, o.text_offsets),
+            stop_str_indices: arr(py, o.stop_str_indices),
+            logprobs: arr(py, o.logprobs),
             req_ids: arr(py, o.req_ids),
             seq_indices: arr(py, o.seq_indices),
             token_ids: arr(py, o.token_ids),

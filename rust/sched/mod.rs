@@ -21,6 +21,7 @@ mod plan;
 mod queue;
 mod request;
 mod scheduler;
+mod text;
 mod update;
 
 pub use config::SchedulerConfig;

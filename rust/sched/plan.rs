@@ -158,6 +158,41 @@ pub struct StepOutput {
     pub token_ids: Vec<u32>,
     /// `FinishReason` code if the sequence ended with this token, else 0.
     pub finish_reasons: Vec<u8>,
+    /// The text that became final with each token, samples concatenated: sample `i`'s delta is
+    /// `text[text_offsets[i]..text_offsets[i + 1]]`, offsets counted in code points (so Python
+    /// can slice one `str`). Held-back text (a partial UTF-8 character, a possible stop-string
+    /// prefix) arrives with a later token, or with the finishing one.
+    pub text: String,
+    pub text_offsets: Vec<u32>,
+    /// Index into the request's `stop` of the stop string that ended the sequence, else -1.
+    pub stop_str_indices: Vec<i32>,
+    /// Logprob of each appended token; NaN when the request asked for no logprobs.
+    pub logprobs: Vec<f32>,
+    /// Columns of `top_token_ids` / `top_logprobs`: the most alternatives any sample asked for.
+    pub num_top_logprobs: usize,
+    /// Row-major `[samples, num_top_logprobs]`, best first, padded with -1 / -inf.
+    pub top_token_ids: Vec<i32>,
+    pub top_logprobs: Vec<f32>,
     /// Requests whose every sequence has now finished (their state is gone).
     pub finished_req_ids: Vec<u64>,
+}
+
+impl StepOutput {
+    /// Appended tokens (samples) in this output.
+    pub fn num_samples(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    /// Sample `i`'s text delta (for Rust callers; Python slices `text` by `text_offsets`).
+    pub fn delta(&self, i: usize) -> &str {
+        let start = self.text_offsets[i] as usize;
+        let len = (self.text_offsets[i + 1] - self.text_offsets[i]) as usize;
+        let mut chars = self.text.char_indices().skip(start);
+        let from = chars.next().map_or(self.text.len(), |(b, _)| b);
+        let to = self.text[from..]
+            .char_indices()
+            .nth(len)
+            .map_or(self.text.len(), |(b, _)| from + b);
+        &self.text[from..to]
+    }
 }

@@ -4,8 +4,10 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
+use super::text::TextState;
 use crate::kv::{block_hash, root_hash};
 use crate::params::SamplingParams;
+use crate::stop::TokenStops;
 use crate::types::{BlockId, FinishReason, RequestId, SeqStatus, TokenId};
 
 /// Index of a sequence in the scheduler's slab.
@@ -71,6 +73,12 @@ pub(crate) struct Sequence {
     pub params: Arc<SamplingParams>,
     pub status: SeqStatus,
     pub finish: Option<FinishReason>,
+    /// Seed of the sequence's random stream: the request's seed, or one drawn at random.
+    pub seed: u64,
+    /// Detokenizer and stop-string state; `None` when the scheduler has no tokenizer.
+    pub text: Option<Box<TextState>>,
+    /// Multi-token stop sequences of the request (shared by its sequences).
+    pub token_stops: Option<Arc<TokenStops>>,
 }
 
 impl Sequence {

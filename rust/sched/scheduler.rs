@@ -1,6 +1,7 @@
 //! `Scheduler`: request intake, `schedule()` (running first, then admission, preempting by
 //! recompute when blocks or seats run short), aborts and deadlines. `update()` is in update.rs.
 
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
@@ -9,9 +10,11 @@ use super::config::SchedulerConfig;
 use super::plan::{PlanRecord, Row, StepPlan};
 use super::queue::WaitingQueue;
 use super::request::{Rank, Request, SeqKey, Sequence};
+use crate::detok::Detokenizer;
 use crate::error::{CoreError, CoreResult};
 use crate::kv::BlockPool;
 use crate::params::{check_priority, SamplingParams};
+use crate::sampling::SamplerConfig;
 use crate::types::{BlockId, FinishReason, RequestId, SeqStatus, TokenId};
 
 /// Counters and gauges for metrics.
@@ -62,6 +65,11 @@ pub struct Scheduler {
     pub(crate) step: u64,
     pub(crate) last: Option<PlanRecord>,
     pub(crate) num_preemptions: u64,
+    /// Turns sampled tokens into text; without it outputs carry token ids only.
+    pub(crate) detok: Option<Arc<Detokenizer>>,
+    pub(crate) sampler: SamplerConfig,
+    /// Source of the random seeds of unseeded requests (OS-seeded per scheduler).
+    seed_source: RandomState,
 }
 
 impl Scheduler {
@@ -83,7 +91,27 @@ impl Scheduler {
             step: 0,
             last: None,
             num_preemptions: 0,
+            detok: None,
+            sampler: SamplerConfig::default(),
+            seed_source: RandomState::new(),
         })
+    }
+
+    /// Gives the scheduler a tokenizer: from now on `update()` detokenizes every appended token
+    /// and applies stop strings. Requests already queued keep producing token ids only.
+    pub fn set_detokenizer(&mut self, detok: Option<Arc<Detokenizer>>) {
+        self.detok = detok;
+    }
+
+    /// Sets how `update_with_logits()` samples (for example where logprobs are taken).
+    pub fn set_sampler_config(&mut self, cfg: SamplerConfig) {
+        self.sampler = cfg;
+    }
+
+    /// A fresh random seed for an unseeded request.
+    fn random_seed(&self, req_id: RequestId) -> u64 {
+        self.seed_source
+            .hash_one((req_id.0, self.step, self.seqs.len()))
     }
 
     /// The configuration this scheduler was built with.
@@ -110,6 +138,8 @@ impl Scheduler {
         extra_key: Option<Arc<str>>,
     ) -> CoreResult<()> {
         self.check_new_request(req_id, &prompt_token_ids, &params, priority, deadline)?;
+        let (text, token_stops) = self.text_state_for(&params)?;
+        let seed = params.seed.unwrap_or_else(|| self.random_seed(req_id));
         let seats = params.n as usize;
         let key = self.insert_seq(Sequence {
             req_id,
@@ -127,6 +157,9 @@ impl Scheduler {
             params,
             status: SeqStatus::Waiting,
             finish: None,
+            seed,
+            text,
+            token_stops,
         });
         self.waiting
             .push_back(key, priority, arrival_time, req_id.0, 0);

@@ -1,12 +1,43 @@
-//! `Scheduler::update()`: apply one step's sampled tokens. Advances computed tokens, offers
-//! newly full blocks to the prefix cache, forks `n`-sequence requests after their prompt,
-//! appends tokens, applies token-level stops and frees what finished.
+//! `Scheduler::update()` / `update_with_logits()`: apply one step's tokens (given, or sampled
+//! here from the step's logits). Advances computed tokens, offers newly full blocks to the prefix
+//! cache, forks `n`-sequence requests after their prompt, appends tokens, applies token-level
+//! stops, detokenizes and matches stop strings, and frees what finished.
 
-use super::plan::StepOutput;
+use super::plan::{PlanRecord, StepOutput};
 use super::request::{SeqKey, Sequence};
 use super::scheduler::Scheduler;
 use crate::error::{CoreError, CoreResult};
+use crate::sampling::{self, SampleRequest, Sampled};
 use crate::types::{FinishReason, SeqStatus, TokenId};
+
+/// The tokens of one step: given by the caller, or drawn here from the step's logits.
+enum Samples<'a> {
+    Given(&'a [TokenId]),
+    Drawn(Vec<Sampled>),
+}
+
+impl Samples<'_> {
+    fn token(&self, i: usize) -> TokenId {
+        match self {
+            Samples::Given(t) => t[i],
+            Samples::Drawn(d) => d[i].token,
+        }
+    }
+
+    fn drawn(&self, i: usize) -> Option<&Sampled> {
+        match self {
+            Samples::Given(_) => None,
+            Samples::Drawn(d) => Some(&d[i]),
+        }
+    }
+
+    fn num_top_logprobs(&self) -> usize {
+        match self {
+            Samples::Given(_) => 0,
+            Samples::Drawn(d) => d.iter().map(|s| s.top_logprobs.len()).max().unwrap_or(0),
+        }
+    }
+}
 
 impl Scheduler {
     /// Applies the tokens sampled for the plan of step `step_id`, one per sample in plan order.
@@ -16,16 +47,7 @@ impl Scheduler {
         step_id: u64,
         sampled_token_ids: &[TokenId],
     ) -> CoreResult<StepOutput> {
-        let rec = match self.last.take() {
-            Some(rec) if rec.step_id == step_id => rec,
-            other => {
-                self.last = other;
-                return Err(CoreError::StalePlan {
-                    got: step_id,
-                    expected: self.last.as_ref().map_or(self.step + 1, |r| r.step_id),
-                });
-            }
-        };
+        let rec = self.take_plan(step_id)?;
         if sampled_token_ids.len() != rec.total_samples {
             let expected = rec.total_samples;
             self.last = Some(rec);
@@ -38,25 +60,106 @@ impl Scheduler {
                 ),
             ));
         }
-        let mut out = StepOutput::default();
+        Ok(self.apply(&rec, &Samples::Given(sampled_token_ids)))
+    }
+
+    /// Samples every row of the step from `logits` (row-major `[num_samples, vocab]`, row `i`
+    /// for sample `i` of the plan) and applies the tokens like [`Scheduler::update`]. Rows are
+    /// drawn in parallel; each sequence's draw depends only on its own seed, sample index and
+    /// position. Fails, changing nothing, on a stale plan or a logits shape that does not match.
+    pub fn update_with_logits(
+        &mut self,
+        step_id: u64,
+        logits: &[f32],
+        vocab: usize,
+    ) -> CoreResult<StepOutput> {
+        let rec = self.take_plan(step_id)?;
+        let expected = rec.total_samples * vocab;
+        if vocab == 0 || logits.len() != expected {
+            let rows = rec.total_samples;
+            self.last = Some(rec);
+            return Err(CoreError::invalid(
+                "logits",
+                "wrong_shape",
+                format!(
+                    "`logits` must be [num_samples ({rows}), vocab] with vocab > 0; got {} values for vocab {vocab}",
+                    logits.len()
+                ),
+            ));
+        }
+        let drawn = {
+            let reqs = self.sample_requests(&rec);
+            sampling::sample(logits, vocab, &reqs, &self.sampler)
+        };
+        match drawn {
+            Ok(drawn) => Ok(self.apply(&rec, &Samples::Drawn(drawn))),
+            Err(e) => {
+                self.last = Some(rec);
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes the record of the plan `step_id`, which must be the last one `schedule()` returned.
+    fn take_plan(&mut self, step_id: u64) -> CoreResult<PlanRecord> {
+        match self.last.take() {
+            Some(rec) if rec.step_id == step_id => Ok(rec),
+            other => {
+                self.last = other;
+                Err(CoreError::StalePlan {
+                    got: step_id,
+                    expected: self.last.as_ref().map_or(self.step + 1, |r| r.step_id),
+                })
+            }
+        }
+    }
+
+    /// One sampling request per sample of the plan. A row that forks draws its `n` samples from
+    /// the parent's history with sample indices 0..n, the indices its children will carry.
+    fn sample_requests(&self, rec: &PlanRecord) -> Vec<SampleRequest<'_>> {
+        let mut reqs = Vec::with_capacity(rec.total_samples);
+        for (row, &num_samples) in rec.rows.iter().zip(&rec.num_samples) {
+            let s = self.seqs[row.key as usize].as_ref().expect("scheduled");
+            for j in 0..num_samples {
+                reqs.push(SampleRequest {
+                    row: reqs.len(),
+                    params: &s.params,
+                    prompt: &s.tokens[..s.num_prompt_tokens],
+                    output: &s.tokens[s.num_prompt_tokens..],
+                    seed: s.seed,
+                    sample_index: if num_samples > 1 { j } else { s.seq_index },
+                    eos_token_ids: &self.cfg.eos_token_ids,
+                });
+            }
+        }
+        reqs
+    }
+
+    fn apply(&mut self, rec: &PlanRecord, samples: &Samples<'_>) -> StepOutput {
+        let mut out = StepOutput {
+            num_top_logprobs: samples.num_top_logprobs(),
+            text_offsets: vec![0],
+            ..StepOutput::default()
+        };
         let mut next = 0;
         for (row, &num_samples) in rec.rows.iter().zip(&rec.num_samples) {
             self.advance(row.key, row.num_tokens);
-            let samples = &sampled_token_ids[next..next + num_samples as usize];
-            next += num_samples as usize;
-            if samples.is_empty() {
+            let num_samples = num_samples as usize;
+            if num_samples == 0 {
                 continue;
             }
             let mut keys = vec![row.key];
-            if samples.len() > 1 {
-                self.fork(row.key, samples.len(), &mut keys);
+            if num_samples > 1 {
+                self.fork(row.key, num_samples, &mut keys);
             }
-            for (&key, &token) in keys.iter().zip(samples) {
-                self.append(key, token, &mut out);
+            for (j, &key) in keys.iter().enumerate() {
+                let i = next + j;
+                self.append(key, samples.token(i), samples.drawn(i), &mut out);
             }
+            next += num_samples;
         }
         out.finished_req_ids = self.drop_finished().into_iter().map(|id| id.0).collect();
-        Ok(out)
+        out
     }
 
     /// Records that `num_tokens` more tokens of `key` are computed and caches full blocks.
@@ -96,17 +199,56 @@ impl Scheduler {
         }
     }
 
-    fn append(&mut self, key: SeqKey, token: TokenId, out: &mut StepOutput) {
+    /// Appends one token to `key`: token-level stops, then text and stop strings, then the
+    /// output columns; a finished sequence is released.
+    fn append(
+        &mut self,
+        key: SeqKey,
+        token: TokenId,
+        drawn: Option<&Sampled>,
+        out: &mut StepOutput,
+    ) {
         let s = self.seqs[key as usize].as_mut().expect("live");
         s.tokens.push(token);
-        let finish = stop_reason(s, &self.cfg.eos_token_ids, self.cfg.max_model_len);
+        let mut finish = stop_reason(s, &self.cfg.eos_token_ids, self.cfg.max_model_len);
+        let text_start = out.text.len();
+        let mut stop_str_index = -1;
+        if let (Some(text), Some(detok)) = (s.text.as_mut(), self.detok.as_deref()) {
+            let num_output = s.tokens.len() - s.num_prompt_tokens;
+            let t = text.on_token(detok, &s.params, token, num_output, finish, &mut out.text);
+            if let Some(i) = t.stop_str_index {
+                finish = Some(FinishReason::Stop);
+                stop_str_index = i as i32;
+            }
+        }
+        let num_chars = out.text[text_start..].chars().count() as u32;
+        let last_offset = *out.text_offsets.last().expect("starts with 0");
+        out.text_offsets.push(last_offset + num_chars);
+        out.stop_str_indices.push(stop_str_index);
         out.req_ids.push(s.req_id.0);
         out.seq_indices.push(s.seq_index);
         out.token_ids.push(token);
         out.finish_reasons.push(finish.map_or(0, |f| f as u8));
+        push_logprobs(out, drawn.filter(|_| s.params.logprobs.is_some()));
         if let Some(reason) = finish {
             self.finish_seq(key, reason);
         }
+    }
+}
+
+/// The logprob columns of one sample (`drawn` is None when the request asked for none, or the
+/// caller sampled): NaN and padding then.
+fn push_logprobs(out: &mut StepOutput, drawn: Option<&Sampled>) {
+    let width = out.num_top_logprobs;
+    let top = drawn.map_or(&[][..], |d| &d.top_logprobs[..]);
+    out.logprobs
+        .push(drawn.and_then(|d| d.logprob).unwrap_or(f32::NAN));
+    for k in 0..width {
+        let (id, lp) = top
+            .get(k)
+            .map_or((-1, f32::NEG_INFINITY), |&(t, l)| (t as i32, l));
+        out.top_token_ids.push(id);
+        out.top_logprobs.push(lp);
     }
 }
 
@@ -134,6 +276,13 @@ fn stop_reason(s: &Sequence, eos: &[TokenId], max_model_len: usize) -> Option<Fi
     let num_output = s.num_output_tokens();
     if num_output >= params.min_tokens as usize
         && ((!params.ignore_eos && eos.contains(&token)) || params.stop_token_ids.contains(&token))
+    {
+        return Some(FinishReason::Stop);
+    }
+    if num_output >= params.min_tokens as usize
+        && s.token_stops
+            .as_ref()
+            .is_some_and(|t| t.matches(&s.tokens[s.num_prompt_tokens..]).is_some())
     {
         return Some(FinishReason::Stop);
     }

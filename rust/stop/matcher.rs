@@ -19,7 +19,7 @@ enum Phase {
 
 /// Finds the first stop string in one sequence's text as it streams in and decides which text
 /// is safe to emit (see the module docs for the rule). `Send`, one per sequence.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct StopMatcher {
     stops: Option<Arc<StopStrings>>,
     include_stop_str_in_output: bool,

@@ -211,18 +211,14 @@ fn encode_applies_the_post_processor_on_request() {
 
 #[test]
 fn bad_tokenizer_files_name_the_tokenizer() {
-    let err = Detokenizer::from_json("{\"model\": 3}")
-        .err()
-        .expect("an error");
+    let err = Detokenizer::from_json("{\"model\": 3}").expect_err("an error");
     assert!(
         matches!(&err, CoreError::Invalid { param, code: "invalid_tokenizer", .. } if param == "tokenizer")
     );
     assert!(err
         .to_string()
         .starts_with("`tokenizer` must be a valid tokenizer.json"));
-    let err = Detokenizer::from_file("/nonexistent/tokenizer.json")
-        .err()
-        .expect("an error");
+    let err = Detokenizer::from_file("/nonexistent/tokenizer.json").expect_err("an error");
     assert!(matches!(
         &err,
         CoreError::Invalid {
