@@ -217,7 +217,7 @@ fn param_of(err: CoreError) -> String {
 }
 
 #[test]
-fn bad_shapes_and_dead_rows_are_errors_naming_the_field() {
+fn bad_shapes_and_parameters_are_errors_naming_the_field() {
     let p = SamplingParams::default();
     let r = req(&p, &[], &[]);
     let cfg = SamplerConfig::default();
@@ -234,8 +234,26 @@ fn bad_shapes_and_dead_rows_are_errors_naming_the_field() {
         param_of(sample(&[0.0; 8], 4, &[far], &cfg).unwrap_err()),
         "logits"
     );
+    let too_many = SamplingParams {
+        logprobs: Some(21),
+        ..p.clone()
+    };
+    let r2 = SampleRequest {
+        params: &too_many,
+        ..r
+    };
+    assert_eq!(
+        param_of(sample(&[0.0; 8], 4, &[r2], &cfg).unwrap_err()),
+        "logprobs"
+    );
+}
+
+#[test]
+fn a_row_left_without_a_finite_logit_is_an_error_naming_it() {
+    let p = SamplingParams::default();
+    let r = req(&p, &[], &[]);
+    let cfg = SamplerConfig::default();
     let rows = [0.0, 1.0, f32::NAN, f32::NAN, f32::NEG_INFINITY, f32::NAN];
-    let dead = SampleRequest { row: 2, ..r };
     for params in [
         p.clone(),
         SamplingParams {
@@ -243,18 +261,13 @@ fn bad_shapes_and_dead_rows_are_errors_naming_the_field() {
             ..p.clone()
         },
     ] {
-        let reqs = [
-            SampleRequest {
-                params: &params,
-                ..r
-            },
-            SampleRequest {
-                params: &params,
-                ..dead
-            },
-        ];
+        let ok = SampleRequest {
+            params: &params,
+            ..r
+        };
+        let dead = SampleRequest { row: 2, ..ok };
         assert_eq!(
-            param_of(sample(&rows, 2, &reqs, &cfg).unwrap_err()),
+            param_of(sample(&rows, 2, &[ok, dead], &cfg).unwrap_err()),
             "logits[2]"
         );
     }
@@ -271,18 +284,6 @@ fn bad_shapes_and_dead_rows_are_errors_naming_the_field() {
     assert_eq!(
         param_of(sample(&rows, 2, &[r1], &cfg).unwrap_err()),
         "logits[0]"
-    );
-    let too_many = SamplingParams {
-        logprobs: Some(21),
-        ..p.clone()
-    };
-    let r2 = SampleRequest {
-        params: &too_many,
-        ..r
-    };
-    assert_eq!(
-        param_of(sample(&rows, 2, &[r2], &cfg).unwrap_err()),
-        "logprobs"
     );
 }
 

@@ -31,20 +31,7 @@ pub fn process(raw: &[f32], req: &SampleRequest<'_>) -> Vec<f32> {
             }
         }
     }
-    let mut banned = BTreeSet::new();
-    for word in &p.bad_words {
-        if let Some((last, prefix)) = word.split_last() {
-            let n = req.output.len();
-            if prefix.len() <= n && req.output[n - prefix.len()..] == *prefix {
-                banned.insert(*last);
-            }
-        }
-    }
-    if req.output.len() < p.min_tokens as usize {
-        banned.extend(req.eos_token_ids.iter().chain(&p.stop_token_ids).copied());
-    }
-    banned.extend(hf_no_repeat_ngram(p.no_repeat_ngram_size as usize, req));
-    for id in banned {
+    for id in banned(req) {
         if (id as usize) < vocab {
             x[id as usize] = f32::NEG_INFINITY;
         }
@@ -68,6 +55,25 @@ pub fn process(raw: &[f32], req: &SampleRequest<'_>) -> Vec<f32> {
         x.iter_mut().for_each(|v| *v /= p.temperature);
     }
     x
+}
+
+/// Steps 3-5: bad words, min_tokens, no-repeat n-grams.
+fn banned(req: &SampleRequest<'_>) -> BTreeSet<u32> {
+    let p = req.params;
+    let mut banned = BTreeSet::new();
+    for word in &p.bad_words {
+        if let Some((last, prefix)) = word.split_last() {
+            let n = req.output.len();
+            if prefix.len() <= n && req.output[n - prefix.len()..] == *prefix {
+                banned.insert(*last);
+            }
+        }
+    }
+    if req.output.len() < p.min_tokens as usize {
+        banned.extend(req.eos_token_ids.iter().chain(&p.stop_token_ids).copied());
+    }
+    banned.extend(hf_no_repeat_ngram(p.no_repeat_ngram_size as usize, req));
+    banned
 }
 
 /// HF `_get_ngrams` + `_calc_banned_ngram_tokens` over prompt ++ output.

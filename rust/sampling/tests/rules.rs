@@ -16,94 +16,60 @@ fn processed(raw: &[f32], r: &SampleRequest<'_>) -> Vec<f32> {
     row
 }
 
-/// Every processor alone and all together; exact equality, since both apply the same float
-/// operations in the same order.
+/// Default parameters with one change.
+fn with(change: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+    let mut p = SamplingParams::default();
+    change(&mut p);
+    p
+}
+
+/// Each processor alone (ids beyond the vocabulary included), then all of them together.
+fn processor_cases(output: &[u32]) -> Vec<SamplingParams> {
+    let mut dense = random_row(VOCAB, 3, 1.0);
+    dense[5] = f32::NEG_INFINITY;
+    let (last, second) = (output[output.len() - 1], output[output.len() - 2]);
+    vec![
+        with(|p| p.logit_bias = vec![(0, 2.5), (7, -1.0), (63, 0.25), (900, 1.0)]),
+        with(|p| p.embedding_bias = Some(Arc::from(dense))),
+        with(|p| p.allowed_token_ids = Some(vec![1, 9, 33, 5000])),
+        with(|p| {
+            p.bad_words = vec![
+                vec![3],
+                vec![],
+                vec![last, 11],
+                vec![second, last, 12],
+                vec![99, 13],
+            ]
+        }),
+        with(|p| (p.min_tokens, p.stop_token_ids) = (26, vec![4, 8])),
+        with(|p| (p.min_tokens, p.stop_token_ids) = (25, vec![4, 8])),
+        with(|p| p.no_repeat_ngram_size = 1),
+        with(|p| p.no_repeat_ngram_size = 2),
+        with(|p| p.no_repeat_ngram_size = 3),
+        with(|p| p.repetition_penalty = 1.3),
+        with(|p| p.repetition_penalty = 0.7),
+        with(|p| p.presence_penalty = 0.5),
+        with(|p| p.frequency_penalty = -0.75),
+        with(|p| p.temperature = 0.6),
+        with(|p| {
+            p.logit_bias = vec![(2, 1.0)];
+            p.allowed_token_ids = Some((0..40).collect());
+            p.bad_words = vec![vec![6]];
+            (p.min_tokens, p.stop_token_ids) = (100, vec![9]);
+            p.no_repeat_ngram_size = 2;
+            p.repetition_penalty = 1.2;
+            (p.presence_penalty, p.frequency_penalty) = (0.3, 0.2);
+            p.temperature = 1.7;
+        }),
+    ]
+}
+
+/// Exact equality: both apply the same float operations in the same order.
 #[test]
 fn processors_match_the_naive_rules_exactly() {
     let prompt = random_ids(40, VOCAB, 1);
     let output = random_ids(25, VOCAB, 2);
-    let mut dense = random_row(VOCAB, 3, 1.0);
-    dense[5] = f32::NEG_INFINITY;
-    let base = SamplingParams::default();
-    let cases: Vec<SamplingParams> = vec![
-        SamplingParams {
-            logit_bias: vec![(0, 2.5), (7, -1.0), (63, 0.25), (900, 1.0)],
-            ..base.clone()
-        },
-        SamplingParams {
-            embedding_bias: Some(Arc::from(dense)),
-            ..base.clone()
-        },
-        SamplingParams {
-            allowed_token_ids: Some(vec![1, 9, 33, 5000]),
-            ..base.clone()
-        },
-        SamplingParams {
-            bad_words: vec![
-                vec![3],
-                vec![],
-                vec![output[24], 11],
-                vec![output[23], output[24], 12],
-                vec![99, 13],
-            ],
-            ..base.clone()
-        },
-        SamplingParams {
-            min_tokens: 26,
-            stop_token_ids: vec![4, 8],
-            ..base.clone()
-        },
-        SamplingParams {
-            min_tokens: 25,
-            stop_token_ids: vec![4, 8],
-            ..base.clone()
-        },
-        SamplingParams {
-            no_repeat_ngram_size: 1,
-            ..base.clone()
-        },
-        SamplingParams {
-            no_repeat_ngram_size: 2,
-            ..base.clone()
-        },
-        SamplingParams {
-            no_repeat_ngram_size: 3,
-            ..base.clone()
-        },
-        SamplingParams {
-            repetition_penalty: 1.3,
-            ..base.clone()
-        },
-        SamplingParams {
-            repetition_penalty: 0.7,
-            ..base.clone()
-        },
-        SamplingParams {
-            presence_penalty: 0.5,
-            ..base.clone()
-        },
-        SamplingParams {
-            frequency_penalty: -0.75,
-            ..base.clone()
-        },
-        SamplingParams {
-            temperature: 0.6,
-            ..base.clone()
-        },
-        SamplingParams {
-            logit_bias: vec![(2, 1.0)],
-            allowed_token_ids: Some((0..40).collect()),
-            bad_words: vec![vec![6]],
-            min_tokens: 100,
-            stop_token_ids: vec![9],
-            no_repeat_ngram_size: 2,
-            repetition_penalty: 1.2,
-            presence_penalty: 0.3,
-            frequency_penalty: 0.2,
-            temperature: 1.7,
-            ..base.clone()
-        },
-    ];
+    let cases = processor_cases(&output);
     for (seed, p) in cases.iter().enumerate() {
         let mut raw = random_row(VOCAB, 100 + seed as u64, 8.0);
         raw[17] = f32::NAN;
