@@ -57,9 +57,11 @@ fmt: $(STAMP) ## format Python and Rust in place
 	$(VPY) -m ruff check --fix python tests benches
 	cargo fmt
 
-bench: build ## criterion benches, then the Python-side scheduler bench
+bench: build ## criterion benches, then the Python-side benches (scheduler, stop, sampler)
 	cargo bench --quiet
 	$(VPY) benches/scheduler.py
+	$(VPY) benches/stop.py
+	$(VPY) benches/sampler.py
 
 serve: build ## set up and serve the default model (the HTTP server is not built yet)
 	@echo "ferrollm serve: the HTTP server is not built yet (see the server issue); the scheduler is importable: python -c 'from ferrollm import Scheduler'" >&2
