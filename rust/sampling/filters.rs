@@ -7,7 +7,7 @@
 //! when its mass falls short, min-p by a logit threshold. Later filters work on that list. With
 //! no filter the distribution stays dense and a draw ranks only the head it needs.
 
-use super::kernels::{exp_neg, exp_shifted, max_of, with_scale, Scale, Unit};
+use super::kernels::{exp_neg, exp_shifted, row_max, with_scale, Scale, Unit};
 use super::scratch::Scratch;
 use super::select::{at_or_before, collect_at_least, last_ranked, locate, top_by_value, Cand};
 use crate::params::SamplingParams;
@@ -53,7 +53,7 @@ fn build_scaled<S: Scale>(x: &[f32], sc: S, p: &SamplingParams, s: &mut Scratch)
         let m = s.cands.first()?.w;
         s.cands.iter_mut().for_each(|c| c.w = weight(c.w, m));
     } else {
-        let m = sc.apply(max_of(x));
+        let m = sc.apply(row_max(x));
         if m == f32::NEG_INFINITY {
             return None;
         }

@@ -4,7 +4,7 @@
 
 use std::cmp::Ordering;
 
-use super::kernels::{max_of, Scale};
+use super::kernels::{dispatch, max_of, Scale};
 
 /// Block scanned at once; its maximum decides whether any element of it is looked at.
 const SCAN_BLOCK: usize = 64;
@@ -29,8 +29,14 @@ pub(crate) fn rank(a: &Cand, b: &Cand) -> Ordering {
         .then(a.id.cmp(&b.id))
 }
 
-/// Pushes every `(v, i)` with `v = s(xs[i]) >= threshold` (NaN never qualifies) onto `out`.
-pub(crate) fn collect_at_least<S: Scale>(xs: &[f32], s: S, threshold: f32, out: &mut Vec<Cand>) {
+dispatch! {
+    /// Pushes every `(v, i)` with `v = s(xs[i]) >= threshold` (NaN never qualifies) onto `out`.
+    fn collect_at_least<S: Scale>(xs: &[f32], s: S, threshold: f32, out: &mut Vec<Cand>) -> () =
+        collect_any
+}
+
+#[inline(always)]
+fn collect_any<S: Scale>(xs: &[f32], s: S, threshold: f32, out: &mut Vec<Cand>) {
     for (b, block) in xs.chunks(SCAN_BLOCK).enumerate() {
         if s.apply(max_of(block)) >= threshold {
             push_block(block, b * SCAN_BLOCK, s, threshold, out);
@@ -40,7 +46,7 @@ pub(crate) fn collect_at_least<S: Scale>(xs: &[f32], s: S, threshold: f32, out: 
 
 /// Appends the entries of `block` (starting at id `base`) with `s(x) >= threshold`, without a
 /// branch per element: every entry is written and the length advances only past the kept ones.
-#[inline]
+#[inline(always)]
 fn push_block<S: Scale>(block: &[f32], base: usize, s: S, threshold: f32, out: &mut Vec<Cand>) {
     let start = out.len();
     out.resize(start + block.len(), Cand { w: 0.0, id: 0 });
@@ -57,9 +63,14 @@ fn push_block<S: Scale>(block: &[f32], base: usize, s: S, threshold: f32, out: &
     out.truncate(start + n);
 }
 
-/// The `k` highest values `s(xs[i])` in rank order (fewer when fewer are above `-inf`; NaN and
-/// `-inf` never qualify). `out` is cleared first.
-pub(crate) fn top_by_value<S: Scale>(xs: &[f32], s: S, k: usize, out: &mut Vec<Cand>) {
+dispatch! {
+    /// The `k` highest values `s(xs[i])` in rank order (fewer when fewer are above `-inf`; NaN
+    /// and `-inf` never qualify). `out` is cleared first.
+    fn top_by_value<S: Scale>(xs: &[f32], s: S, k: usize, out: &mut Vec<Cand>) -> () = top_any
+}
+
+#[inline(always)]
+fn top_any<S: Scale>(xs: &[f32], s: S, k: usize, out: &mut Vec<Cand>) {
     out.clear();
     if k == 0 {
         return;
