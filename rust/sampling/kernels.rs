@@ -16,13 +16,13 @@ const BLOCK: usize = 256;
 /// Rust never fuses a multiply and an add on its own and every sum here has a fixed order, so
 /// the results are the same bits (the tests compare them).
 macro_rules! dispatch {
-    ($(#[$doc:meta])* fn $name:ident $(<$g:ident: $b:path>)? ($($arg:ident: $ty:ty),*) -> $ret:ty = $any:ident) => {
+    ($(#[$doc:meta])* fn $name:ident $(<$($g:ident: $b:path),+>)? ($($arg:ident: $ty:ty),*) -> $ret:ty = $any:ident) => {
         $(#[$doc])*
-        pub(crate) fn $name $(<$g: $b>)? ($($arg: $ty),*) -> $ret {
+        pub(crate) fn $name $(<$($g: $b),+>)? ($($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
             if std::is_x86_feature_detected!("avx2") {
                 #[target_feature(enable = "avx2")]
-                fn wide $(<$g: $b>)? ($($arg: $ty),*) -> $ret {
+                fn wide $(<$($g: $b),+>)? ($($arg: $ty),*) -> $ret {
                     $any($($arg),*)
                 }
                 // SAFETY: the CPU has AVX2, checked just above.

@@ -43,6 +43,7 @@
 mod filters;
 mod kernels;
 mod logprobs;
+mod overlay;
 mod processors;
 mod rng;
 mod run;
