@@ -7,7 +7,7 @@
 //! when its mass falls short, min-p by a logit threshold. Later filters work on that list. With
 //! no filter the distribution stays dense and a draw ranks only the head it needs.
 
-use super::kernels::{exp_neg, exp_shifted, max_of, with_scale, Scale, Unit};
+use super::kernels::{exp_neg, exp_shifted, row_max, with_scale, Scale, Unit};
 use super::scratch::Scratch;
 use super::select::{at_or_before, collect_at_least, last_ranked, locate, top_by_value, Cand};
 use crate::params::SamplingParams;
@@ -33,54 +33,66 @@ pub(crate) struct Dist {
     pub total: f64,
 }
 
-fn top_k_active(p: &SamplingParams, vocab: usize) -> bool {
+/// True when top-k narrows a row of `vocab` tokens.
+pub(crate) fn top_k_active(p: &SamplingParams, vocab: usize) -> bool {
     p.top_k > 0 && (p.top_k as usize) < vocab
 }
 
 /// Builds the filtered distribution of the processed row `x / t` (`t` = 1 for a row already
 /// divided) under `p`'s top-k, top-p, min-p and typical-p; `None` when no value is above `-inf`.
 pub(crate) fn build(x: &[f32], t: f32, p: &SamplingParams, s: &mut Scratch) -> Option<Dist> {
-    with_scale!(t, |sc| build_scaled(x, sc, p, s))
+    with_scale!(t, |sc| {
+        if top_k_active(p, x.len()) {
+            top_by_value(x, sc, p.top_k as usize, &mut s.cands);
+            after_top_k(p, s)
+        } else {
+            build_dense(x, sc, p, s)
+        }
+    })
 }
 
-fn build_scaled<S: Scale>(x: &[f32], sc: S, p: &SamplingParams, s: &mut Scratch) -> Option<Dist> {
+/// The rest of [`build`] once top-k has left its candidates in `s.cands` as scaled logits in
+/// rank order (so the first is the row's maximum).
+pub(crate) fn after_top_k(p: &SamplingParams, s: &mut Scratch) -> Option<Dist> {
+    let m = s.cands.first()?.w;
+    s.cands.iter_mut().for_each(|c| c.w = weight(c.w, m));
+    Some(finish(p, false, s))
+}
+
+fn build_dense<S: Scale>(x: &[f32], sc: S, p: &SamplingParams, s: &mut Scratch) -> Option<Dist> {
     s.cands.clear();
-    let use_top_p = p.top_p < 1.0;
-    let mut top_p_done = false;
-    if top_k_active(p, x.len()) {
-        // The list comes out ranked, so its head is the row's maximum.
-        top_by_value(x, sc, p.top_k as usize, &mut s.cands);
-        let m = s.cands.first()?.w;
-        s.cands.iter_mut().for_each(|c| c.w = weight(c.w, m));
-    } else {
-        let m = sc.apply(max_of(x));
-        if m == f32::NEG_INFINITY {
-            return None;
-        }
-        if m == f32::INFINITY {
-            collect_at_least(x, sc, f32::INFINITY, &mut s.cands);
-            s.cands.iter_mut().for_each(|c| c.w = 1.0);
-        } else if use_top_p {
-            let z = exp_shifted(x, sc, m, &mut s.e);
-            nucleus_of_dense(p.top_p, z, s);
-            top_p_done = true;
-        } else if p.min_p > 0.0 {
-            // A superset by the logit threshold, then the exact rule on the weights below.
-            collect_at_least(x, sc, m + p.min_p.ln() - 1e-3, &mut s.cands);
-            s.cands.iter_mut().for_each(|c| c.w = exp_neg(c.w - m));
-        } else if p.typical_p < 1.0 {
-            exp_shifted(x, sc, m, &mut s.e);
-            collect_at_least(&s.e, Unit, ANY_WEIGHT, &mut s.cands);
-        } else {
-            let total = exp_shifted(x, sc, m, &mut s.e);
-            return Some(Dist {
-                kept: Kept::Dense,
-                total,
-            });
-        }
+    let m = sc.apply(row_max(x));
+    if m == f32::NEG_INFINITY {
+        return None;
     }
+    let top_p_done = m != f32::INFINITY && p.top_p < 1.0;
+    if m == f32::INFINITY {
+        collect_at_least(x, sc, f32::INFINITY, &mut s.cands);
+        s.cands.iter_mut().for_each(|c| c.w = 1.0);
+    } else if top_p_done {
+        let z = exp_shifted(x, sc, m, &mut s.e);
+        nucleus_of_dense(p.top_p, z, s);
+    } else if p.min_p > 0.0 {
+        // A superset by the logit threshold, then the exact rule on the weights in `finish`.
+        collect_at_least(x, sc, m + p.min_p.ln() - 1e-3, &mut s.cands);
+        s.cands.iter_mut().for_each(|c| c.w = exp_neg(c.w - m));
+    } else if p.typical_p < 1.0 {
+        exp_shifted(x, sc, m, &mut s.e);
+        collect_at_least(&s.e, Unit, ANY_WEIGHT, &mut s.cands);
+    } else {
+        let total = exp_shifted(x, sc, m, &mut s.e);
+        return Some(Dist {
+            kept: Kept::Dense,
+            total,
+        });
+    }
+    Some(finish(p, top_p_done, s))
+}
+
+/// The filters after the first one, on the candidate list.
+fn finish(p: &SamplingParams, top_p_done: bool, s: &mut Scratch) -> Dist {
     s.cands.retain(|c| c.w > 0.0);
-    if use_top_p && !top_p_done {
+    if p.top_p < 1.0 && !top_p_done {
         let total = sum(&s.cands);
         keep_nucleus(&mut s.cands, p.top_p, total, &mut s.hist);
     }
@@ -94,10 +106,10 @@ fn build_scaled<S: Scale>(x: &[f32], sc: S, p: &SamplingParams, s: &mut Scratch)
     if p.typical_p < 1.0 {
         keep_typical(&mut s.cands, p.typical_p);
     }
-    Some(Dist {
+    Dist {
         kept: Kept::List,
         total: sum(&s.cands),
-    })
+    }
 }
 
 /// `exp(v - m)`, where a `+inf` maximum gives the `+inf` tokens weight 1 and the rest 0.

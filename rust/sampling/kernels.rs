@@ -11,6 +11,29 @@ const LANES: usize = 8;
 /// Elements summed in `f32` before the block's sum is added to the `f64` total.
 const BLOCK: usize = 256;
 
+/// Defines `pub(crate) fn $name`, which runs `$any` compiled for AVX2 when the CPU has it and
+/// for the baseline otherwise. Both builds run the same operations, only on wider registers:
+/// Rust never fuses a multiply and an add on its own and every sum here has a fixed order, so
+/// the results are the same bits (the tests compare them).
+macro_rules! dispatch {
+    ($(#[$doc:meta])* fn $name:ident $(<$($g:ident: $b:path),+>)? ($($arg:ident: $ty:ty),*) -> $ret:ty = $any:ident) => {
+        $(#[$doc])*
+        pub(crate) fn $name $(<$($g: $b),+>)? ($($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                #[target_feature(enable = "avx2")]
+                fn wide $(<$($g: $b),+>)? ($($arg: $ty),*) -> $ret {
+                    $any($($arg),*)
+                }
+                // SAFETY: the CPU has AVX2, checked just above.
+                return unsafe { wide($($arg),*) };
+            }
+            $any($($arg),*)
+        }
+    };
+}
+pub(crate) use dispatch;
+
 /// `exp(x)` for `x <= 0` (the Cephes `expf` polynomial, within 2 ulp of the exact value);
 /// below -87 (and for NaN or `-inf`) it returns exactly 0, so banned tokens weigh nothing.
 #[inline(always)]
@@ -21,14 +44,9 @@ pub(crate) fn exp_neg(x: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0;
     const C1: f32 = 0.693_359_4;
     const C2: f32 = -2.121_944_4e-4;
-    let in_range = x > -87.0;
-    let xc = if !in_range {
-        -87.0
-    } else if x < 0.0 {
-        x
-    } else {
-        0.0
-    };
+    // Two selects the vectoriser maps to max/min (NaN ends up at -87, then weighs 0).
+    let xc = if x > -87.0 { x } else { -87.0 };
+    let xc = if xc < 0.0 { xc } else { 0.0 };
     let t = xc * LOG2E + MAGIC;
     let n = t - MAGIC;
     let n_int = t.to_bits() as i32 - 0x4B40_0000;
@@ -42,8 +60,9 @@ pub(crate) fn exp_neg(x: f32) -> f32 {
     let y = poly * (r * r) + r + 1.0;
     // n is in [-126, 0] here, so 2^n is a normal float built from its exponent bits.
     let scale = f32::from_bits(((n_int + 127) as u32) << 23);
-    if in_range {
-        y * scale
+    let y = y * scale;
+    if x > -87.0 {
+        y
     } else {
         0.0
     }
@@ -67,15 +86,26 @@ fn reduce_max(acc: &[f32; LANES]) -> f32 {
 }
 
 /// The largest value of `xs` ignoring NaN; `-inf` when there is none.
+#[inline(always)]
 pub(crate) fn max_of(xs: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];
     max_lanes(&mut acc, xs);
     reduce_max(&acc)
 }
 
-/// The lowest index holding the largest value (NaN ignored); `None` when no value beats `-inf`.
-/// One pass: each lane keeps its first maximum, then the lanes are merged by (value, index).
-pub(crate) fn argmax(xs: &[f32]) -> Option<usize> {
+dispatch! {
+    /// [`max_of`] over a whole row.
+    fn row_max(xs: &[f32]) -> f32 = max_of
+}
+
+dispatch! {
+    /// The lowest index holding the largest value (NaN ignored); `None` when no value beats
+    /// `-inf`. One pass: each lane keeps its first maximum, then lanes merge by (value, index).
+    fn argmax(xs: &[f32]) -> Option<usize> = argmax_any
+}
+
+#[inline(always)]
+fn argmax_any(xs: &[f32]) -> Option<usize> {
     let mut best = [f32::NEG_INFINITY; LANES];
     let mut at = [0u32; LANES];
     let mut chunks = xs.chunks_exact(LANES);
@@ -102,8 +132,13 @@ pub(crate) fn argmax(xs: &[f32]) -> Option<usize> {
     found.map(|(_, i)| i)
 }
 
-/// Copies `src` into `dst`, turning NaN into `-inf` (the one rule for NaN logits).
-pub(crate) fn copy_sanitized(dst: &mut [f32], src: &[f32]) {
+dispatch! {
+    /// Copies `src` into `dst`, turning NaN into `-inf` (the one rule for NaN logits).
+    fn copy_sanitized(dst: &mut [f32], src: &[f32]) -> () = copy_sanitized_any
+}
+
+#[inline(always)]
+fn copy_sanitized_any(dst: &mut [f32], src: &[f32]) {
     for (d, &v) in dst.iter_mut().zip(src) {
         *d = if v.is_nan() { f32::NEG_INFINITY } else { v };
     }
@@ -172,45 +207,60 @@ macro_rules! with_scale {
 }
 pub(crate) use with_scale;
 
-/// Writes `out[i] = exp(xs[i] / t - m)` and returns their sum (`m` is the finite maximum of the
-/// scaled row, so every weight is in [0, 1] and the largest is exactly 1).
-pub(crate) fn exp_shifted<S: Scale>(xs: &[f32], s: S, m: f32, out: &mut [f32]) -> f64 {
+/// `out[i] = exp(s(xs[i]) - m)`: a plain loop, which the loop vectoriser handles best.
+#[inline(always)]
+fn exp_block<S: Scale>(xs: &[f32], s: S, m: f32, out: &mut [f32]) {
+    for (o, &x) in out.iter_mut().zip(xs) {
+        *o = exp_neg(s.apply(x) - m);
+    }
+}
+
+/// The sum of a block in a fixed order: 8 lane sums, then a fixed tree.
+#[inline(always)]
+fn sum_block(xs: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    for &v in chunks.remainder() {
+        acc[0] += v;
+    }
+    sum_lanes(&acc)
+}
+
+dispatch! {
+    /// Writes `out[i] = exp(xs[i] / t - m)` and returns their sum (`m` is the finite maximum of
+    /// the scaled row, so every weight is in [0, 1] and the largest is exactly 1).
+    fn exp_shifted<S: Scale>(xs: &[f32], s: S, m: f32, out: &mut [f32]) -> f64 = exp_shifted_any
+}
+
+#[inline(always)]
+fn exp_shifted_any<S: Scale>(xs: &[f32], s: S, m: f32, out: &mut [f32]) -> f64 {
     let mut total = 0.0f64;
     for (xb, ob) in xs.chunks(BLOCK).zip(out.chunks_mut(BLOCK)) {
-        let mut acc = [0.0f32; LANES];
-        let mut xc = xb.chunks_exact(LANES);
-        let mut oc = ob.chunks_exact_mut(LANES);
-        for (x8, o8) in (&mut xc).zip(&mut oc) {
-            for j in 0..LANES {
-                let e = exp_neg(s.apply(x8[j]) - m);
-                o8[j] = e;
-                acc[j] += e;
-            }
-        }
-        for (&x, o) in xc.remainder().iter().zip(oc.into_remainder()) {
-            *o = exp_neg(s.apply(x) - m);
-            acc[0] += *o;
-        }
-        total += f64::from(sum_lanes(&acc));
+        exp_block(xb, s, m, ob);
+        total += f64::from(sum_block(ob));
     }
     total
 }
 
-/// `sum(exp(xs[i] - m))` without storing the terms (the raw row's log-normaliser).
-pub(crate) fn sum_exp_shifted(xs: &[f32], m: f32) -> f64 {
+dispatch! {
+    /// `sum(exp(xs[i] - m))` without storing the terms (the raw row's log-normaliser); the
+    /// same bits as the sum [`exp_shifted`] returns.
+    fn sum_exp_shifted(xs: &[f32], m: f32) -> f64 = sum_exp_shifted_any
+}
+
+#[inline(always)]
+fn sum_exp_shifted_any(xs: &[f32], m: f32) -> f64 {
     let mut total = 0.0f64;
+    let mut buf = [0.0f32; BLOCK];
     for xb in xs.chunks(BLOCK) {
-        let mut acc = [0.0f32; LANES];
-        let mut xc = xb.chunks_exact(LANES);
-        for x8 in &mut xc {
-            for j in 0..LANES {
-                acc[j] += exp_neg(x8[j] - m);
-            }
-        }
-        for &x in xc.remainder() {
-            acc[0] += exp_neg(x - m);
-        }
-        total += f64::from(sum_lanes(&acc));
+        let out = &mut buf[..xb.len()];
+        exp_block(xb, Unit, m, out);
+        total += f64::from(sum_block(out));
     }
     total
 }
@@ -258,7 +308,19 @@ mod tests {
         let total = exp_shifted(&xs, Unit, 0.0, &mut out);
         let naive: f64 = xs.iter().map(|&x| f64::from(x).exp()).sum();
         assert!((total - naive).abs() < 1e-5 * naive);
-        assert!((sum_exp_shifted(&xs, 0.0) - total).abs() < 1e-12);
+        assert_eq!(sum_exp_shifted(&xs, 0.0), total);
+        // The AVX2 build (when the CPU has it) gives the baseline build's bits.
+        let mut base = vec![0.0; xs.len()];
+        assert_eq!(exp_shifted_any(&xs, Unit, 0.0, &mut base), total);
+        assert_eq!(base, out);
+        assert_eq!(sum_exp_shifted_any(&xs, 0.0), total);
+        let mut copied = vec![0.0; with_nan.len()];
+        let mut copied_any = vec![1.0; with_nan.len()];
+        copy_sanitized(&mut copied, &with_nan);
+        copy_sanitized_any(&mut copied_any, &with_nan);
+        assert_eq!(copied, copied_any);
+        assert_eq!(copied[500], f32::NEG_INFINITY);
+        assert_eq!(argmax_any(&xs), argmax(&xs));
         let mut halved = vec![0.0; xs.len()];
         let by_div = exp_shifted(&xs, Div(0.5), 0.0, &mut halved);
         let doubled: Vec<f32> = xs.iter().map(|&x| x / 0.5).collect();

@@ -6,7 +6,7 @@
 //! [`LogprobsMode::Processed`]: super::LogprobsMode::Processed
 
 use super::filters::{Dist, Kept};
-use super::kernels::{max_of, sum_exp_shifted, Unit};
+use super::kernels::{row_max, sum_exp_shifted, Unit};
 use super::scratch::Scratch;
 use super::select::{rank, top_by_value, Cand};
 use crate::types::TokenId;
@@ -22,7 +22,7 @@ pub(crate) struct LogSoftmax {
 impl LogSoftmax {
     /// Measures `row` (one dense pass with `exp`).
     pub fn of(row: &[f32]) -> Self {
-        let max = max_of(row);
+        let max = row_max(row);
         let ln_z = if max == f32::INFINITY {
             (row.iter().filter(|&&v| v == f32::INFINITY).count() as f64).ln()
         } else if max == f32::NEG_INFINITY {

@@ -2,9 +2,12 @@
 //!
 //! The engine hands over a float32 row-major buffer `[num_rows, vocab]` and, per sample, the row
 //! it draws from (the `n` forks of a request share one row at their first token), its
-//! [`SamplingParams`] and its token history. Rows run in parallel on rayon; each worker copies
-//! its row into a reusable scratch buffer (the logits are read-only), and results are the same
-//! bits as a serial run. A NaN logit counts as `-inf`.
+//! [`SamplingParams`] and its token history. Rows run in parallel on rayon and results are the
+//! same bits as a serial run. The logits are read-only: a worker copies its row into a reusable
+//! scratch buffer, except for greedy and top-k rows whose processors are all sparse, which read
+//! the row in place with the touched tokens in a small overlay (`overlay`). Consecutive samples
+//! with the same row, parameters and history (forks) share one filtered distribution. A NaN
+//! logit counts as `-inf`; with a `+inf` logit the `+inf` tokens share all the probability.
 //!
 //! # Order of operations
 //! 1. `logit_bias` (sparse) and `embedding_bias` (dense, one value per vocabulary entry) added;
@@ -43,6 +46,7 @@
 mod filters;
 mod kernels;
 mod logprobs;
+mod overlay;
 mod processors;
 mod rng;
 mod run;

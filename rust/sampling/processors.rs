@@ -67,12 +67,56 @@ pub(crate) fn apply_temperature(row: &mut [f32], p: &SamplingParams) {
     }
 }
 
+/// Where the processors read and write logits: a dense row, or a sparse overlay over the
+/// read-only raw row (see `overlay`). `None` for an id beyond the row.
+pub(crate) trait RowMut {
+    fn at(&mut self, id: TokenId) -> Option<&mut f32>;
+}
+
+impl RowMut for [f32] {
+    #[inline]
+    fn at(&mut self, id: TokenId) -> Option<&mut f32> {
+        self.get_mut(id as usize)
+    }
+}
+
 fn apply_steps(row: &mut [f32], req: &SampleRequest<'_>, s: &mut ProcScratch) {
     let p = req.params;
-    add_biases(row, p);
+    add_logit_bias(row, p);
+    if let Some(bias) = &p.embedding_bias {
+        for (x, &b) in row.iter_mut().zip(bias.iter()) {
+            *x += b;
+        }
+    }
     if let Some(allowed) = &p.allowed_token_ids {
         keep_only(row, allowed, &mut s.saved);
     }
+    apply_history_steps(row, req, s);
+}
+
+/// True when every processor `p` asks for is sparse, so that steps 1-7 can run on an overlay.
+pub(crate) fn all_sparse(p: &SamplingParams) -> bool {
+    p.embedding_bias.is_none() && p.allowed_token_ids.is_none()
+}
+
+/// Steps 1-7 for parameters where [`all_sparse`] holds: only the ids they touch are written.
+pub(crate) fn apply_sparse_steps<R: RowMut + ?Sized>(
+    row: &mut R,
+    req: &SampleRequest<'_>,
+    s: &mut ProcScratch,
+) {
+    debug_assert!(all_sparse(req.params));
+    add_logit_bias(row, req.params);
+    apply_history_steps(row, req, s);
+}
+
+/// Steps 3-7, which depend on the token history.
+fn apply_history_steps<R: RowMut + ?Sized>(
+    row: &mut R,
+    req: &SampleRequest<'_>,
+    s: &mut ProcScratch,
+) {
+    let p = req.params;
     ban_bad_words(row, &p.bad_words, req.output);
     if (req.output.len() as u64) < u64::from(p.min_tokens) {
         ban(row, req.eos_token_ids);
@@ -87,24 +131,19 @@ fn apply_steps(row: &mut [f32], req: &SampleRequest<'_>, s: &mut ProcScratch) {
     apply_penalties(row, p, req.prompt, req.output, s);
 }
 
-fn ban(row: &mut [f32], ids: &[TokenId]) {
+fn ban<R: RowMut + ?Sized>(row: &mut R, ids: &[TokenId]) {
     for &id in ids {
-        if let Some(x) = row.get_mut(id as usize) {
+        if let Some(x) = row.at(id) {
             *x = f32::NEG_INFINITY;
         }
     }
 }
 
-/// Step 1: the sparse `logit_bias` and the dense `embedding_bias` are added.
-fn add_biases(row: &mut [f32], p: &SamplingParams) {
+/// Step 1, sparse half: `logit_bias` is added (the dense `embedding_bias` follows it).
+fn add_logit_bias<R: RowMut + ?Sized>(row: &mut R, p: &SamplingParams) {
     for &(id, bias) in &p.logit_bias {
-        if let Some(x) = row.get_mut(id as usize) {
+        if let Some(x) = row.at(id) {
             *x += bias;
-        }
-    }
-    if let Some(bias) = &p.embedding_bias {
-        for (x, &b) in row.iter_mut().zip(bias.iter()) {
-            *x += b;
         }
     }
 }
@@ -127,7 +166,7 @@ fn keep_only(row: &mut [f32], allowed: &[TokenId], saved: &mut Vec<f32>) {
 
 /// Step 3: a bad word's last token is banned when the rest of it is the output's tail (so a
 /// one-token bad word is always banned). Empty bad words are ignored.
-fn ban_bad_words(row: &mut [f32], bad_words: &[Vec<TokenId>], output: &[TokenId]) {
+fn ban_bad_words<R: RowMut + ?Sized>(row: &mut R, bad_words: &[Vec<TokenId>], output: &[TokenId]) {
     for word in bad_words {
         let Some((&last, prefix)) = word.split_last() else {
             continue;
@@ -140,7 +179,7 @@ fn ban_bad_words(row: &mut [f32], bad_words: &[Vec<TokenId>], output: &[TokenId]
 
 /// Step 5 (HF `NoRepeatNGramLogitsProcessor`, over `seq` = prompt ++ output): bans every token
 /// that would complete an `n`-gram already present in `seq`.
-fn ban_repeated_ngrams(row: &mut [f32], n: usize, seq: &[TokenId]) {
+fn ban_repeated_ngrams<R: RowMut + ?Sized>(row: &mut R, n: usize, seq: &[TokenId]) {
     if seq.len() < n {
         return;
     }
@@ -156,8 +195,8 @@ fn ban_repeated_ngrams(row: &mut [f32], n: usize, seq: &[TokenId]) {
 /// Steps 6-7 over the distinct tokens of the history only: `repetition_penalty` (prompt and
 /// output; positive logits divided, the others multiplied, as HF and vLLM do), then
 /// `logit -= frequency_penalty * count + presence_penalty` for tokens in the output.
-fn apply_penalties(
-    row: &mut [f32],
+fn apply_penalties<R: RowMut + ?Sized>(
+    row: &mut R,
     p: &SamplingParams,
     prompt: &[TokenId],
     output: &[TokenId],
@@ -186,7 +225,9 @@ fn apply_penalties(
         }
     }
     for &t in &s.touched {
-        let x = &mut row[t as usize];
+        let Some(x) = row.at(t) else {
+            continue;
+        };
         if repetition {
             let r = p.repetition_penalty;
             *x = if *x > 0.0 { *x / r } else { *x * r };

@@ -6,8 +6,10 @@ use rayon::prelude::*;
 
 use super::filters::{self, Dist};
 use super::kernels::argmax;
+use super::kernels::{with_scale, Unit};
 use super::logprobs::{self, LogSoftmax};
-use super::processors::{check_params, process_in_place, process_into};
+use super::overlay::top_of_processed;
+use super::processors::{all_sparse, check_params, process_in_place, process_into};
 use super::rng::uniform;
 use super::scratch::{with_scratch, Scratch};
 use super::select::Cand;
@@ -41,15 +43,18 @@ pub fn sample(
         check_params(req.params, vocab)?;
     }
     let groups = forks(reqs);
-    let per_group: Vec<CoreResult<Vec<Sampled>>> = groups
-        .par_iter()
-        .map(|g| {
-            let raw = &logits[reqs[g.start].row * vocab..][..vocab];
-            with_scratch(vocab, |s| {
-                sample_group(raw, &reqs[g.clone()], g.start, cfg, s)
-            })
+    let run = |g: &Range<usize>| {
+        let raw = &logits[reqs[g.start].row * vocab..][..vocab];
+        with_scratch(vocab, |s| {
+            sample_group(raw, &reqs[g.clone()], g.start, cfg, s)
         })
-        .collect();
+    };
+    // One row runs on the caller's thread: handing it to the pool only adds a wake-up.
+    let per_group: Vec<CoreResult<Vec<Sampled>>> = if groups.len() == 1 {
+        groups.iter().map(run).collect()
+    } else {
+        groups.par_iter().map(run).collect()
+    };
     let mut out = Vec::with_capacity(reqs.len());
     for group in per_group {
         out.extend(group?);
@@ -109,6 +114,14 @@ fn no_finite(row: usize, sample: usize) -> CoreError {
     )
 }
 
+/// What a row's processors and filters leave to draw from.
+enum Choice {
+    /// Greedy: the token, whatever the uniform.
+    Greedy(u32),
+    /// The filtered distribution (kept tokens in the scratch).
+    Sample(Dist),
+}
+
 /// Samples a run of forks sharing one row; `first` is the index of the run's first sample.
 fn sample_group(
     raw: &[f32],
@@ -118,46 +131,78 @@ fn sample_group(
     s: &mut Scratch,
 ) -> CoreResult<Vec<Sampled>> {
     let head = &reqs[0];
-    let p = head.params;
-    process_into(&mut s.row, raw, head, &mut s.proc);
-    let err = || no_finite(head.row, first);
-    let (tokens, dist) = if p.is_greedy() {
-        let token = argmax(&s.row).ok_or_else(err)? as u32;
-        (vec![Cand { w: 1.0, id: token }; reqs.len()], None)
-    } else {
-        // The filters divide by the temperature as they read (see `kernels::Scale`).
-        let t = if p.temperature > 0.0 {
-            p.temperature
-        } else {
-            1.0
-        };
-        let row = std::mem::take(&mut s.row);
-        let dist = filters::build(&row, t, p, s);
-        s.row = row;
-        let dist = dist.ok_or_else(err)?;
-        let tokens = reqs
-            .iter()
-            .map(|r| {
-                filters::draw(
-                    &dist,
-                    uniform(r.seed, r.sample_index, r.output.len() as u64),
-                    s,
-                )
-            })
-            .collect();
-        (tokens, Some(dist))
+    let choice = choose(raw, head, cfg, s).ok_or_else(|| no_finite(head.row, first))?;
+    let (tokens, dist) = match choice {
+        Choice::Greedy(id) => (vec![Cand { w: 1.0, id }; reqs.len()], None),
+        Choice::Sample(dist) => {
+            let draw = |r: &SampleRequest<'_>, s: &mut Scratch| {
+                let u = uniform(r.seed, r.sample_index, r.output.len() as u64);
+                filters::draw(&dist, u, s)
+            };
+            (reqs.iter().map(|r| draw(r, s)).collect(), Some(dist))
+        }
     };
-    let Some(k) = p.logprobs else {
+    let Some(k) = head.params.logprobs else {
         return Ok(tokens.iter().map(|c| no_logprobs(c.id)).collect());
     };
+    let mode = cfg.logprobs_mode;
     Ok(with_logprobs(
         raw,
         &tokens,
         dist.as_ref(),
         k as usize,
-        cfg.logprobs_mode,
+        mode,
         s,
     ))
+}
+
+/// Runs the processors and filters of `req` on `raw`; `None` when no finite logit is left.
+/// Greedy and top-k rows whose processors are all sparse never copy the row (see `overlay`),
+/// unless processed logprobs of a greedy row need the whole processed row.
+fn choose(
+    raw: &[f32],
+    req: &SampleRequest<'_>,
+    cfg: &SamplerConfig,
+    s: &mut Scratch,
+) -> Option<Choice> {
+    let p = req.params;
+    let greedy = p.is_greedy();
+    let whole_row_logprobs = p.logprobs.is_some() && cfg.logprobs_mode == LogprobsMode::Processed;
+    let in_place = all_sparse(p)
+        && if greedy {
+            !whole_row_logprobs
+        } else {
+            filters::top_k_active(p, raw.len())
+        };
+    // The filters divide by the temperature as they read (see `kernels::Scale`).
+    let t = if p.temperature > 0.0 {
+        p.temperature
+    } else {
+        1.0
+    };
+    let (o, ps, cands) = (&mut s.overlay, &mut s.proc, &mut s.cands);
+    match (greedy, in_place) {
+        (true, true) => {
+            top_of_processed(raw, req, Unit, 1, o, ps, cands);
+            cands.first().map(|c| Choice::Greedy(c.id))
+        }
+        (false, true) => {
+            let k = p.top_k as usize;
+            with_scale!(t, |sc| top_of_processed(raw, req, sc, k, o, ps, cands));
+            filters::after_top_k(p, s).map(Choice::Sample)
+        }
+        (true, false) => {
+            process_into(&mut s.row, raw, req, &mut s.proc);
+            argmax(&s.row).map(|i| Choice::Greedy(i as u32))
+        }
+        (false, false) => {
+            process_into(&mut s.row, raw, req, &mut s.proc);
+            let row = std::mem::take(&mut s.row);
+            let dist = filters::build(&row, t, p, s);
+            s.row = row;
+            dist.map(Choice::Sample)
+        }
+    }
 }
 
 fn no_logprobs(token: u32) -> Sampled {

@@ -4,6 +4,7 @@
 
 use std::cell::RefCell;
 
+use super::overlay::OverlayScratch;
 use super::select::{Cand, NUM_BUCKETS};
 
 /// Buffers of the logits processors.
@@ -37,6 +38,8 @@ pub(crate) struct Scratch {
     /// Bucket masses for ranking long lists; all zero between uses.
     pub hist: Vec<f64>,
     pub proc: ProcScratch,
+    /// The processed row as an overlay over the raw one (sparse processors only).
+    pub overlay: OverlayScratch,
 }
 
 impl Scratch {
@@ -46,6 +49,7 @@ impl Scratch {
         self.e.resize(vocab, 0.0);
         self.proc.counts.resize(vocab, 0);
         self.hist.resize(NUM_BUCKETS, 0.0);
+        self.overlay.fit(vocab);
     }
 }
 

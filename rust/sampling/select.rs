@@ -4,7 +4,7 @@
 
 use std::cmp::Ordering;
 
-use super::kernels::{max_of, Scale};
+use super::kernels::{dispatch, max_of, Scale};
 
 /// Block scanned at once; its maximum decides whether any element of it is looked at.
 const SCAN_BLOCK: usize = 64;
@@ -29,19 +29,32 @@ pub(crate) fn rank(a: &Cand, b: &Cand) -> Ordering {
         .then(a.id.cmp(&b.id))
 }
 
-/// Pushes every `(v, i)` with `v = s(xs[i]) >= threshold` (NaN never qualifies) onto `out`.
-pub(crate) fn collect_at_least<S: Scale>(xs: &[f32], s: S, threshold: f32, out: &mut Vec<Cand>) {
+dispatch! {
+    /// Pushes every `(v, i)` with `v = s(xs[i]) >= threshold` (NaN never qualifies) onto `out`.
+    fn collect_at_least<S: Scale>(xs: &[f32], s: S, threshold: f32, out: &mut Vec<Cand>) -> () =
+        collect_any
+}
+
+#[inline(always)]
+fn collect_any<S: Scale>(xs: &[f32], s: S, threshold: f32, out: &mut Vec<Cand>) {
     for (b, block) in xs.chunks(SCAN_BLOCK).enumerate() {
         if s.apply(max_of(block)) >= threshold {
-            push_block(block, b * SCAN_BLOCK, s, threshold, out);
+            push_block(block, b * SCAN_BLOCK, s, AnyId, threshold, out);
         }
     }
 }
 
 /// Appends the entries of `block` (starting at id `base`) with `s(x) >= threshold`, without a
 /// branch per element: every entry is written and the length advances only past the kept ones.
-#[inline]
-fn push_block<S: Scale>(block: &[f32], base: usize, s: S, threshold: f32, out: &mut Vec<Cand>) {
+#[inline(always)]
+fn push_block<S: Scale, A: Admit>(
+    block: &[f32],
+    base: usize,
+    s: S,
+    admit: A,
+    threshold: f32,
+    out: &mut Vec<Cand>,
+) {
     let start = out.len();
     out.resize(start + block.len(), Cand { w: 0.0, id: 0 });
     let slots = &mut out[start..];
@@ -52,27 +65,39 @@ fn push_block<S: Scale>(block: &[f32], base: usize, s: S, threshold: f32, out: &
             w: v,
             id: (base + j) as u32,
         };
-        n += usize::from(v >= threshold);
+        n += usize::from(v >= threshold && admit.admit(base + j));
     }
     out.truncate(start + n);
 }
 
-/// The `k` highest values `s(xs[i])` in rank order (fewer when fewer are above `-inf`; NaN and
-/// `-inf` never qualify). `out` is cleared first.
+/// The `k` highest values `s(xs[i])` in rank order (fewer when fewer are above `-inf`; NaN
+/// and `-inf` never qualify). `out` is cleared first.
 pub(crate) fn top_by_value<S: Scale>(xs: &[f32], s: S, k: usize, out: &mut Vec<Cand>) {
+    top_admitted(xs, s, k, AnyId, out);
+}
+
+dispatch! {
+    /// [`top_by_value`] among the ids `admit` lets through.
+    fn top_admitted<S: Scale, A: Admit>(xs: &[f32], s: S, k: usize, admit: A, out: &mut Vec<Cand>) -> () =
+        top_any
+}
+
+#[inline(always)]
+fn top_any<S: Scale, A: Admit>(xs: &[f32], s: S, k: usize, admit: A, out: &mut Vec<Cand>) {
     out.clear();
     if k == 0 {
         return;
     }
-    // Trim to the best k whenever the buffer reaches `cap`, raising the threshold, so that the
-    // scan touches each block once and keeps O(k) entries.
-    let cap = (2 * k).max(1024);
+    // Trim to the best k whenever k more entries have arrived, raising the threshold: the
+    // threshold then tracks the k-th best seen so far, so later blocks are mostly skipped, and
+    // each trim's O(k) cost is paid once per k entries.
+    let cap = 2 * k + SCAN_BLOCK;
     let mut threshold = f32::MIN;
     for (b, block) in xs.chunks(SCAN_BLOCK).enumerate() {
         if s.apply(max_of(block)) < threshold {
             continue;
         }
-        push_block(block, b * SCAN_BLOCK, s, threshold, out);
+        push_block(block, b * SCAN_BLOCK, s, admit, threshold, out);
         if out.len() >= cap {
             out.select_nth_unstable_by(k - 1, rank);
             out.truncate(k);
@@ -84,6 +109,22 @@ pub(crate) fn top_by_value<S: Scale>(xs: &[f32], s: S, k: usize, out: &mut Vec<C
         out.truncate(k);
     }
     out.sort_unstable_by(rank);
+}
+
+/// Which ids a scan may return (the others are skipped as if absent).
+pub(crate) trait Admit: Copy {
+    fn admit(self, id: usize) -> bool;
+}
+
+/// Every id.
+#[derive(Clone, Copy)]
+pub(crate) struct AnyId;
+
+impl Admit for AnyId {
+    #[inline(always)]
+    fn admit(self, _: usize) -> bool {
+        true
+    }
 }
 
 /// True when `c` ranks at or before `cut`.
@@ -178,6 +219,20 @@ mod tests {
             clean[4000] = f32::NEG_INFINITY;
             assert_eq!(out, naive_top(&clean, k), "k={k}");
         }
+        #[derive(Clone, Copy)]
+        struct Odd;
+        impl Admit for Odd {
+            fn admit(self, id: usize) -> bool {
+                id % 2 == 1
+            }
+        }
+        let mut odd = xs.clone();
+        odd.iter_mut()
+            .step_by(2)
+            .for_each(|v| *v = f32::NEG_INFINITY);
+        odd[4000] = f32::NEG_INFINITY;
+        top_admitted(&xs, Unit, 60, Odd, &mut out);
+        assert_eq!(out, naive_top(&odd, 60));
     }
 
     #[test]

@@ -362,3 +362,65 @@ fn logprobs_raw_and_processed_match_log_softmax() {
     );
     assert!(none.logprob.is_none() && none.top_logprobs.is_empty());
 }
+
+/// Greedy and top-k rows with only sparse processors run on an overlay of the raw row; a zero
+/// `embedding_bias` (a dense processor that changes nothing) forces the copied row instead.
+#[test]
+fn in_place_and_copied_rows_give_the_same_draws() {
+    let vocab = 4000;
+    let mut raw = random_row(vocab, 21, 4.0);
+    let prompt = random_ids(300, vocab, 22);
+    let output = random_ids(200, vocab, 23);
+    raw[output[0] as usize] = f32::NAN;
+    raw[prompt[0] as usize] = f32::INFINITY;
+    let (last, second) = (output[199], output[198]);
+    let sparse = SamplingParams {
+        logit_bias: vec![(3, 4.0), (prompt[0], f32::NEG_INFINITY), (9, 2.0)],
+        bad_words: vec![vec![5], vec![second, last, 6]],
+        min_tokens: 500,
+        stop_token_ids: vec![7],
+        no_repeat_ngram_size: 2,
+        repetition_penalty: 1.4,
+        presence_penalty: 0.6,
+        frequency_penalty: 0.4,
+        logprobs: Some(4),
+        ..SamplingParams::default()
+    };
+    for (top_k, temperature) in [
+        (1, 1.0),
+        (0, 0.0),
+        (1, 0.7),
+        (7, 0.8),
+        (60, 1.0),
+        (900, 1.3),
+    ] {
+        let p = SamplingParams {
+            top_k,
+            temperature,
+            top_p: 0.9,
+            ..sparse.clone()
+        };
+        let dense = SamplingParams {
+            embedding_bias: Some(vec![0.0; vocab].into()),
+            ..p.clone()
+        };
+        for seed in 0..10 {
+            for mode in [LogprobsMode::Raw, LogprobsMode::Processed] {
+                let r = SampleRequest {
+                    seed,
+                    eos_token_ids: &[8],
+                    ..req(&p, &prompt, &output)
+                };
+                let d = SampleRequest {
+                    params: &dense,
+                    ..r
+                };
+                assert_eq!(
+                    one(&raw, &r, mode),
+                    one(&raw, &d, mode),
+                    "k={top_k} t={temperature}"
+                );
+            }
+        }
+    }
+}
