@@ -217,12 +217,14 @@ def test_byte_fallback_cjk_and_emoji_token_by_token(
     pairs: dict[str, tuple[Tokenizer, Detokenizer]],
 ) -> None:
     tok, det = pairs["sentencepiece"]
-    ids = tok.encode("龘🦀", add_special_tokens=False).ids
+    # Neither character is in the training corpus, so both must fall back to byte tokens (a
+    # corpus character seen once may or may not survive `limit_alphabet`: ties are unordered).
+    ids = tok.encode("龘🦑", add_special_tokens=False).ids
     assert [tok.id_to_token(i) for i in ids] == [
         "▁",
-        *(f"<0x{b:02X}>" for b in "龘🦀".encode()),
+        *(f"<0x{b:02X}>" for b in "龘🦑".encode()),
     ]
-    assert _stream(det, ids, True, True) == ["", "", "", "龘", "", "", "", "🦀", ""]
+    assert _stream(det, ids, True, True) == ["", "", "", "龘", "", "", "", "🦑", ""]
     # Cut inside a character: the held-back bytes come out as decode renders them.
     assert _stream(det, ids[:3], True, True) == ["", "", "", "\ufffd\ufffd"]
     assert det.decode(ids[:3]) == tok.decode(ids[:3]) == "\ufffd\ufffd"
