@@ -242,8 +242,8 @@ def _rope_theta(config: Mapping[str, Any]) -> float:
 
 def _rope_scaling(config: Mapping[str, Any]) -> RopeScaling | None:
     params = _rope_parameters(config)
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type in (None, "default"):
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type == "default":
         return None
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedModelError(
