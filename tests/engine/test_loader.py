@@ -217,17 +217,6 @@ def test_smollm2_gguf_config(smollm2_source: ModelSource) -> None:
     assert "<|im_start|>" in (smollm2_source.chat_template or "")
 
 
-def test_smollm2_gguf_config_equals_transformers(smollm2_source: ModelSource) -> None:
-    from transformers import AutoConfig
-
-    path = smollm2_source.path
-    hf = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    config = smollm2_source.config
-    for field in ("rms_norm_eps", "max_position_embeddings", "bos_token_id", "pad_token_id"):
-        assert getattr(config, field) == getattr(hf, field), field
-    assert config.rope_theta == hf.rope_parameters["rope_theta"]
-
-
 GGUF_TOKENIZER_TEXTS = [
     "Hello world",
     "  leading spaces, then\n\n\ttabs and newlines  ",
@@ -260,9 +249,17 @@ def test_smollm2_gguf_tokenizer_matches_transformers(smollm2_source: ModelSource
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_smollm2_gguf_weights_equal_transformers(smollm2_source: ModelSource) -> None:
+def test_smollm2_gguf_config_and_weights_equal_transformers(smollm2_source: ModelSource) -> None:
+    from transformers import AutoModelForCausalLM
+
     path = smollm2_source.path
-    state_dict = _hf_state_dict(path.parent, gguf_file=path.name)
-    expected = _expected_weights(state_dict, smollm2_source.config)
-    del state_dict
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    )
+    config, hf = smollm2_source.config, model.config
+    for field in ("rms_norm_eps", "max_position_embeddings", "bos_token_id", "pad_token_id"):
+        assert getattr(config, field) == getattr(hf, field), field
+    assert config.rope_theta == hf.rope_parameters["rope_theta"]
+    expected = _expected_weights(dict(model.state_dict()), config)
+    del model
     _assert_same_weights(smollm2_source.iter_weights(torch.float32), expected)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ferrollm.executor.gguf_reader import GGUFFile
 from ferrollm.executor.gguf_tokenizer import add_bos_token, build_tokenizer_json, special_token
 from ferrollm.executor.loader import ModelSource, SpecialTokens, progress_bar
 from ferrollm.models.config import ModelConfig, UnsupportedModelError
@@ -55,23 +56,19 @@ _IGNORED_TENSORS = frozenset(["rope_freqs.weight"])
 class GGUFCheckpoint(ModelSource):
     """A ``.gguf`` file; its tensors are memory-mapped and dequantized one at a time."""
 
-    def __init__(self, path: Path, reader: Any, **fields: Any) -> None:
+    def __init__(self, path: Path, file: GGUFFile, **fields: Any) -> None:
         super().__init__(path, **fields)
-        self._reader = reader
+        self._file = file
 
     @classmethod
-    def open(cls, file: Path) -> GGUFCheckpoint:
-        """Parse ``file``'s metadata and rebuild its config and tokenizer."""
-        try:
-            import gguf
-        except ImportError as err:  # an optional dependency: only GGUF files need it
-            raise ImportError("loading .gguf files needs the `gguf` package") from err
-        reader = gguf.GGUFReader(file)  # memory-maps the file; no tensor is read yet
-        meta = {key: field.contents() for key, field in reader.fields.items()}
-        tensor_names = [tensor.name for tensor in reader.tensors]
+    def open(cls, path: Path) -> GGUFCheckpoint:
+        """Parse ``path``'s metadata and rebuild its config and tokenizer."""
+        file = GGUFFile(path)  # memory-mapped; no tensor data is read yet
+        meta = file.metadata
+        tensor_names = [tensor.name for tensor in file.tensors]
         return cls(
+            path,
             file,
-            reader,
             config=ModelConfig.from_hf_dict(hf_config_from_gguf(meta, tensor_names)),
             tokenizer_json=build_tokenizer_json(meta),
             chat_template=meta.get("tokenizer.chat_template"),
@@ -80,9 +77,12 @@ class GGUFCheckpoint(ModelSource):
 
     def iter_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         """See `ModelSource.iter_weights`; each tensor is dequantized to float32 first."""
-        from gguf import dequantize
+        try:
+            from gguf import GGMLQuantizationType, dequantize
+        except ImportError as err:  # optional: only GGUF files need it
+            raise ImportError("loading .gguf weights needs the `gguf` package") from err
 
-        tensors = self._reader.tensors
+        tensors = self._file.tensors
         with progress_bar(len(tensors), "Dequantizing weights") as tick:
             for tensor in tensors:
                 tick()
@@ -90,10 +90,12 @@ class GGUFCheckpoint(ModelSource):
                 if name is None:
                     logger.warning("ignoring GGUF tensor %s: ferrollm does not use it", tensor.name)
                     continue
-                array = self._unpermuted(tensor.name, dequantize(tensor.data, tensor.tensor_type))
-                # `dequantize` may hand back the read-only memory map itself (F32 tensors):
-                # copy so the result owns its memory, then convert.
-                yield name, torch.from_numpy(np.array(array, copy=True)).to(dtype)
+                data = self._file.data(tensor)
+                array = dequantize(data, GGMLQuantizationType(tensor.ggml_type))
+                array = self._unpermuted(tensor.name, array)
+                if not array.flags.writeable:  # F32 comes back as a view of the memory map
+                    array = array.copy()
+                yield name, torch.from_numpy(array).to(dtype)
 
     def _unpermuted(self, gguf_name: str, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         # llama.cpp's converter interleaves the rotary halves of Llama's q/k rows (it uses
