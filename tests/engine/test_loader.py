@@ -1,4 +1,4 @@
-"""Loaders against transformers: configs, tokenizers and every weight, HF dirs and GGUF."""
+"""The Hugging Face directory loader against transformers: config, tokenizer, every weight."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ferrollm.executor import loader_hf
-from ferrollm.executor.loader import ModelSource, load_model_source
+from ferrollm.executor.loader import load_model_source
 from ferrollm.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, UnsupportedModelError
 
 # (family) -> (attention_bias, o_proj_bias, qk_norm, tie_word_embeddings) the loader must derive.
@@ -189,77 +189,3 @@ def test_bad_paths_say_what_to_pass(tmp_path: Path) -> None:
     (tmp_path / "weights.bin").write_bytes(b"")
     with pytest.raises(ValueError, match=r"neither a directory nor a \.gguf file"):
         load_model_source(tmp_path / "weights.bin")
-
-
-# --- GGUF: the default model --------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def smollm2_source(smollm2_gguf: Path) -> ModelSource:
-    return load_model_source(smollm2_gguf)
-
-
-def test_smollm2_gguf_config(smollm2_source: ModelSource) -> None:
-    config = smollm2_source.config
-    assert config.architecture == "LlamaForCausalLM"
-    assert config.num_hidden_layers == 30
-    assert config.hidden_size == 576
-    assert config.intermediate_size == 1536
-    assert config.vocab_size == 49152
-    assert (config.num_attention_heads, config.num_key_value_heads) == (9, 3)
-    assert config.head_dim == 64
-    assert config.tie_word_embeddings
-    assert config.rope_theta == 100000.0
-    assert config.rope_scaling is None
-    assert config.eos_token_ids == (2,)
-    assert smollm2_source.special_tokens.eos_token == "<|im_end|>"
-    assert smollm2_source.special_tokens.add_bos_token is False
-    assert "<|im_start|>" in (smollm2_source.chat_template or "")
-
-
-GGUF_TOKENIZER_TEXTS = [
-    "Hello world",
-    "  leading spaces, then\n\n\ttabs and newlines  ",
-    "naïve café résumé Ünïcödé",
-    "你好\uff0c世界。日本語のテキスト",  # full-width comma
-    "emoji 😀👍🏽 and flags 🇫🇷",
-    "def f(x):\n    return x ** 2  # 3.14159, 2024-01-01, 1234567",
-    "I'm sure they'll say WE'VE won",
-    "<|im_start|>user\nHi<|im_end|>\n<|endoftext|>",
-]
-
-
-def test_smollm2_gguf_tokenizer_matches_transformers(smollm2_source: ModelSource) -> None:
-    from tokenizers import Tokenizer
-    from transformers import AutoTokenizer
-
-    path = smollm2_source.path
-    hf = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    ours = Tokenizer.from_str(smollm2_source.tokenizer_json)
-    assert smollm2_source.chat_template == hf.chat_template
-    conversation = [
-        {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": "What is the capital of France? Answer in 1 word."},
-    ]
-    chat = hf.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-    for text in [*GGUF_TOKENIZER_TEXTS, chat]:
-        ids = ours.encode(text).ids
-        assert ids == hf(text)["input_ids"], text
-        assert ours.decode(ids, skip_special_tokens=False) == hf.decode(ids), text
-
-
-@pytest.mark.filterwarnings("ignore::UserWarning")
-def test_smollm2_gguf_config_and_weights_equal_transformers(smollm2_source: ModelSource) -> None:
-    from transformers import AutoModelForCausalLM
-
-    path = smollm2_source.path
-    model = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    )
-    config, hf = smollm2_source.config, model.config
-    for field in ("rms_norm_eps", "max_position_embeddings", "bos_token_id", "pad_token_id"):
-        assert getattr(config, field) == getattr(hf, field), field
-    assert config.rope_theta == hf.rope_parameters["rope_theta"]
-    expected = _expected_weights(dict(model.state_dict()), config)
-    del model
-    _assert_same_weights(smollm2_source.iter_weights(torch.float32), expected)
