@@ -107,6 +107,11 @@ def test_tiny_gguf_tokenizer_equals_the_hf_one(
         assert ours.encode(text).ids == hf.encode(text).ids, text
 
 
+def test_a_directory_with_one_gguf_opens_it(tiny_gguf_factory: Callable[[str], Path]) -> None:
+    path = tiny_gguf_factory("tied")
+    assert load_model_source(path.parent).path == path
+
+
 def test_gguf_reader_agrees_with_gguf_package(tiny_gguf_factory: Callable[[str], Path]) -> None:
     import gguf
 

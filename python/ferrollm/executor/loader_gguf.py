@@ -87,8 +87,7 @@ class GGUFCheckpoint(ModelSource):
             for tensor in tensors:
                 tick()
                 name = hf_tensor_name(tensor.name)
-                if name is None:
-                    logger.warning("ignoring GGUF tensor %s: ferrollm does not use it", tensor.name)
+                if name is None:  # known and unused (warned about at open where it matters)
                     continue
                 data = self._file.data(tensor)
                 array = dequantize(data, GGMLQuantizationType(tensor.ggml_type))
