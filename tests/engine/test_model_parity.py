@@ -117,9 +117,16 @@ class Family:
         self.hf.generation_config.eos_token_id = None
         self.hf.generation_config.pad_token_id = 0
         self.config = adapt(self.hf.config, type(self.hf).__name__)
-        self.model = build_model(self.config, torch.device("cpu"), torch.float32)
-        self.model.load_weights(self.hf.state_dict().items())
+        self._models: dict[torch.dtype, LlamaForCausalLM] = {}
         self._refs: dict[tuple[int, ...], tuple[list[int], torch.Tensor]] = {}
+
+    def model(self, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+        """Our model in ``dtype``, with the HF model's weights."""
+        if dtype not in self._models:
+            model = build_model(self.config, torch.device("cpu"), dtype)
+            model.load_weights(self.hf.state_dict().items())
+            self._models[dtype] = model
+        return self._models[dtype]
 
     def reference(self, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
         """transformers' greedy tokens for ``prompt`` alone, and the log-softmax at each step."""
@@ -152,6 +159,14 @@ class Run:
     stats: dict[str, int]
 
 
+def make_runner(family: Family, num_blocks: int, dtype: torch.dtype) -> ModelRunner:
+    cfg, cpu = family.config, torch.device("cpu")
+    spec = KVCacheSpec(
+        cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, BLOCK_SIZE, dtype
+    )
+    return ModelRunner(family.model(dtype), KVCache(spec, num_blocks, cpu), cpu, dtype)
+
+
 def run_ours(
     family: Family,
     arrivals: dict[int, list[list[int]]],
@@ -159,18 +174,10 @@ def run_ours(
     num_blocks: int = 256,
     max_num_batched_tokens: int = 512,
     n: int = 1,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[Run, list[list[int]]]:
     """Drive the real scheduler over our runner; ``arrivals[step]`` are prompts added then."""
-    cfg = family.config
-    spec = KVCacheSpec(
-        cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, BLOCK_SIZE, torch.float32
-    )
-    runner = ModelRunner(
-        family.model,
-        KVCache(spec, num_blocks, torch.device("cpu")),
-        torch.device("cpu"),
-        torch.float32,
-    )
+    runner = make_runner(family, num_blocks, dtype)
     scheduler = Scheduler(
         num_blocks=num_blocks,
         block_size=BLOCK_SIZE,
@@ -217,22 +224,24 @@ def random_prompts(
     return [head + rng.integers(1, VOCAB, size=length).tolist() for length in lengths]
 
 
-LENGTHS = [3, 17, 9, 1, 30, 12]
+# One pool of prompts for most tests, so each family's references are computed once. Lengths
+# off the block boundary leave partial blocks (shared by forks: copy-on-write).
+PROMPTS = random_prompts(1, [3, 17, 9, 1, 30, 13])
 
 
 def test_batch_of_different_lengths(family: Family) -> None:
-    run, prompts = run_ours(family, {0: random_prompts(1, LENGTHS)})
+    run, prompts = run_ours(family, {0: PROMPTS})
     assert_matches_reference(family, run, prompts)
 
 
 def test_chunked_prefill(family: Family) -> None:
-    run, prompts = run_ours(family, {0: random_prompts(2, LENGTHS)}, max_num_batched_tokens=7)
+    run, prompts = run_ours(family, {0: PROMPTS}, max_num_batched_tokens=7)
     assert_matches_reference(family, run, prompts)
 
 
 def test_prefix_cache_hits(family: Family) -> None:
-    prefix = random_prompts(3, [13])[0]
-    first, *others = random_prompts(4, [2, 5, 0, 9, 3], prefix=prefix)
+    prefix = random_prompts(2, [13])[0]
+    first, *others = random_prompts(3, [2, 5, 0, 9, 3], prefix=prefix)
     # The later prompts arrive once the first prompt's full blocks are cached.
     run, prompts = run_ours(family, {0: [first], 2: others[:2], 5: others[2:]})
     assert run.stats["num_prefix_hit_blocks"] >= 3 * len(others)
@@ -241,29 +250,30 @@ def test_prefix_cache_hits(family: Family) -> None:
 
 def test_preemption_with_a_tiny_kv_cache(family: Family) -> None:
     # 16 usable blocks (64 tokens) cannot hold these four sequences at once.
-    run, prompts = run_ours(family, {0: random_prompts(5, [20, 14, 25, 9])}, num_blocks=17)
+    run, prompts = run_ours(family, {0: PROMPTS[1:3] + PROMPTS[4:]}, num_blocks=17)
     assert run.stats["num_preemptions"] > 0
     assert_matches_reference(family, run, prompts)
 
 
 def test_requests_joining_midway(family: Family) -> None:
-    arrivals = {
-        0: random_prompts(6, [11, 4]),
-        3: random_prompts(7, [21]),
-        6: random_prompts(8, [2, 15]),
-    }
+    arrivals = {0: PROMPTS[:2], 3: PROMPTS[4:5], 6: [PROMPTS[3], PROMPTS[5]]}
     run, prompts = run_ours(family, arrivals, max_num_batched_tokens=16)
     assert_matches_reference(family, run, prompts)
 
 
 def test_forks_of_a_greedy_request_agree(family: Family) -> None:
-    # Prompt lengths off the block boundary make the forks share a partial block: copy-on-write.
-    run, prompts = run_ours(
-        family, {0: random_prompts(9, [6, 13]), 2: random_prompts(10, [5])}, n=2
-    )
+    run, prompts = run_ours(family, {0: [PROMPTS[2], PROMPTS[5]], 2: PROMPTS[:1]}, n=2)
     assert_matches_reference(family, run, prompts, n=2)
     for req in range(len(prompts)):
         assert run.tokens[(req, 0)] == run.tokens[(req, 1)]
+
+
+def test_bfloat16_stays_close_to_float32(family: Family) -> None:
+    run, prompts = run_ours(family, {0: PROMPTS}, dtype=torch.bfloat16)
+    for (req, _), logprobs in run.logprobs.items():
+        # Only the first step: later steps may follow a different (near-tie) token.
+        first = family.reference(prompts[req])[1][0]
+        torch.testing.assert_close(logprobs[0], first, atol=0.1, rtol=0)
 
 
 def test_unknown_architecture_lists_supported() -> None:
@@ -275,7 +285,7 @@ def test_unknown_architecture_lists_supported() -> None:
 
 def test_load_weights_names_bad_tensors(family: Family) -> None:
     state = family.hf.state_dict()
-    model: LlamaForCausalLM = build_model(family.config, torch.device("cpu"), torch.float32)
+    model = build_model(family.config, torch.device("cpu"), torch.float32)
     with pytest.raises(ValueError, match=r"lacks 1 tensors.*model\.norm\.weight"):
         model.load_weights((k, v) for k, v in state.items() if k != "model.norm.weight")
     with pytest.raises(ValueError, match=r"`model\.extra\.weight` does not belong"):
