@@ -18,7 +18,7 @@ import torch
 
 from ferrollm import SamplingParams, Scheduler
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
-from ferrollm.executor.runner import ModelRunner
+from ferrollm.executor.runner import ModelRunner, profile_run
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.registry import (
     UnsupportedArchitectureError,
@@ -274,6 +274,14 @@ def test_bfloat16_stays_close_to_float32(family: Family) -> None:
         # Only the first step: later steps may follow a different (near-tie) token.
         first = family.reference(prompts[req])[1][0]
         torch.testing.assert_close(logprobs[0], first, atol=0.1, rtol=0)
+
+
+def test_profile_run_takes_a_full_step_on_a_two_block_cache(family: Family) -> None:
+    cfg = family.config
+    spec = KVCacheSpec(
+        cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 4, torch.float32
+    )
+    profile_run(family.model(), spec, torch.device("cpu"), num_tokens=61, num_samples=5)
 
 
 def test_unknown_architecture_lists_supported() -> None:

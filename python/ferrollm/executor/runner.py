@@ -8,13 +8,14 @@ Rust sampler reads directly.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from ferrollm.executor.kv_cache import KVCache
+from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.layers.attention import (
     AttentionBackend,
     AttentionContext,
@@ -93,3 +94,46 @@ class ModelRunner:
 
     def _to_device(self, array: npt.NDArray[np.int64]) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device, non_blocking=True)
+
+
+@dataclass(frozen=True)
+class _DummyPlan:
+    """A synthetic one-row step for profiling: every key lives in block 1, over and over."""
+
+    input_ids: npt.NDArray[np.int64]
+    positions: npt.NDArray[np.int64]
+    slot_mapping: npt.NDArray[np.int64]
+    cu_seqlens_q: npt.NDArray[np.int32]
+    context_lens: npt.NDArray[np.int32]
+    block_tables: npt.NDArray[np.int32]
+    logits_indices: npt.NDArray[np.int64]
+    block_copies: npt.NDArray[np.int32]
+
+
+def profile_run(
+    model: CausalLM,
+    spec: KVCacheSpec,
+    device: torch.device,
+    num_tokens: int,
+    num_samples: int = 1,
+    backend: AttentionBackend | None = None,
+) -> None:
+    """One forward as large as a step can be, to measure peak activation memory.
+
+    ``num_tokens`` tokens in one row (the worst case for attention's padded gather) and
+    ``num_samples`` logit rows, over a 2-block cache: the block table repeats block 1, so the
+    gathered context has the real size while the cache stays tiny (its contents are garbage,
+    which is fine for a measurement). Size the real KV cache from the free memory after this.
+    """
+    positions = np.arange(num_tokens, dtype=np.int64)
+    plan = _DummyPlan(
+        input_ids=np.zeros(num_tokens, dtype=np.int64),
+        positions=positions,
+        slot_mapping=spec.block_size + positions % spec.block_size,
+        cu_seqlens_q=np.array([0, num_tokens], dtype=np.int32),
+        context_lens=np.array([num_tokens], dtype=np.int32),
+        block_tables=np.ones((1, -(-num_tokens // spec.block_size)), dtype=np.int32),
+        logits_indices=np.full(num_samples, num_tokens - 1, dtype=np.int64),
+        block_copies=np.zeros((0, 2), dtype=np.int32),
+    )
+    ModelRunner(model, KVCache(spec, 2, device), device, spec.dtype, backend).run(plan)
