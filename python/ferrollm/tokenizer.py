@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 import jinja2.ext
-import numpy as np
 import jinja2.nodes
 import jinja2.parser
+import numpy as np
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ferrollm._core import Detokenizer
@@ -134,9 +134,7 @@ class Tokenizer:
             raise ChatTemplateError(
                 "this model has no chat template; send a plain prompt instead of messages"
             )
-        return self.chat_template.render(
-            messages, tools, add_generation_prompt, **template_kwargs
-        )
+        return self.chat_template.render(messages, tools, add_generation_prompt, **template_kwargs)
 
     def encode_chat(
         self,
@@ -199,7 +197,7 @@ class _GenerationTag(jinja2.ext.Extension):
     """``{% generation %}...{% endgeneration %}`` (transformers' assistant-mask tag): renders
     its body unchanged; serving has no use for the mask."""
 
-    tags = {"generation"}
+    tags = {"generation"}  # noqa: RUF012 (jinja2 declares it as a plain attribute)
 
     def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno

@@ -49,7 +49,10 @@ CONVERSATIONS: list[list[dict[str, Any]]] = [
         {"role": "system", "content": "Answer briefly."},
         {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello! How can I help?"},
-        {"role": "user", "content": [{"type": "text", "text": "Two"}, {"type": "text", "text": "parts"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Two"}, {"type": "text", "text": "parts"}],
+        },
     ],
 ]
 
