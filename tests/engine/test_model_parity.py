@@ -19,13 +19,9 @@ import torch
 from ferrollm import SamplingParams, Scheduler
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.runner import ModelRunner, profile_run
+from ferrollm.models.config import SUPPORTED_ARCHITECTURES, UnsupportedModelError
 from ferrollm.models.llama import LlamaForCausalLM
-from ferrollm.models.registry import (
-    UnsupportedArchitectureError,
-    build_model,
-    resolve_model_class,
-    supported_architectures,
-)
+from ferrollm.models.registry import MODEL_REGISTRY, build_model, resolve_model_class
 
 transformers = pytest.importorskip("transformers")
 
@@ -285,10 +281,13 @@ def test_profile_run_takes_a_full_step_on_a_two_block_cache(family: Family) -> N
 
 
 def test_unknown_architecture_lists_supported() -> None:
-    with pytest.raises(UnsupportedArchitectureError, match="Qwen3ForCausalLM") as info:
+    with pytest.raises(UnsupportedModelError, match="Qwen3ForCausalLM") as info:
         resolve_model_class(["GPT2LMHeadModel"])
     assert "GPT2LMHeadModel" in str(info.value)
-    assert "LlamaForCausalLM" in supported_architectures()
+    assert set(MODEL_REGISTRY) == set(SUPPORTED_ARCHITECTURES)
+    assert (
+        resolve_model_class(["GPT2LMHeadModel", "Qwen2ForCausalLM"]).__name__ == "Qwen2ForCausalLM"
+    )
 
 
 def test_load_weights_names_bad_tensors(family: Family) -> None:

@@ -8,7 +8,7 @@ q/k/v bias, Qwen3's q/k norm and head size) come from the architecture, not the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any
@@ -34,8 +34,9 @@ class ArchitectureInfo:
     default_head_dim: int | None  # None: hidden_size // num_attention_heads
 
 
-#: Architectures (``config.json`` ``architectures[0]``) ferrollm runs. SmolLM2 is a
-#: LlamaForCausalLM with tied embeddings.
+#: Every architecture (``config.json`` ``architectures``) ferrollm runs: the one list of them.
+#: ``ferrollm.models.registry`` maps each to its model class. SmolLM2 is a LlamaForCausalLM
+#: with tied embeddings.
 SUPPORTED_ARCHITECTURES: Mapping[str, ArchitectureInfo] = MappingProxyType(
     {
         "LlamaForCausalLM": ArchitectureInfo("llama", None, None, False, 2048, None),
@@ -176,13 +177,22 @@ def _architecture(config: Mapping[str, Any]) -> str:
         names = [
             by_type.get(str(config.get("model_type")), f"model_type={config.get('model_type')}")
         ]
-    name = str(names[0])
-    if name not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"architecture {name!r} is not supported; supported: "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    return name
+    return resolve_architecture(names)
+
+
+def resolve_architecture(names: str | Sequence[str]) -> str:
+    """The first of ``names`` (config.json's ``architectures``) that ferrollm runs.
+
+    Raises UnsupportedModelError naming what was given and listing every supported name.
+    """
+    names = [names] if isinstance(names, str) else [str(name) for name in names]
+    for name in names:
+        if name in SUPPORTED_ARCHITECTURES:
+            return name
+    raise UnsupportedModelError(
+        f"architecture {', '.join(map(repr, names)) or '(none given)'} is not supported; "
+        f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+    )
 
 
 def _int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:

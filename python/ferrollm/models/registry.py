@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Protocol
 
 import torch
 
+from ferrollm.models.config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from ferrollm.models.llama import (
     LlamaConfigLike,
     LlamaForCausalLM,
@@ -14,35 +16,29 @@ from ferrollm.models.llama import (
     Qwen3ForCausalLM,
 )
 
-#: Every architecture name ferrollm runs, to its class. SmolLM2 is LlamaForCausalLM with tied
-#: embeddings; Mistral is Llama with a sliding window.
-MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+#: The class that runs each ``ArchitectureInfo.model_type``. Mistral is Llama with a sliding
+#: window; SmolLM2 is Llama with tied embeddings.
+_CLASS_BY_MODEL_TYPE: dict[str, type[LlamaForCausalLM]] = {
+    "llama": LlamaForCausalLM,
+    "mistral": LlamaForCausalLM,
+    "qwen2": Qwen2ForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
 }
 
-
-class UnsupportedArchitectureError(ValueError):
-    """No registered model class runs this checkpoint's architecture."""
-
-
-def supported_architectures() -> list[str]:
-    """The architecture names ``resolve_model_class`` accepts, sorted."""
-    return sorted(MODEL_REGISTRY)
+#: Architecture name -> model class, derived from ``SUPPORTED_ARCHITECTURES`` (the one list of
+#: architectures), so the two cannot disagree: a new architecture without a class fails here, at
+#: import.
+MODEL_REGISTRY: Mapping[str, type[LlamaForCausalLM]] = MappingProxyType(
+    {name: _CLASS_BY_MODEL_TYPE[info.model_type] for name, info in SUPPORTED_ARCHITECTURES.items()}
+)
 
 
 def resolve_model_class(architectures: str | Sequence[str]) -> type[LlamaForCausalLM]:
-    """The class for the first supported name in ``architectures`` (HF config order)."""
-    names = [architectures] if isinstance(architectures, str) else list(architectures)
-    for name in names:
-        if name in MODEL_REGISTRY:
-            return MODEL_REGISTRY[name]
-    raise UnsupportedArchitectureError(
-        f"architecture {', '.join(names) or '(none given)'} is not supported; "
-        f"supported: {', '.join(supported_architectures())}"
-    )
+    """The class for the first supported name in ``architectures`` (HF config order).
+
+    Raises ``UnsupportedModelError`` listing the supported architectures.
+    """
+    return MODEL_REGISTRY[resolve_architecture(architectures)]
 
 
 class ModelConfigLike(LlamaConfigLike, Protocol):

@@ -1,26 +1,63 @@
-"""The one device layer: each platform says which device to use and how to run attention on it.
+"""The one device layer: which device runs the model, and how attention, memory and sync work there.
 
-``torch.cuda`` and ``torch_npu`` appear only in this package (a lint rule enforces it). Detection
-order is NPU (later), then CUDA, then CPU; ``get_platform(name)`` overrides it.
+``torch.cuda`` and ``torch_npu`` appear only in this package (ruff's banned-api rule enforces it).
+The device is detected once per process, NPU first (when ``torch_npu`` imports and sees a
+device), then CUDA, then CPU; an explicit ``device`` ("cpu", "cuda" or "npu") overrides it and
+fails clearly when that device is not there.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from functools import cache
+from typing import ClassVar
 
 import torch
 
+from ferrollm.config import DEVICE_NAMES
 from ferrollm.layers.attention import AttentionBackend
+
+__all__ = [
+    "DEVICE_NAMES",
+    "MemoryInfo",
+    "Platform",
+    "current_platform",
+    "detect_device",
+    "get_platform",
+]
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """Device memory in bytes: ``free`` now, and the ``total``."""
+
+    free: int
+    total: int
 
 
 class Platform(ABC):
     """A kind of device: its torch device, attention backend and memory/sync primitives."""
 
-    #: ``--device`` name: "cpu", "cuda" or "npu".
-    name: str
-    #: torch.distributed backend for tensor parallelism on this device.
-    dist_backend: str
+    #: ``device`` name: "cpu", "cuda" or "npu".
+    name: ClassVar[str]
+    #: torch.distributed backend for tensor parallelism: "gloo", "nccl" or "hccl".
+    dist_backend: ClassVar[str]
+    #: Whether this is an accelerator (bfloat16 by default, KV cache sized from free memory).
+    is_accelerator: ClassVar[bool]
+    #: What ``dtype="auto"`` resolves to (see ``ferrollm.executor.sizing.resolve_dtype``).
+    preferred_dtype: ClassVar[torch.dtype]
+    #: Model/KV-cache dtypes the device's kernels run.
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+    )
+
+    @classmethod
+    @abstractmethod
+    def available(cls) -> bool:
+        """Whether this process can use the device (never raises)."""
 
     @property
     def device(self) -> torch.device:
@@ -36,21 +73,48 @@ class Platform(ABC):
         """Wait for queued device work (a no-op on CPU)."""
 
     @abstractmethod
-    def free_memory_bytes(self) -> int:
-        """Bytes free on the device now (for sizing the KV cache)."""
+    def memory_info(self) -> MemoryInfo:
+        """Free and total bytes of the memory the KV cache would live in."""
+
+    def check_block_size(self, block_size: int) -> None:  # noqa: B027 (most devices take any)
+        """Raise ValueError if this device's attention kernel cannot use ``block_size``."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.name!r})"
 
 
-def get_platform(name: str | None = None) -> Platform:
-    """The platform called ``name``, or the detected one when None."""
+def _platform_classes() -> dict[str, type[Platform]]:
+    # Imported here: each module imports this one for `Platform`.
     from ferrollm.platforms.cpu import CpuPlatform
-    from ferrollm.platforms.cuda import CudaPlatform, cuda_available
+    from ferrollm.platforms.cuda import CudaPlatform
+    from ferrollm.platforms.npu import NpuPlatform
 
-    if name is None:
-        name = "cuda" if cuda_available() else "cpu"
-    platforms: dict[str, type[Platform]] = {"cpu": CpuPlatform, "cuda": CudaPlatform}
-    if name not in platforms:
-        raise ValueError(f"`device` must be one of {', '.join(platforms)}; got {name!r}")
-    return platforms[name]()
+    return {"npu": NpuPlatform, "cuda": CudaPlatform, "cpu": CpuPlatform}
+
+
+def detect_device() -> str:
+    """The first available device name in ``DEVICE_NAMES`` order ("cpu" always is)."""
+    classes = _platform_classes()
+    return next(name for name in DEVICE_NAMES if classes[name].available())
+
+
+def get_platform(device: str | None = None) -> Platform:
+    """The platform for ``device`` ("cpu", "cuda" or "npu"), or the detected one when None.
+
+    Raises ValueError naming ``device`` for an unknown name or a device this process lacks.
+    """
+    classes = _platform_classes()
+    if device is None:
+        return classes[detect_device()]()
+    if device not in classes:
+        raise ValueError(f"`device` must be one of {', '.join(DEVICE_NAMES)}; got {device!r}")
+    cls = classes[device]
+    if not cls.available():
+        raise ValueError(
+            f"`device` is {device!r} but no {device} device is available here "
+            f"(detected: {detect_device()!r}); leave `device` unset to use the detected one"
+        )
+    return cls()
 
 
 @cache

@@ -9,19 +9,21 @@ from __future__ import annotations
 import torch
 
 from ferrollm.layers.attention import AttentionBackend, TorchSDPABackend
-from ferrollm.platforms import Platform
-
-
-def cuda_available() -> bool:
-    """Whether torch sees a CUDA device."""
-    return bool(torch.cuda.is_available())
+from ferrollm.platforms import MemoryInfo, Platform
 
 
 class CudaPlatform(Platform):
-    """One NVIDIA GPU (the current CUDA device)."""
+    """One NVIDIA GPU (the current CUDA device; pick another with CUDA_VISIBLE_DEVICES)."""
 
     name = "cuda"
     dist_backend = "nccl"
+    is_accelerator = True
+    preferred_dtype = torch.bfloat16
+
+    @classmethod
+    def available(cls) -> bool:
+        """Whether torch sees a CUDA device."""
+        return bool(torch.cuda.is_available())
 
     def attention_backend(self) -> AttentionBackend:
         """Plain-torch paged attention on the GPU."""
@@ -31,7 +33,10 @@ class CudaPlatform(Platform):
         """Wait for every queued kernel on the current device."""
         torch.cuda.synchronize()
 
-    def free_memory_bytes(self) -> int:
-        """Free bytes on the current device, as the driver reports them."""
-        free, _total = torch.cuda.mem_get_info()
-        return int(free)
+    def memory_info(self) -> MemoryInfo:
+        """Free and total bytes of the current device, as the driver reports them.
+
+        Memory the caching allocator holds (say, after a profiling pass) counts as used.
+        """
+        free, total = torch.cuda.mem_get_info()
+        return MemoryInfo(free=int(free), total=int(total))
