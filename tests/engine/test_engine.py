@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ferrollm import LLM, SamplingParams
-from ferrollm.engine import AsyncEngine, RequestOutput
+from ferrollm.engine import AsyncEngine, EngineDeadError, RequestOutput
 
 transformers = pytest.importorskip("transformers")
 
@@ -343,3 +343,43 @@ def test_offline_errors_leave_the_engine_usable(llm: LLM, reference: Reference) 
 def test_unsupported_parameters_are_refused_by_name(llm: LLM) -> None:
     with pytest.raises(ValueError, match="`best_of`"):
         llm.generate("x", SamplingParams(n=1, best_of=2))
+
+
+def test_outputs_reach_the_event_loop_once_per_step(llm: LLM) -> None:
+    hand_offs: list[int] = []
+
+    async def body(engine: AsyncEngine) -> int:
+        dispatch = engine._dispatch
+
+        def counting(deliveries: list[Any]) -> None:
+            hand_offs.append(len(deliveries))
+            dispatch(deliveries)
+
+        engine._dispatch = counting  # type: ignore[method-assign]
+        steps_before = llm.engine.scheduler.stats()["num_steps"]
+        await asyncio.gather(*(_stream(engine, p, GREEDY, 0.0) for p in PROMPTS))
+        await _until_idle(engine)
+        return int(llm.engine.scheduler.stats()["num_steps"]) - steps_before
+
+    num_steps = run_async(llm, body)
+    assert len(hand_offs) <= num_steps
+    assert max(hand_offs) > 1  # several requests' outputs in one hand-off
+    assert sum(hand_offs) >= len(PROMPTS) * NUM_NEW_TOKENS // 4
+
+
+def test_shutdown_ends_open_streams(llm: LLM) -> None:
+    async def body(engine: AsyncEngine) -> None:
+        params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+        stream = engine.generate(PROMPTS[1], params)
+        await stream.__anext__()
+        engine.shutdown()
+        with pytest.raises(EngineDeadError):
+            async for _ in stream:
+                pass
+        with pytest.raises(EngineDeadError):
+            await engine.generate(PROMPTS[0]).__anext__()
+
+    run_async(llm, body)
+    assert llm.engine.num_unfinished_requests == 0
+    while llm.engine.has_unfinished_requests():  # the aborts take effect at the next step
+        llm.engine.step()

@@ -87,12 +87,14 @@ class AsyncEngine:
                 engine_loop.abort(request_id)
 
     def shutdown(self) -> None:
-        """Stop the engine thread; open streams raise EngineDeadError."""
+        """Stop the engine thread and drop its requests; open streams raise EngineDeadError."""
         if self._closed:
             return
         self._closed = True
         if self._loop is not None:
             self._loop.shutdown()
+            if not self._loop.is_running:  # joined: this thread may touch the engine now
+                self.engine.abort_all()
         if self._event_loop is not None and not self._event_loop.is_closed():
             # On the event loop: `_streams` belongs to it, and this may be another thread.
             self._event_loop.call_soon_threadsafe(self._fail_open_streams)
