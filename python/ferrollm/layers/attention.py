@@ -249,7 +249,11 @@ def _to_device(
     is_causal = max_q > 1 and mask.shape[-1] == max_q and _is_causal(mask)
     t = {name: torch.from_numpy(a).to(device, non_blocking=True) for name, a in group.items()}
     out_dst = group["out_dst"]
-    is_identity = num_rows * max_q == num_tokens and bool((out_dst == np.arange(num_tokens)).all())
+    # Identity: no padding (rows * max_q == len(out_dst)) and this group is every token in order.
+    is_identity = (
+        num_rows * max_q == len(out_dst) == num_tokens
+        and bool((out_dst == np.arange(num_tokens)).all())
+    )
     return RowGroup(
         **t,
         mask=None if is_causal or mask.all() else torch.from_numpy(mask).to(device),
