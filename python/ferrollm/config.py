@@ -101,7 +101,7 @@ class EngineConfig:
                     "model", f"`model` must be a path or None; got {self.model!r}"
                 )
             object.__setattr__(self, "model", os.fspath(self.model))
-        object.__setattr__(self, "dtype", _dtype_name(self.dtype))
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_bytes(self.kv_cache_memory))
 
@@ -181,7 +181,8 @@ def _bad_size(value: object) -> EngineConfigError:
     )
 
 
-def _dtype_name(value: str) -> str:
+def dtype_name(value: str) -> str:
+    """The canonical name of a dtype option ("bf16" -> "bfloat16"); raises EngineConfigError."""
     name = _DTYPE_ALIASES.get(str(value).lower(), str(value).lower())
     if name not in DTYPE_NAMES:
         raise EngineConfigError(
