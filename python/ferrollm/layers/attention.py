@@ -250,9 +250,8 @@ def _to_device(
     t = {name: torch.from_numpy(a).to(device, non_blocking=True) for name, a in group.items()}
     out_dst = group["out_dst"]
     # Identity: no padding (rows * max_q == len(out_dst)) and this group is every token in order.
-    is_identity = (
-        num_rows * max_q == len(out_dst) == num_tokens
-        and bool((out_dst == np.arange(num_tokens)).all())
+    is_identity = num_rows * max_q == len(out_dst) == num_tokens and bool(
+        (out_dst == np.arange(num_tokens)).all()
     )
     return RowGroup(
         **t,
