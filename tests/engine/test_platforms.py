@@ -35,9 +35,12 @@ from ferrollm.platforms.npu import NpuPagedAttentionBackend, NpuPlatform
 
 
 @pytest.fixture
-def no_accelerators(monkeypatch: pytest.MonkeyPatch) -> None:
+def no_accelerators(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(NpuPlatform, "available", classmethod(lambda cls: False))
     monkeypatch.setattr(CudaPlatform, "available", classmethod(lambda cls: False))
+    current_platform.cache_clear()  # detect again under the patch, and again after it
+    yield
+    current_platform.cache_clear()
 
 
 def test_detection_order_is_npu_cuda_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,7 +66,7 @@ def test_without_accelerators_the_platform_is_cpu() -> None:
 def test_detection_here_matches_what_torch_sees() -> None:
     expected = "cuda" if CudaPlatform.available() else "cpu"  # no torch_npu on test machines
     assert detect_device() == expected
-    assert current_platform() is current_platform()  # decided once
+    assert get_platform() is current_platform()  # decided once
     assert current_platform().name == expected
 
 

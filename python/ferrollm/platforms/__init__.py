@@ -103,9 +103,9 @@ def get_platform(device: str | None = None) -> Platform:
 
     Raises ValueError naming ``device`` for an unknown name or a device this process lacks.
     """
-    classes = _platform_classes()
     if device is None:
-        return classes[detect_device()]()
+        return current_platform()
+    classes = _platform_classes()
     if device not in classes:
         raise ValueError(f"`device` must be one of {', '.join(DEVICE_NAMES)}; got {device!r}")
     cls = classes[device]
@@ -120,4 +120,4 @@ def get_platform(device: str | None = None) -> Platform:
 @cache
 def current_platform() -> Platform:
     """The detected platform, decided once per process."""
-    return get_platform()
+    return _platform_classes()[detect_device()]()

@@ -99,6 +99,10 @@ class NpuPagedAttentionBackend:
 
     name = "npu_fused_infer_attention"
 
+    def __init__(self) -> None:
+        # The fixed causal mask, built once per device rather than sent every step.
+        self._masks: dict[torch.device, torch.Tensor] = {}
+
     def prepare(
         self,
         batch: PagedBatch,
@@ -111,14 +115,16 @@ class NpuPagedAttentionBackend:
             raise NotImplementedError(
                 "sliding-window attention is not implemented on npu; use device='cpu' or 'cuda'"
             )
-        mask = torch.ones(_MASK_SIZE, _MASK_SIZE, dtype=torch.bool).triu(diagonal=1)
+        if device not in self._masks:
+            mask = torch.ones(_MASK_SIZE, _MASK_SIZE, dtype=torch.bool).triu(diagonal=1)
+            self._masks[device] = mask.to(device)
         return NpuAttentionMetadata(
             slot_mapping=torch.from_numpy(batch.slot_mapping).to(device, non_blocking=True),
             block_tables=torch.from_numpy(batch.block_tables).to(device, non_blocking=True),
             actual_seq_lengths=batch.cu_seqlens_q[1:].tolist(),
             actual_seq_lengths_kv=batch.context_lens.tolist(),
             block_size=block_size,
-            causal_mask=mask.to(device),
+            causal_mask=self._masks[device],
         )
 
     def forward(
