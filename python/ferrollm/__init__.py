@@ -1,8 +1,14 @@
 """ferrollm: an LLM inference server whose hot path is Rust.
 
 Importing the package loads only the Rust core (and numpy): the scheduler can be used from a
-Python without torch.
+Python without torch. ``LLM``, ``AsyncEngine`` and the output types need torch; they are
+imported on first use (``ferrollm.LLM``), not by ``import ferrollm``.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ferrollm._core import (
     FINISH_REASON_NAMES,
@@ -24,12 +30,35 @@ from ferrollm._core import (
     validate,
 )
 
+if TYPE_CHECKING:
+    from ferrollm.engine import AsyncEngine, CompletionOutput, RequestOutput
+    from ferrollm.llm import LLM
+
+#: Public names that import torch, and the module each lives in.
+_LAZY = {
+    "LLM": "ferrollm.llm",
+    "AsyncEngine": "ferrollm.engine",
+    "CompletionOutput": "ferrollm.engine",
+    "RequestOutput": "ferrollm.engine",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ferrollm' has no attribute {name!r}")
+
+
 __all__ = [
     "FINISH_REASON_NAMES",
+    "LLM",
+    "AsyncEngine",
+    "CompletionOutput",
     "DecodeStream",
     "Detokenizer",
     "Limits",
     "QueueFullError",
+    "RequestOutput",
     "SampleResult",
     "Sampler",
     "SamplingParams",

@@ -1,0 +1,141 @@
+"""Offline generation throughput on the default model: ferrollm's `LLM` against transformers.
+
+Both sides get the same token ids (ferrollm's tokenizer), the same weights (the SmolLM2-135M
+Q4_1 GGUF, dequantized by each), the same dtype and the same torch threads, in one process;
+each batch generates `--max-tokens` tokens per prompt with greedy decoding and no early stop
+(`ignore_eos` / `min_new_tokens`). transformers runs `generate` on the left-padded batch.
+One line per batch size: output tokens/s (best of `--repeats`) for both, and the ratio.
+
+Usage: python benches/throughput.py [--batches 1 8 32] [--max-tokens 128] [--repeats 1]
+                                    [--device cpu] [--dtype auto] [--no-transformers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ferrollm import SamplingParams
+from ferrollm.default_model import default_model_path
+from ferrollm.llm import LLM
+
+PROMPTS = [
+    "The history of the printing press begins",
+    "Write a short poem about the sea.",
+    "Explain how a refrigerator works.",
+    "List three uses for a paperclip:",
+    "Once upon a time, in a small village,",
+    "The main differences between Python and Rust are",
+    "What is the capital of France?",
+    "A good breakfast consists of",
+]
+
+
+def prompt_ids(llm: LLM, batch: int) -> list[list[int]]:
+    """``batch`` distinct prompts (numbered, so no two share a whole prompt), as token ids."""
+    tokenizer = llm.get_tokenizer()
+    texts = [f"{i}. {PROMPTS[i % len(PROMPTS)]}" for i in range(batch)]
+    return [list(tokenizer.encode(text)) for text in texts]
+
+
+def best_rate(run: Callable[[], int], repeats: int) -> float:
+    """Best output tokens/s over ``repeats`` calls of ``run`` (which returns tokens made)."""
+    best = 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        num_tokens = run()
+        best = max(best, num_tokens / (time.perf_counter() - start))
+    return best
+
+
+def ferrollm_rate(llm: LLM, prompts: list[list[int]], max_tokens: int, repeats: int) -> float:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0)
+
+    def run() -> int:
+        outputs = llm.generate(prompts, params)
+        return sum(len(o.outputs[0].token_ids) for o in outputs)
+
+    return best_rate(run, repeats)
+
+
+def load_transformers(path: Path, dtype: torch.dtype, device: torch.device) -> Any:
+    """transformers' model for the same GGUF file (it dequantizes through the gguf package)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # keep the bench's output to its table
+    model: Any = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    return model.to(device).eval()
+
+
+def transformers_rate(
+    model: Any, prompts: list[list[int]], max_tokens: int, repeats: int, pad_id: int
+) -> float:
+    device = next(model.parameters()).device
+    width = max(map(len, prompts))
+    # Left padding, as decoder-only generation needs.
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+
+    def run() -> int:
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                pad_token_id=pad_id,
+            )
+        return int((out.shape[1] - width) * out.shape[0])
+
+    return best_rate(run, repeats)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    llm = LLM(device=args.device, dtype=args.dtype, max_num_seqs=max(args.batches))
+    runner = llm.engine.runner
+    hf = (
+        None
+        if args.no_transformers
+        else load_transformers(default_model_path(), runner.dtype, runner.device)
+    )
+    pad_id = llm.engine.model_config.pad_token_id or 0
+    print(
+        f"SmolLM2-135M-Instruct Q4_1 (dequantized), {runner.device.type}, "
+        f"{str(runner.dtype).removeprefix('torch.')}, {torch.get_num_threads()} torch threads, "
+        f"{args.max_tokens} new tokens per prompt, greedy, ignore_eos"
+    )
+    warm = prompt_ids(llm, 1)
+    ferrollm_rate(llm, warm, 4, 1)
+    if hf is not None:
+        transformers_rate(hf, warm, 4, 1, pad_id)
+    for batch in args.batches:
+        prompts = prompt_ids(llm, batch)
+        ours = ferrollm_rate(llm, prompts, args.max_tokens, args.repeats)
+        line = f"batch {batch:3d}: ferrollm {ours:8.1f} tok/s"
+        if hf is not None:
+            theirs = transformers_rate(hf, prompts, args.max_tokens, args.repeats, pad_id)
+            line += f" | transformers {theirs:8.1f} tok/s | {ours / theirs:5.2f}x"
+        print(line, flush=True)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--device", default=None, help="cpu, cuda or npu (default: detected)")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--no-transformers", action="store_true", help="ferrollm only")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    main()

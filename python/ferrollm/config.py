@@ -1,0 +1,230 @@
+"""`EngineConfig`: every engine option, its default and its check, in one place.
+
+The CLI flags, ``LLM(**options)`` and a JSON config file all build an ``EngineConfig``; nothing
+else holds a default. Options whose default depends on the device (``max_num_batched_tokens``)
+or on the model (``max_model_len``, ``dtype="auto"``) stay None/"auto" here and are resolved by
+``for_platform`` and ``ferrollm.executor.sizing``. Torch is not imported: the config can be
+built and checked before a device is touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ferrollm.platforms import Platform
+
+#: The KV-cache budget on CPU when ``kv_cache_memory`` is not given (capped by free memory).
+DEFAULT_CPU_KV_CACHE_MEMORY = 2 * 1024**3
+#: The share of an accelerator's free memory (after weights and a profiling pass) the KV
+#: cache takes when ``kv_cache_memory`` is not given.
+DEFAULT_ACCELERATOR_MEMORY_FRACTION = 0.9
+#: ``max_num_batched_tokens`` when not given: a CPU step of 2048 tokens already takes seconds,
+#: and a smaller step keeps decode latency steady while long prompts prefill in chunks.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cpu": 2048, "accelerator": 8192}
+
+#: dtype names, and the aliases accepted for them.
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
+_DTYPE_ALIASES = {
+    "float": "float32",
+    "fp32": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+}
+#: Device names, in the order ``ferrollm.platforms`` detects them.
+DEVICE_NAMES = ("npu", "cuda", "cpu")
+LOGPROBS_MODES = ("raw", "processed")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(|b|[kmgt]i?b?)\s*$", re.IGNORECASE)
+# Binary multiples for KiB/K, decimal for KB, as `free`, docker and vLLM read them.
+_UNIT = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+_DECIMAL_UNIT = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+class EngineConfigError(ValueError):
+    """An engine option broke its rule; ``field`` names the option."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine options (CLI ``--max-num-seqs`` is ``max_num_seqs``), validated on construction.
+
+    Raises EngineConfigError naming the option. ``kv_cache_memory`` is stored in bytes.
+    """
+
+    #: A Hugging Face model directory or a ``.gguf`` file; None = the default model.
+    model: str | None = None
+    #: "auto" (bfloat16 on accelerators, the measured-faster one on CPU), "float32",
+    #: "bfloat16" or "float16".
+    dtype: str = "auto"
+    #: "cpu", "cuda" or "npu"; None = detected (npu, then cuda, then cpu).
+    device: str | None = None
+    #: Tokens per KV-cache block.
+    block_size: int = 16
+    #: Sequences in one step at most.
+    max_num_seqs: int = 256
+    #: Tokens in one step at most (chunked prefill splits longer prompts); None = 2048 on CPU,
+    #: 8192 on accelerators.
+    max_num_batched_tokens: int | None = None
+    #: Prompt + output tokens per sequence; None = the model's context length (lowered to what
+    #: the KV cache holds, with a warning).
+    max_model_len: int | None = None
+    #: Waiting requests at most; more are refused with QueueFullError (HTTP 503).
+    max_num_waiting: int = 4096
+    #: KV-cache budget: bytes, or a size like "4GiB" / "512MB"; None = 90% of free memory
+    #: (after a profiling pass) on accelerators, 2 GiB on CPU.
+    kv_cache_memory: int | str | None = None
+    enable_prefix_caching: bool = True
+    #: Seconds after which a waiting request gains one priority level.
+    priority_aging_s: float = 10.0
+    #: Logprobs of the "raw" logits (vLLM's default) or of the "processed" distribution.
+    logprobs_mode: str = "raw"
+    #: Base seed for requests without their own seed; None = random.
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        if self.model is not None:
+            if not isinstance(self.model, (str, os.PathLike)):
+                raise EngineConfigError(
+                    "model", f"`model` must be a path or None; got {self.model!r}"
+                )
+            object.__setattr__(self, "model", os.fspath(self.model))
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        if self.kv_cache_memory is not None:
+            object.__setattr__(self, "kv_cache_memory", parse_bytes(self.kv_cache_memory))
+
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        """``kv_cache_memory`` in bytes (None = the device's default budget)."""
+        value = self.kv_cache_memory
+        return None if value is None else int(value)
+
+    def for_platform(self, platform: Platform) -> EngineConfig:
+        """This config with device-dependent defaults filled in, checked against ``platform``."""
+        platform.check_block_size(self.block_size)
+        if self.max_num_batched_tokens is not None:
+            return self
+        kind = "accelerator" if platform.is_accelerator else "cpu"
+        return dataclasses.replace(
+            self, max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS[kind]
+        )
+
+    @classmethod
+    def from_dict(cls, options: Mapping[str, Any]) -> EngineConfig:
+        """Build from a mapping of option names (``max_num_seqs`` or ``max-num-seqs``)."""
+        names = {f.name for f in fields(cls)}
+        kwargs = {}
+        for key, value in options.items():
+            name = str(key).replace("-", "_")
+            if name not in names:
+                raise EngineConfigError(
+                    name, f"unknown engine option `{key}`; valid: {', '.join(sorted(names))}"
+                )
+            kwargs[name] = value
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike[str]) -> EngineConfig:
+        """Build from a JSON object of options in the file at ``path``."""
+        with open(path, encoding="utf-8") as f:
+            options = json.load(f)
+        if not isinstance(options, dict):
+            raise EngineConfigError(
+                "config", f"{os.fspath(path)!r} must hold a JSON object of engine options"
+            )
+        return cls.from_dict(options)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options as a plain dict (``from_dict(c.to_dict()) == c``)."""
+        return dataclasses.asdict(self)
+
+
+def parse_bytes(value: int | str) -> int:
+    """Bytes from an int or a size string: "4GiB", "4G" and "4096MiB" are binary, "4GB" decimal.
+
+    Raises EngineConfigError (field ``kv_cache_memory``) unless the result is positive.
+    """
+    if isinstance(value, bool):
+        raise _bad_size(value)
+    if isinstance(value, int):
+        if value <= 0:
+            raise _bad_size(value)
+        return value
+    match = _SIZE.match(str(value))
+    if match is None:
+        raise _bad_size(value)
+    number, unit = float(match[1]), match[2].lower()
+    scale = _DECIMAL_UNIT.get(unit) or _UNIT[unit[:1]]
+    result = int(number * scale)
+    if result <= 0:
+        raise _bad_size(value)
+    return result
+
+
+def _bad_size(value: object) -> EngineConfigError:
+    return EngineConfigError(
+        "kv_cache_memory",
+        "`kv_cache_memory` must be a positive number of bytes or a size like '4GiB' or "
+        f"'512MB'; got {value!r}",
+    )
+
+
+def dtype_name(value: str) -> str:
+    """The canonical name of a dtype option ("bf16" -> "bfloat16"); raises EngineConfigError."""
+    name = _DTYPE_ALIASES.get(str(value).lower(), str(value).lower())
+    if name not in DTYPE_NAMES:
+        raise EngineConfigError(
+            "dtype", f"`dtype` must be one of {', '.join(DTYPE_NAMES)}; got {value!r}"
+        )
+    return name
+
+
+def _check_fields(config: EngineConfig) -> None:
+    for name in ("block_size", "max_num_seqs", "max_num_waiting"):
+        _positive_int(name, getattr(config, name))
+    for name in ("max_num_batched_tokens", "max_model_len"):
+        if getattr(config, name) is not None:
+            _positive_int(name, getattr(config, name))
+    if config.device is not None and config.device not in DEVICE_NAMES:
+        raise EngineConfigError(
+            "device", f"`device` must be one of {', '.join(DEVICE_NAMES)}; got {config.device!r}"
+        )
+    if not isinstance(config.enable_prefix_caching, bool):
+        raise EngineConfigError(
+            "enable_prefix_caching",
+            f"`enable_prefix_caching` must be true or false; got {config.enable_prefix_caching!r}",
+        )
+    aging = config.priority_aging_s
+    if isinstance(aging, bool) or not isinstance(aging, (int, float)) or not aging > 0:
+        raise EngineConfigError(
+            "priority_aging_s", f"`priority_aging_s` must be a positive number; got {aging!r}"
+        )
+    if config.logprobs_mode not in LOGPROBS_MODES:
+        raise EngineConfigError(
+            "logprobs_mode",
+            f"`logprobs_mode` must be one of {', '.join(LOGPROBS_MODES)}; "
+            f"got {config.logprobs_mode!r}",
+        )
+    if config.seed is not None and (
+        isinstance(config.seed, bool) or not isinstance(config.seed, int) or config.seed < 0
+    ):
+        raise EngineConfigError(
+            "seed", f"`seed` must be a non-negative integer; got {config.seed!r}"
+        )
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise EngineConfigError(name, f"`{name}` must be a positive integer; got {value!r}")

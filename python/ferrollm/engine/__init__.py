@@ -1,0 +1,21 @@
+"""The engine: `LLMEngine` (one step at a time), `EngineLoop` (its thread) and `AsyncEngine`.
+
+Importing this package loads torch (the model runner); ``import ferrollm`` alone does not.
+"""
+
+from ferrollm.engine.async_engine import AsyncEngine, EngineDeadError
+from ferrollm.engine.engine import LLMEngine, StepError
+from ferrollm.engine.loop import EngineLoop, RequestFailure
+from ferrollm.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
+
+__all__ = [
+    "AsyncEngine",
+    "CompletionOutput",
+    "EngineDeadError",
+    "EngineLoop",
+    "LLMEngine",
+    "RequestFailure",
+    "RequestOutput",
+    "StepError",
+    "TokenLogprob",
+]

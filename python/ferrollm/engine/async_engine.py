@@ -1,0 +1,128 @@
+"""`AsyncEngine`: the asyncio face of the engine, and the seam the HTTP server builds on.
+
+``generate()`` returns an async iterator of `RequestOutput`s for one request. The engine runs
+on its own thread (`EngineLoop`); each request's outputs reach it through an ``asyncio.Queue``
+filled on the event loop, once per engine step. Closing the iterator early (``aclose()``,
+``break``, task cancellation, a dropped client) aborts the request at the engine's next step,
+which frees its KV blocks. Everything here runs on the one event loop that first calls
+``generate``; only the inbox of the `EngineLoop` is shared with the engine thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+from ferrollm._core import SamplingParams
+from ferrollm.engine.engine import LLMEngine
+from ferrollm.engine.loop import Delivery, EngineLoop, RequestFailure
+from ferrollm.engine.outputs import RequestOutput
+from ferrollm.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from ferrollm.config import EngineConfig
+
+
+class EngineDeadError(RuntimeError):
+    """The engine has been shut down; no request can be served."""
+
+
+class AsyncEngine:
+    """Serves concurrent requests from one event loop over an engine on its own thread."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._loop: EngineLoop | None = None
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+        self._streams: dict[str, asyncio.Queue[Delivery]] = {}
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncEngine:
+        """Load the model and build the engine (see `LLMEngine.from_config`)."""
+        return cls(LLMEngine.from_config(config))
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer and chat template."""
+        return self.engine.tokenizer
+
+    async def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        priority: int | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Outputs of one request as it runs; the last one has ``finished`` set.
+
+        ``prompt`` is text (encoded with the tokenizer's special tokens) or token ids. A
+        rejected or failed request raises its error from the iterator (ValueError for a bad
+        request); closing the iterator before the end aborts the request.
+        """
+        engine_loop = self._start()
+        request_id = request_id if request_id is not None else uuid.uuid4().hex
+        if request_id in self._streams:
+            raise ValueError(
+                f"`request_id` {request_id!r} is already in use by an unfinished request"
+            )
+        text, token_ids = self._encode(prompt)
+        queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._streams[request_id] = queue
+        finished = False
+        try:
+            engine_loop.add(request_id, token_ids, params, priority, prompt=text)
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, RequestFailure):
+                    finished = True  # the engine already forgot it
+                    raise item.error
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished and not self._closed:
+                engine_loop.abort(request_id)
+
+    def shutdown(self) -> None:
+        """Stop the engine thread and drop its requests; open streams raise EngineDeadError."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._loop is not None:
+            self._loop.shutdown()
+            if not self._loop.is_running:  # joined: this thread may touch the engine now
+                self.engine.abort_all()
+        if self._event_loop is not None and not self._event_loop.is_closed():
+            # On the event loop: `_streams` belongs to it, and this may be another thread.
+            self._event_loop.call_soon_threadsafe(self._fail_open_streams)
+
+    def _start(self) -> EngineLoop:
+        if self._closed:
+            raise EngineDeadError("the engine was shut down")
+        event_loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._event_loop = event_loop
+            self._loop = EngineLoop(self.engine, event_loop, self._dispatch)
+            self._loop.start()
+        elif event_loop is not self._event_loop:
+            raise RuntimeError("an AsyncEngine serves the one event loop that first used it")
+        return self._loop
+
+    def _encode(self, prompt: str | Sequence[int]) -> tuple[str | None, Sequence[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.engine.tokenizer.encode(prompt)
+        return None, prompt
+
+    def _fail_open_streams(self) -> None:
+        error = EngineDeadError("the engine was shut down")
+        self._dispatch([RequestFailure(request_id, error) for request_id in self._streams])
+
+    def _dispatch(self, deliveries: list[Delivery]) -> None:
+        """On the event loop: route one step's outputs to their streams."""
+        for item in deliveries:
+            queue = self._streams.get(item.request_id)
+            if queue is not None:  # None: the consumer already went away
+                queue.put_nowait(item)

@@ -1,0 +1,287 @@
+"""What the engine hands back each step: `RequestOutput`s, and the tracker that builds them.
+
+The scheduler reports a step as flat columns (one entry per sample); `RequestTracker` turns them
+into one `RequestOutput` per request that changed, accumulating each sequence's tokens, text and
+logprobs. Outputs are snapshots: the engine thread keeps appending to a sequence while another
+thread reads an older output, so an output shares the append-only buffers but remembers their
+lengths, and its cumulative ``token_ids``/``text``/``logprobs`` never change after it is made.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any
+
+import numpy.typing as npt
+
+from ferrollm._core import FINISH_REASON_NAMES, SamplingParams, StepOutput, StepPlan
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The logprob of one generated token and its best alternatives (best first)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+class CompletionOutput:
+    """One output sequence of a request as of one step (an immutable snapshot).
+
+    ``new_*`` are what this step added; ``token_ids``, ``text`` and ``logprobs`` everything so
+    far. ``finish_reason`` is "stop", "length", "abort" or "timeout" once the sequence ended;
+    ``stop_reason`` is then the stop string or stop token id that ended it (None for EOS).
+    """
+
+    __slots__ = (
+        "_num_pieces",
+        "_num_tokens",
+        "_seq",
+        "_text",
+        "finish_reason",
+        "index",
+        "new_logprobs",
+        "new_text",
+        "new_token_ids",
+        "stop_reason",
+    )
+
+    def __init__(self, seq: _SequenceState, num_new: int, new_text: str) -> None:
+        self._seq = seq
+        self._num_tokens = len(seq.token_ids)
+        self._num_pieces = len(seq.text_pieces)
+        self._text: str | None = None
+        self.index = seq.index
+        self.new_token_ids = seq.token_ids[self._num_tokens - num_new : self._num_tokens]
+        self.new_text = new_text
+        start = self._num_tokens - num_new
+        self.new_logprobs = None if seq.logprobs is None else seq.logprobs[start : self._num_tokens]
+        self.finish_reason = seq.finish_reason
+        self.stop_reason = seq.stop_reason
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Every generated token id so far."""
+        return self._seq.token_ids[: self._num_tokens]
+
+    @property
+    def text(self) -> str:
+        """Every piece of generated text so far (stop strings and hold-back applied)."""
+        if self._text is None:
+            self._text = "".join(self._seq.text_pieces[: self._num_pieces])
+        return self._text
+
+    @property
+    def logprobs(self) -> list[TokenLogprob] | None:
+        """Per generated token, when the request asked for logprobs; else None."""
+        lps = self._seq.logprobs
+        return None if lps is None else lps[: self._num_tokens]
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """Sum of the generated tokens' logprobs, when the request asked for logprobs."""
+        lps = self.logprobs
+        return None if lps is None else math.fsum(lp.logprob for lp in lps)
+
+    @property
+    def finished(self) -> bool:
+        """Whether this sequence has ended."""
+        return self.finish_reason is not None
+
+    def __repr__(self) -> str:
+        return (
+            f"CompletionOutput(index={self.index}, text={self.text!r}, "
+            f"token_ids={self.token_ids}, finish_reason={self.finish_reason!r})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """One request's state after a step: every output sequence, by index."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    #: True once every sequence has ended; the request's last output.
+    finished: bool
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Tokens in the prompt."""
+        return len(self.prompt_token_ids)
+
+
+@dataclass(slots=True)
+class _SequenceState:
+    """One sequence's accumulated output (append-only; snapshots read prefixes of it)."""
+
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    text_pieces: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclass(slots=True)
+class _RequestState:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    #: ``params.stop``, read once (the property builds a new list each time).
+    stop: list[str]
+    seqs: list[_SequenceState]
+    #: per sequence index: (tokens added, text added) this step.
+    new: dict[int, tuple[int, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Columns:
+    """A StepOutput's columns as Python lists (one conversion per step, not per sample)."""
+
+    req_ids: list[int]
+    seq_indices: list[int]
+    token_ids: list[int]
+    finish_reasons: list[int]
+    text_offsets: list[int]
+    stop_str_indices: list[int]
+    logprobs: list[float]
+    top_token_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+
+    @classmethod
+    def of(cls, out: StepOutput) -> _Columns:
+        return cls(
+            out.req_ids.tolist(),
+            out.seq_indices.tolist(),
+            out.token_ids.tolist(),
+            out.finish_reasons.tolist(),
+            out.text_offsets.tolist(),
+            out.stop_str_indices.tolist(),
+            out.logprobs.tolist(),
+            out.top_token_ids.tolist(),
+            out.top_logprobs.tolist(),
+        )
+
+
+class RequestTracker:
+    """Maps string request ids to the scheduler's integer ids and accumulates their outputs."""
+
+    def __init__(self, eos_token_ids: Sequence[int]) -> None:
+        self._eos = frozenset(eos_token_ids)
+        self._next_id = count()
+        self._ids: dict[str, int] = {}
+        self._states: dict[int, _RequestState] = {}
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._ids))
+
+    def next_id(self) -> int:
+        """A fresh scheduler id (never reused, so a late report cannot reach a new request)."""
+        return next(self._next_id)
+
+    def add(
+        self,
+        request_id: str,
+        internal_id: int,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+    ) -> None:
+        """Track a request the scheduler has accepted under ``internal_id``."""
+        logprobs = params.logprobs is not None
+        seqs = [_SequenceState(i, logprobs=[] if logprobs else None) for i in range(params.n)]
+        state = _RequestState(request_id, prompt, prompt_token_ids, params, params.stop, seqs)
+        self._ids[request_id] = internal_id
+        self._states[internal_id] = state
+
+    def internal_id(self, request_id: str) -> int | None:
+        """The scheduler's id of a tracked request."""
+        return self._ids.get(request_id)
+
+    def request_ids(self, internal_ids: npt.NDArray[Any]) -> list[str]:
+        """The tracked requests among ``internal_ids`` (unique, in order)."""
+        states = (self._states.get(i) for i in dict.fromkeys(internal_ids.tolist()))
+        return [s.request_id for s in states if s is not None]
+
+    def remove(self, request_id: str) -> None:
+        """Stop tracking a request (it failed); later reports about it are ignored."""
+        internal_id = self._ids.pop(request_id, None)
+        if internal_id is not None:
+            del self._states[internal_id]
+
+    def deliver(self, plan: StepPlan, out: StepOutput) -> list[RequestOutput]:
+        """One output per request that changed in the step of ``plan``; finished ones end."""
+        touched: dict[int, _RequestState] = {}
+        ended = plan.finished_req_ids.tolist()
+        for internal_id, code in zip(ended, plan.finished_reasons.tolist(), strict=True):
+            self._end_request(internal_id, FINISH_REASON_NAMES[code], touched)
+        if len(out):
+            self._append(_Columns.of(out), out.text, touched)
+        finished = {*ended, *out.finished_req_ids.tolist()}
+        outputs = [_snapshot(state, i in finished) for i, state in touched.items()]
+        for internal_id in finished & touched.keys():
+            self.remove(touched[internal_id].request_id)
+        return outputs
+
+    def _end_request(
+        self, internal_id: int, reason: str, touched: dict[int, _RequestState]
+    ) -> None:
+        state = self._states.get(internal_id)
+        if state is None:
+            return
+        for seq in state.seqs:
+            if seq.finish_reason is None:
+                seq.finish_reason = reason
+        touched[internal_id] = state
+
+    def _append(self, cols: _Columns, text: str, touched: dict[int, _RequestState]) -> None:
+        offsets = cols.text_offsets
+        for i, internal_id in enumerate(cols.req_ids):
+            state = self._states.get(internal_id)
+            if state is None:
+                continue
+            touched[internal_id] = state
+            seq = state.seqs[cols.seq_indices[i]]
+            token = cols.token_ids[i]
+            piece = text[offsets[i] : offsets[i + 1]]
+            seq.token_ids.append(token)
+            if piece:
+                seq.text_pieces.append(piece)
+            if seq.logprobs is not None:
+                top = zip(cols.top_token_ids[i], cols.top_logprobs[i], strict=True)
+                alternatives = tuple((t, lp) for t, lp in top if t >= 0)
+                seq.logprobs.append(TokenLogprob(token, cols.logprobs[i], alternatives))
+            if cols.finish_reasons[i]:
+                seq.finish_reason = FINISH_REASON_NAMES[cols.finish_reasons[i]]
+                seq.stop_reason = self._stop_reason(state, token, cols.stop_str_indices[i])
+            num_new, new_text = state.new.get(seq.index, (0, ""))
+            state.new[seq.index] = (num_new + 1, new_text + piece)
+
+    def _stop_reason(
+        self, state: _RequestState, token: int, stop_str_index: int
+    ) -> str | int | None:
+        # vLLM's convention: the stop string, else a stop token id; None for EOS (or length).
+        if stop_str_index >= 0:
+            return state.stop[stop_str_index]
+        params = state.params
+        is_eos = token in self._eos and not params.ignore_eos
+        return token if token in params.stop_token_ids and not is_eos else None
+
+
+def _snapshot(state: _RequestState, finished: bool) -> RequestOutput:
+    outputs = [CompletionOutput(seq, *state.new.get(seq.index, (0, ""))) for seq in state.seqs]
+    state.new.clear()
+    return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, outputs, finished)

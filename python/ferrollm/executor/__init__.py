@@ -1,0 +1,1 @@
+"""Running models: checkpoint loaders, the KV cache and the model runner."""

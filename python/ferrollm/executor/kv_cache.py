@@ -1,0 +1,79 @@
+"""The paged KV cache: one tensor holding every layer's K and V blocks.
+
+Layout ``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]``; ``layer(i)`` gives
+that layer's ``(k, v)`` views ``[num_blocks, block_size, num_kv_heads, head_dim]``, which is what
+``ferrollm.layers.attention`` reads and writes. Block 0 is the scheduler's null block: it pads
+block tables and is never allocated, so its contents never matter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """The shape of a model's KV cache, independent of how many blocks it gets."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes one block takes across all layers, K and V."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+    def num_blocks_for(self, num_bytes: int) -> int:
+        """How many blocks fit in ``num_bytes`` (the null block included)."""
+        return num_bytes // self.bytes_per_block
+
+
+class KVCache:
+    """Every layer's paged K/V, allocated once (zeroed, so stale NaNs never meet a mask)."""
+
+    def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"`num_blocks` must be >= 2 (block 0 is reserved); got {num_blocks}")
+        self.spec = spec
+        self.num_blocks = num_blocks
+        self.device = device
+        self.tensor = torch.zeros(
+            (spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim),
+            dtype=spec.dtype,
+            device=device,
+        )
+        self._layers = [(self.tensor[i, 0], self.tensor[i, 1]) for i in range(spec.num_layers)]
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+        return self.spec.block_size
+
+    @property
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(k, v)`` per layer, each ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+        return self._layers
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s ``(k, v)`` views."""
+        return self._layers[i]
+
+    def copy_blocks(self, block_copies: npt.NDArray[np.int32]) -> None:
+        """Apply ``[k, 2]`` (source, destination) copies in every layer (copy-on-write forks).
+
+        Must run before the step's forward: a forked sequence's first write goes to the new
+        block, and the source block may be written by its other owner in the same step.
+        Destinations are fresh blocks, never another copy's source, so one gather suffices.
+        """
+        if len(block_copies) == 0:
+            return
+        pairs = torch.from_numpy(block_copies.astype(np.int64)).to(self.device)
+        self.tensor[:, :, pairs[:, 1]] = self.tensor[:, :, pairs[:, 0]]

@@ -1,0 +1,209 @@
+"""Single-file GGUF checkpoints (llama.cpp), dequantized tensor by tensor.
+
+The config, tokenizer and chat template are rebuilt from the file's metadata the way
+transformers' GGUF integration rebuilds them, and tensors are renamed to transformers' names, so
+a GGUF loads into the same model as the Hugging Face checkpoint it was converted from.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ferrollm.executor.gguf_reader import GGUFFile
+from ferrollm.executor.gguf_tokenizer import add_bos_token, build_tokenizer_json, special_token
+from ferrollm.executor.loader import ModelSource, SpecialTokens, progress_bar
+from ferrollm.models.config import ModelConfig, UnsupportedModelError
+
+logger = logging.getLogger(__name__)
+
+#: ``general.architecture`` -> the transformers architecture it loads as.
+GGUF_ARCHITECTURES: Mapping[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+_FILE_TYPE_DTYPES = {0: "float32", 1: "float16", 32: "bfloat16"}  # general.file_type
+_GLOBAL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+#: Tensors with no transformers counterpart: llama.cpp's precomputed llama3 rope factors.
+_IGNORED_TENSORS = frozenset(["rope_freqs.weight"])
+
+
+class GGUFCheckpoint(ModelSource):
+    """A ``.gguf`` file; its tensors are memory-mapped and dequantized one at a time."""
+
+    def __init__(self, path: Path, file: GGUFFile, **fields: Any) -> None:
+        super().__init__(path, **fields)
+        self._file = file
+
+    @classmethod
+    def open(cls, path: Path) -> GGUFCheckpoint:
+        """Parse ``path``'s metadata and rebuild its config and tokenizer."""
+        file = GGUFFile(path)  # memory-mapped; no tensor data is read yet
+        meta = file.metadata
+        tensor_names = [tensor.name for tensor in file.tensors]
+        return cls(
+            path,
+            file,
+            config=ModelConfig.from_hf_dict(hf_config_from_gguf(meta, tensor_names)),
+            tokenizer_json=build_tokenizer_json(meta),
+            chat_template=meta.get("tokenizer.chat_template"),
+            special_tokens=_special_tokens(meta),
+        )
+
+    def iter_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        """See `ModelSource.iter_weights`; each tensor is dequantized to float32 first."""
+        try:
+            from gguf import GGMLQuantizationType, dequantize
+        except ImportError as err:  # optional: only GGUF files need it
+            raise ImportError("loading .gguf weights needs the `gguf` package") from err
+
+        tensors = self._file.tensors
+        with progress_bar(len(tensors), "Dequantizing weights") as tick:
+            for tensor in tensors:
+                tick()
+                name = hf_tensor_name(tensor.name)
+                if name is None:  # known and unused (warned about at open where it matters)
+                    continue
+                data = self._file.data(tensor)
+                array = dequantize(data, GGMLQuantizationType(tensor.ggml_type))
+                array = self._unpermuted(tensor.name, array)
+                if not array.flags.writeable:  # F32 comes back as a view of the memory map
+                    array = array.copy()
+                yield name, torch.from_numpy(array).to(dtype)
+
+    def _unpermuted(self, gguf_name: str, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        # llama.cpp's converter interleaves the rotary halves of Llama's q/k rows (it uses
+        # GPT-J-style rope there); transformers uses NeoX-style halves, so undo it. Qwen files
+        # are written unpermuted.
+        if self.config.model_type != "llama":
+            return array
+        if ".attn_q." in gguf_name:
+            return _reverse_permute(array, self.config.num_attention_heads)
+        if ".attn_k." in gguf_name:
+            return _reverse_permute(array, self.config.num_key_value_heads)
+        return array
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The transformers name of a GGUF tensor, or None for one ferrollm ignores.
+
+    Raises ValueError for a tensor it does not know, rather than load a model without it.
+    """
+    if gguf_name in _IGNORED_TENSORS:
+        return None
+    stem, _, suffix = gguf_name.rpartition(".")
+    if stem in _GLOBAL_TENSORS:
+        return f"{_GLOBAL_TENSORS[stem]}.{suffix}"
+    match = _LAYER_NAME.fullmatch(gguf_name)
+    if match is None or match[2] not in _LAYER_TENSORS:
+        raise ValueError(f"GGUF tensor {gguf_name!r} has no known transformers name")
+    return f"model.layers.{match[1]}.{_LAYER_TENSORS[match[2]]}.{match[3]}"
+
+
+def _reverse_permute(array: np.ndarray[Any, Any], num_heads: int) -> np.ndarray[Any, Any]:
+    half = array.shape[0] // num_heads // 2
+    grouped = array.reshape(num_heads, half, 2, *array.shape[1:])
+    unpermuted: np.ndarray[Any, Any] = grouped.swapaxes(2, 1).reshape(array.shape)
+    return unpermuted
+
+
+def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: Sequence[str]) -> dict[str, Any]:
+    """A ``config.json``-style dict rebuilt from GGUF metadata (``<arch>.*`` keys)."""
+    arch = str(meta.get("general.architecture"))
+    if arch not in GGUF_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"GGUF architecture {arch!r} is not supported; supported: "
+            f"{', '.join(GGUF_ARCHITECTURES)}"
+        )
+
+    def get(key: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{key}", default)
+
+    num_heads = int(get("attention.head_count"))
+    hidden_size = int(get("embedding_length"))
+    head_dim = get("attention.key_length") or (
+        get("rope.dimension_count") if arch == "llama" else None
+    )
+    return {
+        "architectures": [GGUF_ARCHITECTURES[arch]],
+        "model_type": arch,
+        "vocab_size": int(get("vocab_size") or len(meta["tokenizer.ggml.tokens"])),
+        "hidden_size": hidden_size,
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": int(get("attention.head_count_kv", num_heads)),
+        "head_dim": int(head_dim) if head_dim else hidden_size // num_heads,
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "rope_scaling": _rope_scaling(meta, arch, tensor_names),
+        "max_position_embeddings": int(get("context_length")),
+        # llama.cpp drops output.weight when the head is tied to the embeddings.
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _eos_token_ids(meta),
+        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
+        "dtype": _FILE_TYPE_DTYPES.get(int(meta.get("general.file_type", -1))),
+    }
+
+
+def _rope_scaling(
+    meta: Mapping[str, Any], arch: str, tensor_names: Sequence[str]
+) -> dict[str, Any] | None:
+    if "rope_freqs.weight" in tensor_names:
+        # Llama 3.1+ files store precomputed per-frequency factors instead of the scaling
+        # parameters; transformers ignores them too, so parity holds, but long prompts drift.
+        logger.warning("GGUF llama3 rope factors (rope_freqs) are not applied")
+    rope_type = meta.get(f"{arch}.rope.scaling.type")
+    if rope_type in (None, "none"):
+        return None
+    return {"rope_type": rope_type, "factor": meta.get(f"{arch}.rope.scaling.factor", 1.0)}
+
+
+def _eos_token_ids(meta: Mapping[str, Any]) -> list[int]:
+    # llama.cpp also ends generation at the end-of-turn / end-of-message tokens when named.
+    keys = ("eos_token_id", "eot_token_id", "eom_token_id")
+    ids = [meta.get(f"tokenizer.ggml.{key}") for key in keys]
+    return [int(i) for i in ids if i is not None]
+
+
+def _special_tokens(meta: Mapping[str, Any]) -> SpecialTokens:
+    def token_id(key: str) -> int | None:
+        value = meta.get(f"tokenizer.ggml.{key}")
+        return None if value is None else int(value)
+
+    return SpecialTokens(
+        bos_token=special_token(meta, "bos_token_id"),
+        eos_token=special_token(meta, "eos_token_id"),
+        pad_token=special_token(meta, "padding_token_id"),
+        unk_token=special_token(meta, "unknown_token_id"),
+        bos_token_id=token_id("bos_token_id"),
+        eos_token_id=token_id("eos_token_id"),
+        pad_token_id=token_id("padding_token_id"),
+        add_bos_token=add_bos_token(meta),
+    )

@@ -1,0 +1,154 @@
+"""Hugging Face model directories: config.json, safetensors weights, tokenizer files."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from tokenizers import Tokenizer
+
+from ferrollm.executor.loader import ModelSource, SpecialTokens, progress_bar
+from ferrollm.models.config import ModelConfig
+
+_INDEX = "model.safetensors.index.json"
+_SINGLE = "model.safetensors"
+
+
+class HFCheckpoint(ModelSource):
+    """A Hugging Face directory; weights stream from one safetensors shard at a time."""
+
+    def __init__(self, path: Path, weight_map: Mapping[str, str], **fields: Any) -> None:
+        super().__init__(path, **fields)
+        #: tensor name -> shard file name, in the order tensors are yielded.
+        self.weight_map = dict(weight_map)
+
+    @classmethod
+    def open(cls, directory: Path) -> HFCheckpoint:
+        """Read config, generation config, tokenizer and the weight index of ``directory``."""
+        config = ModelConfig.from_hf_dict(
+            _read_json(directory / "config.json"),
+            _read_json(directory / "generation_config.json", missing_ok=True),
+        )
+        tokenizer_json = _read_tokenizer_json(directory)
+        tokenizer_config = _read_json(directory / "tokenizer_config.json", missing_ok=True)
+        return cls(
+            directory,
+            _weight_map(directory),
+            config=config,
+            tokenizer_json=tokenizer_json,
+            chat_template=_chat_template(directory, tokenizer_config),
+            special_tokens=_special_tokens(directory, tokenizer_json, tokenizer_config),
+        )
+
+    def iter_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        """See `ModelSource.iter_weights`; shards are opened one after another."""
+        names_by_shard: dict[str, list[str]] = {}
+        for name, shard in self.weight_map.items():
+            names_by_shard.setdefault(shard, []).append(name)
+        with progress_bar(len(self.weight_map), "Loading weights") as tick:
+            for shard, names in names_by_shard.items():
+                with safe_open(str(self.path / shard), framework="pt") as f:
+                    for name in names:
+                        tick()
+                        if not self._skipped(name):
+                            yield name, f.get_tensor(name).to(dtype)
+
+    def _skipped(self, name: str) -> bool:
+        # Rotary tables are recomputed; a tied head would be a second copy of the embeddings.
+        if name.endswith("rotary_emb.inv_freq"):
+            return True
+        return self.config.tie_word_embeddings and name == "lm_head.weight"
+
+
+def _read_json(path: Path, missing_ok: bool = False) -> dict[str, Any]:
+    if not path.is_file():
+        if missing_ok:
+            return {}
+        raise FileNotFoundError(f"{path.name} is missing from {str(path.parent)!r}")
+    with path.open(encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"{str(path)!r} must hold a JSON object")
+    return data
+
+
+def _weight_map(directory: Path) -> dict[str, str]:
+    if (directory / _INDEX).is_file():
+        index = _read_json(directory / _INDEX)
+        weight_map: dict[str, str] = index.get("weight_map", {})
+        # Group by shard (in shard order) so each file is opened once.
+        return dict(sorted(weight_map.items(), key=lambda item: item[1]))
+    if (directory / _SINGLE).is_file():
+        with safe_open(str(directory / _SINGLE), framework="pt") as f:
+            return dict.fromkeys(f.keys(), _SINGLE)
+    raise FileNotFoundError(
+        f"no {_SINGLE} or {_INDEX} in {str(directory)!r}; only safetensors weights are supported"
+    )
+
+
+def _read_tokenizer_json(directory: Path) -> str:
+    path = directory / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"tokenizer.json is missing from {str(directory)!r}; ferrollm needs a fast "
+            "(tokenizers) tokenizer saved with the model"
+        )
+    return path.read_text(encoding="utf-8")
+
+
+def _chat_template(directory: Path, tokenizer_config: Mapping[str, Any]) -> str | None:
+    # transformers >= 4.43 may save the template beside the config instead of inside it.
+    jinja = directory / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    template = tokenizer_config.get("chat_template")
+    if template is None:
+        template = _read_json(directory / "chat_template.json", missing_ok=True).get(
+            "chat_template"
+        )
+    if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def _token_text(value: Any) -> str | None:
+    # tokenizer_config writes a special token as a string or as an AddedToken dict.
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _special_tokens(
+    directory: Path, tokenizer_json: str, tokenizer_config: Mapping[str, Any]
+) -> SpecialTokens:
+    special_map = _read_json(directory / "special_tokens_map.json", missing_ok=True)
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    texts = {
+        key: _token_text(tokenizer_config.get(key, special_map.get(key)))
+        for key in ("bos_token", "eos_token", "pad_token", "unk_token")
+    }
+    ids = {key: None if t is None else tokenizer.token_to_id(t) for key, t in texts.items()}
+    return SpecialTokens(
+        bos_token=texts["bos_token"],
+        eos_token=texts["eos_token"],
+        pad_token=texts["pad_token"],
+        unk_token=texts["unk_token"],
+        bos_token_id=ids["bos_token"],
+        eos_token_id=ids["eos_token"],
+        pad_token_id=ids["pad_token"],
+        add_bos_token=_adds_bos(tokenizer, ids["bos_token"]),
+    )
+
+
+def _adds_bos(tokenizer: Tokenizer, bos_token_id: int | None) -> bool:
+    # The tokenizer.json post-processor is what actually runs, so ask it rather than trusting
+    # tokenizer_config's add_bos_token flag.
+    if bos_token_id is None:
+        return False
+    ids: list[int] = tokenizer.encode("a", add_special_tokens=True).ids
+    return bool(ids) and ids[0] == bos_token_id

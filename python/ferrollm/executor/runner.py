@@ -1,0 +1,139 @@
+"""The model runner: a ``StepPlan`` in, the logits to sample out.
+
+``run(plan)`` copies forked blocks, moves the plan's columns to the device, runs the model over
+every scheduled token, and projects only the sampled positions (``plan.logits_indices``) to the
+vocabulary. The result is CPU float32 and C-contiguous, so ``.numpy()`` is a zero-copy view the
+Rust sampler reads directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
+from ferrollm.layers.attention import (
+    AttentionBackend,
+    AttentionContext,
+    PagedBatch,
+    TorchSDPABackend,
+)
+
+
+class CausalLM(Protocol):
+    """What the runner needs of a model (``LlamaForCausalLM`` and its kin)."""
+
+    sliding_window: int | None
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext
+    ) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+class StepInputs(PagedBatch, Protocol):
+    """The parts of a ``ferrollm.StepPlan`` the runner reads."""
+
+    @property
+    def input_ids(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def logits_indices(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def block_copies(self) -> npt.NDArray[np.int32]: ...
+
+
+class ModelRunner:
+    """Runs one model over a paged KV cache, one scheduler step at a time."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        kv_cache: KVCache,
+        device: torch.device,
+        dtype: torch.dtype,
+        backend: AttentionBackend | None = None,
+    ) -> None:
+        if kv_cache.spec.dtype != dtype:
+            raise ValueError(
+                f"KV cache dtype {kv_cache.spec.dtype} differs from model dtype {dtype}"
+            )
+        self.model = model
+        self.kv_cache = kv_cache
+        self.device = device
+        self.dtype = dtype
+        self.backend: AttentionBackend = backend or TorchSDPABackend()
+
+    def run(self, plan: StepInputs) -> torch.Tensor:
+        """Float32 logits ``[plan.num_samples, vocab]`` on the CPU, row ``i`` for sample ``i``."""
+        with torch.inference_mode():
+            self.kv_cache.copy_blocks(plan.block_copies)
+            if len(plan.input_ids) == 0:
+                return torch.empty((0, self.model.vocab_size), dtype=torch.float32)
+            hidden = self.model(
+                self._to_device(plan.input_ids),
+                self._to_device(plan.positions),
+                self._context(plan),
+            )
+            sampled = hidden.index_select(0, self._to_device(plan.logits_indices))
+            logits = self.model.compute_logits(sampled)
+            return logits.to("cpu", torch.float32).contiguous()
+
+    def _context(self, plan: StepInputs) -> AttentionContext:
+        metadata = self.backend.prepare(
+            plan, self.kv_cache.block_size, self.device, self.model.sliding_window
+        )
+        return AttentionContext(self.backend, metadata, self.kv_cache.layers)
+
+    def _to_device(self, array: npt.NDArray[np.int64]) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device, non_blocking=True)
+
+
+@dataclass(frozen=True)
+class _DummyPlan:
+    """A synthetic one-row step for profiling: every key lives in block 1, over and over."""
+
+    input_ids: npt.NDArray[np.int64]
+    positions: npt.NDArray[np.int64]
+    slot_mapping: npt.NDArray[np.int64]
+    cu_seqlens_q: npt.NDArray[np.int32]
+    context_lens: npt.NDArray[np.int32]
+    block_tables: npt.NDArray[np.int32]
+    logits_indices: npt.NDArray[np.int64]
+    block_copies: npt.NDArray[np.int32]
+
+
+def profile_run(
+    model: CausalLM,
+    spec: KVCacheSpec,
+    device: torch.device,
+    num_tokens: int,
+    num_samples: int = 1,
+    backend: AttentionBackend | None = None,
+) -> None:
+    """One forward as large as a step can be, to measure peak activation memory.
+
+    ``num_tokens`` tokens in one row (the worst case for attention's padded gather) and
+    ``num_samples`` logit rows, over a 2-block cache: the block table repeats block 1, so the
+    gathered context has the real size while the cache stays tiny (its contents are garbage,
+    which is fine for a measurement). Size the real KV cache from the free memory after this.
+    """
+    positions = np.arange(num_tokens, dtype=np.int64)
+    plan = _DummyPlan(
+        input_ids=np.zeros(num_tokens, dtype=np.int64),
+        positions=positions,
+        slot_mapping=spec.block_size + positions % spec.block_size,
+        cu_seqlens_q=np.array([0, num_tokens], dtype=np.int32),
+        context_lens=np.array([num_tokens], dtype=np.int32),
+        block_tables=np.ones((1, -(-num_tokens // spec.block_size)), dtype=np.int32),
+        logits_indices=np.full(num_samples, num_tokens - 1, dtype=np.int64),
+        block_copies=np.zeros((0, 2), dtype=np.int32),
+    )
+    ModelRunner(model, KVCache(spec, 2, device), device, spec.dtype, backend).run(plan)

@@ -1,0 +1,160 @@
+"""Deciding what the device can hold: the model dtype, the context length and the KV blocks.
+
+``resolve_dtype`` turns ``EngineConfig.dtype`` into a torch dtype for a platform.
+``plan_kv_cache`` runs one worst-case step (``profile_run``) so activation memory is accounted
+for, takes the KV budget (``kv_cache_memory``, or the platform's default), and returns how many
+blocks to allocate and the ``max_model_len`` they can serve; the block count is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from ferrollm.config import (
+    DEFAULT_ACCELERATOR_MEMORY_FRACTION,
+    DEFAULT_CPU_KV_CACHE_MEMORY,
+    EngineConfig,
+    EngineConfigError,
+    dtype_name,
+)
+from ferrollm.executor.kv_cache import KVCacheSpec
+from ferrollm.executor.runner import CausalLM, profile_run
+from ferrollm.platforms import Platform
+
+logger = logging.getLogger(__name__)
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(platform: Platform, requested: str) -> torch.dtype:
+    """The model dtype for ``requested`` (an ``EngineConfig.dtype``) on ``platform``.
+
+    "auto" is the platform's ``preferred_dtype``: bfloat16 on accelerators, float32 on CPU.
+    Raises EngineConfigError for an unknown name or a dtype the device's kernels do not run.
+    """
+    # Why float32 on CPU, measured on the default model (SmolLM2-135M, greedy decode through
+    # ModelRunner + Scheduler, best of 3 interleaved runs of 32 tokens; a shared 2-core AMD EPYC
+    # VM with AVX2 but no AVX512-BF16/AMX, torch 2.15):
+    #     batch         1      8     32
+    #     float32    16.4   71.2  189.3  tok/s
+    #     bfloat16   31.4   56.3   60.7  tok/s
+    # bfloat16 wins only the memory-bound batch of 1 and loses 1.3x / 3.1x at 8 / 32, and it
+    # does not keep greedy parity: its tokens equal float32's (= transformers') in only 0/1,
+    # 6/8 and 23/32 sequences. float32 keeps parity and is faster where batching happens.
+    name = dtype_name(requested)
+    dtype = platform.preferred_dtype if name == "auto" else _TORCH_DTYPES[name]
+    if dtype not in platform.supported_dtypes:
+        supported = ", ".join(str(d).removeprefix("torch.") for d in platform.supported_dtypes)
+        raise EngineConfigError(
+            "dtype", f"`dtype` {name} is not supported on {platform.name}; use one of {supported}"
+        )
+    return dtype
+
+
+@dataclass(frozen=True)
+class KVCachePlan:
+    """How large the KV cache is, and the context length it serves."""
+
+    num_blocks: int
+    max_model_len: int
+    #: The budget the blocks were carved from.
+    budget_bytes: int
+
+
+def plan_kv_cache(
+    model: CausalLM,
+    spec: KVCacheSpec,
+    platform: Platform,
+    config: EngineConfig,
+    model_max_len: int,
+) -> KVCachePlan:
+    """Profile one worst-case step, then size the KV cache from the memory budget.
+
+    ``config`` must have come through ``EngineConfig.for_platform``; ``model_max_len`` is the
+    model's ``max_position_embeddings``. Raises EngineConfigError (naming ``max_model_len`` or
+    ``kv_cache_memory``) when the request cannot be met.
+    """
+    if config.max_num_batched_tokens is None:
+        raise ValueError("plan_kv_cache needs EngineConfig.for_platform(platform) first")
+    max_model_len = _requested_max_model_len(config.max_model_len, model_max_len)
+    num_tokens = config.max_num_batched_tokens
+    profile_run(
+        model,
+        spec,
+        platform.device,
+        num_tokens=num_tokens,
+        num_samples=min(config.max_num_seqs, num_tokens),
+        backend=platform.attention_backend(),
+    )
+    platform.synchronize()
+    budget = config.kv_cache_bytes or default_kv_cache_memory(platform)
+    # Never more than every sequence at full length can use (block 0 is the null block).
+    usable = config.max_num_seqs * _cdiv(max_model_len, spec.block_size) + 1
+    num_blocks = min(spec.num_blocks_for(budget), usable)
+    max_model_len = _fit_max_model_len(config, max_model_len, num_blocks, spec.block_size, budget)
+    logger.info(
+        "KV cache: %d blocks of %d tokens (%d tokens, %.2f GiB of a %.2f GiB budget, %s); "
+        "max_model_len %d",
+        num_blocks,
+        spec.block_size,
+        (num_blocks - 1) * spec.block_size,
+        num_blocks * spec.bytes_per_block / 2**30,
+        budget / 2**30,
+        str(spec.dtype).removeprefix("torch."),
+        max_model_len,
+    )
+    return KVCachePlan(num_blocks=num_blocks, max_model_len=max_model_len, budget_bytes=budget)
+
+
+def default_kv_cache_memory(platform: Platform) -> int:
+    """The KV budget when none is given, read after the model and a profiling pass are in memory.
+
+    Accelerators: 90% of free device memory. CPU: a fixed 2 GiB, or 90% of available host
+    memory when less is available.
+    """
+    free = platform.memory_info().free
+    fraction = int(free * DEFAULT_ACCELERATOR_MEMORY_FRACTION)
+    return fraction if platform.is_accelerator else min(DEFAULT_CPU_KV_CACHE_MEMORY, fraction)
+
+
+def _requested_max_model_len(requested: int | None, model_max_len: int) -> int:
+    if requested is None:
+        return model_max_len
+    if requested > model_max_len:
+        raise EngineConfigError(
+            "max_model_len",
+            f"`max_model_len` ({requested}) exceeds the model's context length "
+            f"({model_max_len} tokens)",
+        )
+    return requested
+
+
+def _fit_max_model_len(
+    config: EngineConfig, max_model_len: int, num_blocks: int, block_size: int, budget: int
+) -> int:
+    """``max_model_len``, lowered to what the blocks hold when the user did not set it."""
+    capacity = max(num_blocks - 1, 0) * block_size
+    if capacity >= max_model_len:
+        return max_model_len
+    fix = "raise `kv_cache_memory` or lower `max_model_len`"
+    if config.max_model_len is not None or capacity < block_size:
+        field = "max_model_len" if config.max_model_len is not None else "kv_cache_memory"
+        raise EngineConfigError(
+            field,
+            f"the KV cache ({budget} bytes: {num_blocks} blocks, {capacity} tokens) cannot "
+            f"hold one sequence of max_model_len {max_model_len} tokens; {fix}",
+        )
+    logger.warning(
+        "max_model_len lowered from %d to %d: the KV cache holds no more; %s",
+        max_model_len,
+        capacity,
+        fix,
+    )
+    return capacity
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)

