@@ -4,11 +4,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use numpy::{Element, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::errors::guard;
+use super::tokens::extract_token_ids;
 use crate::detok::{DecodeStream, Detokenizer};
 use crate::error::CoreError;
 use crate::types::TokenId;
@@ -16,61 +16,12 @@ use crate::types::TokenId;
 /// Streams pushed at least this many ids at once release the GIL while decoding.
 const DETACH_AT: usize = 256;
 
-fn bad_ids(param: &'static str, detail: &str) -> PyErr {
-    CoreError::invalid(
-        param,
-        "invalid_token_ids",
-        format!("`{param}` must be a 1-D sequence of token ids in [0, 2^32); {detail}"),
-    )
-    .into()
-}
-
 /// A token id from a Python int; anything else, or out of [0, 2^32), names `token_id`.
 fn token_id_arg(obj: &Bound<'_, PyAny>) -> PyResult<TokenId> {
     obj.extract::<TokenId>().map_err(|_| {
         let msg = format!("`token_id` must be an integer in [0, 2^32); got {obj}");
         CoreError::invalid("token_id", "out_of_range", msg).into()
     })
-}
-
-fn narrow<T: Copy + TryInto<TokenId>>(param: &'static str, values: &[T]) -> PyResult<Vec<TokenId>> {
-    values
-        .iter()
-        .map(|&v| {
-            v.try_into()
-                .map_err(|_| bad_ids(param, "got a value outside that range"))
-        })
-        .collect()
-}
-
-fn from_array<T: Element + Copy + TryInto<TokenId>>(
-    param: &'static str,
-    obj: &Bound<'_, PyAny>,
-) -> Option<PyResult<Vec<TokenId>>> {
-    let array: PyReadonlyArray1<'_, T> = obj.extract().ok()?;
-    Some(match array.as_slice() {
-        Ok(values) => narrow(param, values),
-        Err(_) => narrow(param, &array.to_vec().ok()?),
-    })
-}
-
-/// Token ids from a 1-D numpy integer array or a sequence of ints.
-// TODO(lead): the same rule as `extract_token_ids` in scheduler.rs; share one helper.
-fn token_ids_arg(param: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<TokenId>> {
-    if let Ok(array) = obj.cast::<PyUntypedArray>() {
-        if array.ndim() != 1 {
-            return Err(bad_ids(param, &format!("got {} dimensions", array.ndim())));
-        }
-        return from_array::<u32>(param, obj)
-            .or_else(|| from_array::<i64>(param, obj))
-            .or_else(|| from_array::<i32>(param, obj))
-            .or_else(|| from_array::<u64>(param, obj))
-            .unwrap_or_else(|| Err(bad_ids(param, &format!("got dtype {}", array.dtype()))));
-    }
-    let values: Vec<i64> = obj
-        .extract()
-        .map_err(|_| bad_ids(param, "got something else"))?;
-    narrow(param, &values)
 }
 
 #[pyclass(name = "Detokenizer", module = "ferrollm._core", frozen)]
@@ -106,7 +57,7 @@ impl PyDetokenizer {
         skip_special_tokens: bool,
         spaces_between_special_tokens: bool,
     ) -> PyResult<String> {
-        let ids = token_ids_arg("token_ids", token_ids)?;
+        let ids = extract_token_ids("token_ids", token_ids)?;
         let det = &self.inner;
         py.detach(|| {
             guard("Detokenizer.decode", || {
@@ -209,7 +160,7 @@ impl PyDecodeStream {
     }
 
     fn push(&mut self, py: Python<'_>, token_ids: &Bound<'_, PyAny>) -> PyResult<String> {
-        let ids = token_ids_arg("token_ids", token_ids)?;
+        let ids = extract_token_ids("token_ids", token_ids)?;
         let (det, stream) = (&self.det, &mut self.inner);
         if ids.len() >= DETACH_AT {
             py.detach(|| push_all(det, stream, &ids))

@@ -8,6 +8,7 @@ mod params;
 mod sampling;
 mod scheduler;
 mod stop;
+mod tokens;
 mod validate;
 
 use pyo3::prelude::*;
