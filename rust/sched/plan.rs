@@ -182,17 +182,4 @@ impl StepOutput {
     pub fn num_samples(&self) -> usize {
         self.token_ids.len()
     }
-
-    /// Sample `i`'s text delta (for Rust callers; Python slices `text` by `text_offsets`).
-    pub fn delta(&self, i: usize) -> &str {
-        let start = self.text_offsets[i] as usize;
-        let len = (self.text_offsets[i + 1] - self.text_offsets[i]) as usize;
-        let mut chars = self.text.char_indices().skip(start);
-        let from = chars.next().map_or(self.text.len(), |(b, _)| b);
-        let to = self.text[from..]
-            .char_indices()
-            .nth(len)
-            .map_or(self.text.len(), |(b, _)| from + b);
-        &self.text[from..to]
-    }
 }

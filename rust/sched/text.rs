@@ -23,12 +23,6 @@ pub(crate) struct TextState {
 /// A new sequence's text state and token stops.
 pub(crate) type SeqText = (Option<Box<TextState>>, Option<Arc<TokenStops>>);
 
-/// What appending one token did to a sequence's text.
-pub(crate) struct TokenText {
-    /// Index into `params.stop` of the stop string that matched.
-    pub stop_str_index: Option<usize>,
-}
-
 impl TextState {
     fn new(params: &SamplingParams, stops: Option<Arc<StopStrings>>) -> Self {
         TextState {
@@ -45,7 +39,8 @@ impl TextState {
     /// became final to `out`. `finish` is the token-level end of the sequence, if any: a token
     /// that ended it by EOS or a stop id contributes no text unless `include_stop_str_in_output`
     /// (vLLM's rule), and a finished sequence flushes everything held back. Stop strings count
-    /// only from `min_tokens` output tokens on.
+    /// only from `min_tokens` output tokens on. Returns the index into `params.stop` of the stop
+    /// string that matched, if one did.
     pub fn on_token(
         &mut self,
         detok: &Detokenizer,
@@ -54,7 +49,7 @@ impl TextState {
         num_output: usize,
         finish: Option<FinishReason>,
         out: &mut String,
-    ) -> TokenText {
+    ) -> Option<usize> {
         self.scratch.clear();
         let drop_text = finish == Some(FinishReason::Stop) && !params.include_stop_str_in_output;
         if !drop_text {
@@ -72,7 +67,7 @@ impl TextState {
         if finish.is_some() || stop_str_index.is_some() {
             self.stop.finish(out);
         }
-        TokenText { stop_str_index }
+        stop_str_index
     }
 }
 

@@ -215,8 +215,8 @@ impl Scheduler {
         let mut stop_str_index = -1;
         if let (Some(text), Some(detok)) = (s.text.as_mut(), self.detok.as_deref()) {
             let num_output = s.tokens.len() - s.num_prompt_tokens;
-            let t = text.on_token(detok, &s.params, token, num_output, finish, &mut out.text);
-            if let Some(i) = t.stop_str_index {
+            let matched = text.on_token(detok, &s.params, token, num_output, finish, &mut out.text);
+            if let Some(i) = matched {
                 finish = Some(FinishReason::Stop);
                 stop_str_index = i as i32;
             }
