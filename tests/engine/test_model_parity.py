@@ -15,15 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import transformers  # the oracle; pinned in requirements/dev.txt, so never skipped
 
 from ferrollm import SamplingParams, Scheduler
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.runner import ModelRunner, profile_run
-from ferrollm.models.config import SUPPORTED_ARCHITECTURES, UnsupportedModelError
+from ferrollm.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, UnsupportedModelError
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.registry import MODEL_REGISTRY, build_model, resolve_model_class
-
-transformers = pytest.importorskip("transformers")
 
 BLOCK_SIZE = 4
 NUM_NEW_TOKENS = 8
@@ -56,49 +55,11 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-@dataclass(frozen=True)
-class TinyConfig:
-    """The fields of ferrollm's ModelConfig the model reads, taken from a transformers config."""
-
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict[str, Any] | None
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    attention_bias: bool
-    qk_norm: bool
-    sliding_window: int | None
-
-
-def adapt(hf: Any, architecture: str) -> TinyConfig:
-    rope = dict(hf.rope_parameters)
-    scaled = rope.get("rope_type", "default") != "default"
-    return TinyConfig(
-        architecture=architecture,
-        vocab_size=hf.vocab_size,
-        hidden_size=hf.hidden_size,
-        intermediate_size=hf.intermediate_size,
-        num_hidden_layers=hf.num_hidden_layers,
-        num_attention_heads=hf.num_attention_heads,
-        num_key_value_heads=hf.num_key_value_heads,
-        head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
-        rms_norm_eps=hf.rms_norm_eps,
-        rope_theta=rope["rope_theta"],
-        rope_scaling=rope if scaled else None,
-        max_position_embeddings=hf.max_position_embeddings,
-        tie_word_embeddings=hf.tie_word_embeddings,
-        attention_bias=bool(getattr(hf, "attention_bias", False)) or hf.model_type == "qwen2",
-        qk_norm=hf.model_type == "qwen3",
-        sliding_window=getattr(hf, "sliding_window", None),
-    )
+def model_config(hf: Any) -> ModelConfig:
+    """ferrollm's ModelConfig for a transformers model, through the loader's own path."""
+    config = hf.config.to_dict()
+    config["architectures"] = [type(hf).__name__]
+    return ModelConfig.from_hf_dict(config)
 
 
 class Family:
@@ -112,7 +73,7 @@ class Family:
         self.hf = model_cls(hf_config, dtype=torch.float32).eval()
         self.hf.generation_config.eos_token_id = None
         self.hf.generation_config.pad_token_id = 0
-        self.config = adapt(self.hf.config, type(self.hf).__name__)
+        self.config = model_config(self.hf)
         self._models: dict[torch.dtype, LlamaForCausalLM] = {}
         self._refs: dict[tuple[int, ...], tuple[list[int], torch.Tensor]] = {}
 
