@@ -71,9 +71,8 @@ bench: build ## criterion benches, then the Python-side benches (scheduler, stop
 bench-throughput: build ## offline tokens/s on the default model, ferrollm vs transformers
 	$(VPY) benches/throughput.py
 
-serve: build ## set up and serve the default model (the HTTP server is not built yet)
-	@echo "ferrollm serve: the HTTP server is not built yet (see the server issue); the scheduler is importable: python -c 'from ferrollm import Scheduler'" >&2
-	@exit 1
+serve: build ## set up and serve the default model at http://127.0.0.1:8000 (SERVE_ARGS="MODEL --port N ...")
+	$(VENV)/bin/ferrollm serve $(SERVE_ARGS)
 
 clean: ## remove build outputs (the cached venv stays)
 	rm -rf target $(DIST)

@@ -228,3 +228,99 @@ def _check_fields(config: EngineConfig) -> None:
 def _positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise EngineConfigError(name, f"`{name}` must be a positive integer; got {value!r}")
+
+
+#: The default limit on a request body (SPEC 1.14: 413 past it).
+DEFAULT_MAX_BODY_BYTES = 16 * 1024**2
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """HTTP server options (CLI ``--served-model-name`` is ``served_model_name``), checked on
+    construction. Raises EngineConfigError naming the option."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    #: The name clients put in ``model`` and the MindIE path (MindIE's ``modelName``); None =
+    #: the model file's or directory's name.
+    served_model_name: str | None = None
+    #: Prompt tokens at most (MindIE's ``maxInputTokenLen``); None = ``max_model_len - 1``.
+    max_input_tokens: int | None = None
+    #: Generated tokens per request at most, and the ``/v1`` default ``max_tokens`` (MindIE's
+    #: ``maxIterTimes``); None = ``max_model_len``.
+    max_iter_times: int | None = None
+    #: MindIE ``fullTextEnabled``: streamed generate and chat text is cumulative.
+    full_text: bool = False
+    #: Largest request body: bytes or a size like "16MiB"; larger ones get 413 unread.
+    max_body_bytes: int | str = DEFAULT_MAX_BODY_BYTES
+    #: Whether a request's ``model`` must equal the served name (404 otherwise, →A-27).
+    strict_model_name: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host:
+            raise EngineConfigError("host", f"`host` must be a non-empty string; got {self.host!r}")
+        port = self.port
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise EngineConfigError(
+                "port", f"`port` must be an integer in [0, 65535]; got {port!r}"
+            )
+        name = self.served_model_name
+        if name is not None and (not isinstance(name, str) or not name):
+            raise EngineConfigError(
+                "served_model_name", f"`served_model_name` must be a non-empty string; got {name!r}"
+            )
+        for option in ("max_input_tokens", "max_iter_times"):
+            if getattr(self, option) is not None:
+                _positive_int(option, getattr(self, option))
+        for option in ("full_text", "strict_model_name"):
+            if not isinstance(getattr(self, option), bool):
+                raise EngineConfigError(
+                    option, f"`{option}` must be true or false; got {getattr(self, option)!r}"
+                )
+        try:
+            size = parse_bytes(self.max_body_bytes)
+        except EngineConfigError:
+            raise EngineConfigError(
+                "max_body_bytes",
+                "`max_body_bytes` must be a positive number of bytes or a size like '16MiB'; "
+                f"got {self.max_body_bytes!r}",
+            ) from None
+        object.__setattr__(self, "max_body_bytes", size)
+
+    @property
+    def max_body_size(self) -> int:
+        """``max_body_bytes`` in bytes."""
+        return int(self.max_body_bytes)
+
+
+def split_options(options: Mapping[str, Any]) -> tuple[EngineConfig, ServerConfig]:
+    """The engine and server configs of one mapping of options (a ``--config`` file mirrors
+    the CLI flags: ``max-num-seqs`` or ``max_num_seqs``, ``port``, ``full-text`` ...)."""
+    engine_names = {f.name for f in fields(EngineConfig)}
+    server_names = {f.name for f in fields(ServerConfig)}
+    engine: dict[str, Any] = {}
+    server: dict[str, Any] = {}
+    for key, value in options.items():
+        name = str(key).replace("-", "_")
+        if name in engine_names:
+            engine[name] = value
+        elif name in server_names:
+            server[name] = value
+        else:
+            valid = ", ".join(sorted(engine_names | server_names))
+            raise EngineConfigError(name, f"unknown option `{key}`; valid: {valid}")
+    return EngineConfig(**engine), ServerConfig(**server)
+
+
+def read_options_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON object of options in the file at ``path``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            options = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise EngineConfigError(
+            "config", f"cannot read config file {os.fspath(path)!r}: {e}"
+        ) from None
+    if not isinstance(options, dict):
+        raise EngineConfigError("config", f"{os.fspath(path)!r} must hold a JSON object of options")
+    return options

@@ -6,7 +6,7 @@ Importing this package loads torch (the model runner); ``import ferrollm`` alone
 from ferrollm.engine.async_engine import AsyncEngine, EngineDeadError
 from ferrollm.engine.engine import LLMEngine, StepError
 from ferrollm.engine.loop import EngineLoop, RequestFailure
-from ferrollm.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from ferrollm.engine.outputs import CompletionOutput, RequestOutput, StepInfo, TokenLogprob
 
 __all__ = [
     "AsyncEngine",
@@ -17,5 +17,6 @@ __all__ = [
     "RequestFailure",
     "RequestOutput",
     "StepError",
+    "StepInfo",
     "TokenLogprob",
 ]

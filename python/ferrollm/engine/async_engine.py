@@ -11,6 +11,7 @@ which frees its KV blocks. Everything here runs on the one event loop that first
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
@@ -85,6 +86,24 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             if not finished and not self._closed:
                 engine_loop.abort(request_id)
+
+    def stats(self) -> dict[str, int]:
+        """The scheduler's counters (``Scheduler.stats()``) as of the latest step."""
+        if self._loop is None:  # no engine thread yet: the scheduler is idle and ours to read
+            return self.engine.scheduler.stats()
+        return dict(self._loop.stats)
+
+    @property
+    def is_running(self) -> bool:
+        """Whether requests can be served: not shut down, and the engine thread (once
+        started) is alive."""
+        return not self._closed and (self._loop is None or self._loop.is_running)
+
+    def seconds_since_progress(self) -> float:
+        """Seconds since the engine last finished a step, or 0 when it has nothing to do."""
+        if self._loop is None or not self.engine.num_unfinished_requests:
+            return 0.0
+        return time.monotonic() - self._loop.last_step_time
 
     def shutdown(self) -> None:
         """Stop the engine thread and drop its requests; open streams raise EngineDeadError."""

@@ -9,7 +9,9 @@ engine loop's thread (``engine/loop.py``) or the offline ``LLM``'s caller drives
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,7 +20,7 @@ import torch
 
 from ferrollm._core import SamplingParams, Scheduler, StepPlan
 from ferrollm.default_model import default_model_path
-from ferrollm.engine.outputs import RequestOutput, RequestTracker
+from ferrollm.engine.outputs import RequestOutput, RequestTracker, StepInfo
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.loader import ModelSource, load_model_source
 from ferrollm.executor.runner import ModelRunner
@@ -52,7 +54,11 @@ class LLMEngine:
         scheduler: Scheduler,
         runner: ModelRunner,
         model_config: ModelConfig,
+        *,
+        model_path: Path | None = None,
     ) -> None:
+        #: The checkpoint's path (a directory or a .gguf file), when loaded from one.
+        self.model_path = model_path
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.runner = runner
@@ -81,8 +87,16 @@ class LLMEngine:
         runner = ModelRunner(model, kv_cache, platform.device, dtype, platform.attention_backend())
         tokenizer = Tokenizer.from_source(source)
         scheduler = _build_scheduler(config, kv_plan, source.config, tokenizer)
-        logger.info("engine ready: %s on %s in %s", source, platform.name, dtype)
-        return cls(tokenizer, scheduler, runner, source.config)
+        logger.info(
+            "engine ready: model %s on %s in %s; %d KV blocks of %d tokens, max_model_len %d",
+            source.path,
+            platform.name,
+            str(dtype).removeprefix("torch."),
+            kv_plan.num_blocks,
+            config.block_size,
+            kv_plan.max_model_len,
+        )
+        return cls(tokenizer, scheduler, runner, source.config, model_path=source.path)
 
     def add_request(
         self,
@@ -136,13 +150,15 @@ class LLMEngine:
 
         Raises StepError, with the step's requests aborted, if the model or sampling fails.
         """
+        started = time.perf_counter()
         plan = self.scheduler.schedule()
         try:
             logits = self.runner.run(plan)
             out = self.scheduler.update(plan, logits.numpy())
         except Exception as e:
             raise self._fail_step(plan, e) from e
-        return self._tracker.deliver(plan, out)
+        step = StepInfo(started, time.perf_counter(), plan.num_rows)
+        return self._tracker.deliver(plan, out, step)
 
     def _checked_token_ids(
         self, prompt_token_ids: Sequence[int] | npt.NDArray[np.integer]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -72,6 +73,11 @@ class EngineLoop:
         self._inbox: list[_Add | _Abort] = []
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ferrollm-engine", daemon=True)
+        #: The scheduler's counters after the latest step (read by other threads: the
+        #: scheduler itself belongs to the engine thread).
+        self.stats: dict[str, int] = engine.scheduler.stats()
+        #: ``time.monotonic()`` when the latest step finished (or the loop was made).
+        self.last_step_time = time.monotonic()
 
     def start(self) -> None:
         """Start the engine thread."""
@@ -115,14 +121,20 @@ class EngineLoop:
             deliveries = self._apply(commands)
             if self.engine.has_unfinished_requests():
                 deliveries += self._step()
+                self.stats = self.engine.scheduler.stats()
+                self.last_step_time = time.monotonic()
             if deliveries and not self._post(deliveries):
                 return
 
     def _wait_for_work(self) -> list[_Add | _Abort] | None:
         """The inbox's commands, once there is anything to do; None when shutting down."""
         with self._cond:
+            idle = False
             while not (self._stopping or self._inbox or self.engine.has_unfinished_requests()):
+                idle = True
                 self._cond.wait()
+            if idle:  # progress is measured from when there is work again
+                self.last_step_time = time.monotonic()
             if self._stopping:
                 return None
             commands, self._inbox = self._inbox, []

@@ -100,6 +100,16 @@ class CompletionOutput:
 
 
 @dataclass(frozen=True, slots=True)
+class StepInfo:
+    """The engine step an output came from: when it ran (``time.perf_counter()`` seconds,
+    the clock of ``RequestOutput.first_scheduled_time``) and how many sequences it ran."""
+
+    started: float
+    finished: float
+    num_seqs: int
+
+
+@dataclass(frozen=True, slots=True)
 class RequestOutput:
     """One request's state after a step: every output sequence, by index."""
 
@@ -109,6 +119,10 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     #: True once every sequence has ended; the request's last output.
     finished: bool
+    #: The step that produced this output (None for an output made outside a step).
+    step: StepInfo | None = None
+    #: When a step first scheduled the request (``time.perf_counter()``), if one has.
+    first_scheduled_time: float | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -139,6 +153,7 @@ class _RequestState:
     seqs: list[_SequenceState]
     #: per sequence index: (tokens added, text added) this step.
     new: dict[int, tuple[int, str]] = field(default_factory=dict)
+    first_scheduled_time: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,8 +237,12 @@ class RequestTracker:
         if internal_id is not None:
             del self._states[internal_id]
 
-    def deliver(self, plan: StepPlan, out: StepOutput) -> list[RequestOutput]:
+    def deliver(
+        self, plan: StepPlan, out: StepOutput, step: StepInfo | None = None
+    ) -> list[RequestOutput]:
         """One output per request that changed in the step of ``plan``; finished ones end."""
+        if step is not None:
+            self._note_scheduled(plan, step.started)
         touched: dict[int, _RequestState] = {}
         ended = plan.finished_req_ids.tolist()
         for internal_id, code in zip(ended, plan.finished_reasons.tolist(), strict=True):
@@ -231,10 +250,16 @@ class RequestTracker:
         if len(out):
             self._append(_Columns.of(out), out.text, touched)
         finished = {*ended, *out.finished_req_ids.tolist()}
-        outputs = [_snapshot(state, i in finished) for i, state in touched.items()]
+        outputs = [_snapshot(state, i in finished, step) for i, state in touched.items()]
         for internal_id in finished & touched.keys():
             self.remove(touched[internal_id].request_id)
         return outputs
+
+    def _note_scheduled(self, plan: StepPlan, started: float) -> None:
+        for internal_id in dict.fromkeys(plan.req_ids.tolist()):
+            state = self._states.get(internal_id)
+            if state is not None and state.first_scheduled_time is None:
+                state.first_scheduled_time = started
 
     def _end_request(
         self, internal_id: int, reason: str, touched: dict[int, _RequestState]
@@ -281,7 +306,15 @@ class RequestTracker:
         return token if token in params.stop_token_ids and not is_eos else None
 
 
-def _snapshot(state: _RequestState, finished: bool) -> RequestOutput:
+def _snapshot(state: _RequestState, finished: bool, step: StepInfo | None) -> RequestOutput:
     outputs = [CompletionOutput(seq, *state.new.get(seq.index, (0, ""))) for seq in state.seqs]
     state.new.clear()
-    return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, outputs, finished)
+    return RequestOutput(
+        state.request_id,
+        state.prompt,
+        state.prompt_token_ids,
+        outputs,
+        finished,
+        step,
+        state.first_scheduled_time,
+    )

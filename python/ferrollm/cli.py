@@ -1,0 +1,112 @@
+"""``ferrollm serve [MODEL] [options]``: the HTTP server on Granian (one worker).
+
+Options come from built-in defaults, then ``--config FILE.json`` (a JSON object whose keys
+mirror the flags: ``max_num_seqs`` or ``max-num-seqs``), then the flags given. The parent
+process only parses and checks them (no torch); Granian's worker loads the model at lifespan
+startup and logs the model, device, dtype, KV blocks and URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ferrollm import __version__
+from ferrollm.config import EngineConfigError, read_options_file, split_options
+
+#: Where the parent hands the options to Granian's worker.
+OPTIONS_ENV = "FERROLLM_SERVE_OPTIONS"
+
+# flag -> (option name, type, help); None type = a switch.
+_FLAGS: dict[str, tuple[str, Any, str]] = {
+    "--host": ("host", str, "address to listen on (default 127.0.0.1)"),
+    "--port": ("port", int, "port to listen on (default 8000)"),
+    "--served-model-name": ("served_model_name", str, "model name in requests and responses"),
+    "--max-model-len": ("max_model_len", int, "prompt + output tokens per sequence"),
+    "--max-num-seqs": ("max_num_seqs", int, "sequences per step at most"),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", int, "tokens per step at most"),
+    "--kv-cache-memory": ("kv_cache_memory", str, "KV-cache budget, e.g. 2GiB"),
+    "--dtype": ("dtype", str, "auto, float32, bfloat16 or float16"),
+    "--device": ("device", str, "cpu, cuda or npu (default: detected)"),
+    "--block-size": ("block_size", int, "tokens per KV-cache block"),
+    "--max-input-tokens": ("max_input_tokens", int, "prompt tokens at most (maxInputTokenLen)"),
+    "--max-iter-times": ("max_iter_times", int, "generated tokens at most (maxIterTimes)"),
+    "--max-body-bytes": ("max_body_bytes", str, "largest request body (default 16MiB)"),
+    "--full-text": ("full_text", None, "stream cumulative text (MindIE fullTextEnabled)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``ferrollm`` argument parser."""
+    parser = argparse.ArgumentParser(prog="ferrollm", description="ferrollm LLM inference server")
+    parser.add_argument("--version", action="version", version=f"ferrollm {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model over HTTP")
+    serve.add_argument(
+        "model", nargs="?", help="HF model directory or .gguf file (default: SmolLM2-135M)"
+    )
+    for flag, (name, kind, help_text) in _FLAGS.items():
+        if kind is None:
+            serve.add_argument(flag, dest=name, action="store_true", default=None, help=help_text)
+        else:
+            serve.add_argument(flag, dest=name, type=kind, default=None, help=help_text)
+    serve.add_argument("--config", type=Path, help="JSON file of options (keys mirror the flags)")
+    serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    return parser
+
+
+def serve_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The merged options: the config file's, overridden by the flags given."""
+    options: dict[str, Any] = {}
+    if args.config is not None:
+        options.update({k.replace("-", "_"): v for k, v in read_options_file(args.config).items()})
+    if args.model is not None:
+        options["model"] = args.model
+    for name, _, _ in _FLAGS.values():
+        value = getattr(args, name)
+        if value is not None:
+            options[name] = value
+    split_options(options)  # check everything before any process starts
+    return options
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``ferrollm`` and ``python -m ferrollm``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        options = serve_options(args)
+    except EngineConfigError as e:
+        parser.error(str(e))
+    model = options.get("model")
+    if model is not None and not Path(model).exists():
+        parser.error(f"model path {model!r} does not exist")
+    return _run_granian(options, args.log_level)
+
+
+def _run_granian(options: dict[str, Any], log_level: str) -> int:
+    from granian import Granian
+    from granian.constants import Interfaces
+    from granian.log import LogLevels
+
+    _, server = split_options(options)
+    os.environ[OPTIONS_ENV] = json.dumps(options)
+    Granian(
+        "ferrollm.server.main:app_from_env",
+        address=server.host,
+        port=server.port,
+        interface=Interfaces.ASGI,
+        workers=1,
+        factory=True,
+        log_level=LogLevels(log_level),
+    ).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

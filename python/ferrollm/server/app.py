@@ -1,0 +1,212 @@
+"""The ASGI app: a routing table, the lifespan that starts and stops the engine, and the
+per-request plumbing (bounded body, error bodies, disconnect = abort).
+
+Each request runs as a task beside a watcher of ``receive``: when the client disconnects the
+watcher cancels the task, which closes the request's output stream, which aborts the request
+at the engine's next step and frees its KV blocks (SPEC 1.2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ferrollm.server.context import ServerContext
+from ferrollm.server.errors import ApiError, ErrorStyle, error_body, to_api_error
+from ferrollm.server.http import (
+    ClientDisconnected,
+    JSONResponse,
+    Message,
+    Receive,
+    Request,
+    Response,
+    Scope,
+    Send,
+    header_map,
+    read_body,
+)
+from ferrollm.server.protocol import databricks as dbx
+from ferrollm.server.protocol import mindie as mi
+from ferrollm.server.protocol import openai as oa
+from ferrollm.server.routes import chat, completions, databricks, mindie, ops
+
+logger = logging.getLogger("ferrollm.server")
+
+Handler = Callable[[ServerContext, Request], Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One row of the routing table; ``request``/``response`` (a Struct type, or a tuple of
+    alternatives) document it in OpenAPI."""
+
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    request: Any = None
+    response: Any = None
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        return re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", self.path) + "$")
+
+
+ROUTES = (
+    Route("POST", "/v1/chat/completions", chat.chat_completions, "Chat completion (MindIE/vLLM)",
+          oa.ChatCompletionRequest, oa.ChatCompletion),
+    Route("POST", "/v1/completions", completions.completions, "Text completion (MindIE/vLLM)",
+          oa.CompletionRequest, oa.Completion),
+    Route("GET", "/v1/models", ops.models, "The served model", None, oa.ModelList),
+    Route("POST", "/v2/models/{model}/generate", mindie.generate_once, "MindIE generate",
+          mi.GenerateRequest, mi.GenerateResponse),
+    Route("POST", "/v2/models/{model}/generate_stream", mindie.generate_stream,
+          "MindIE generate_stream (SSE)", mi.GenerateRequest, mi.GenerateStreamFrame),
+    Route("POST", "/v2/models/{model}/versions/{version}/generate", mindie.versions_unsupported,
+          "Model versions: not supported (404)"),
+    Route("POST", "/v2/models/{model}/versions/{version}/generate_stream",
+          mindie.versions_unsupported, "Model versions: not supported (404)"),
+    Route("POST", "/serving-endpoints/{name}/invocations", databricks.invocations,
+          "Databricks Foundation Model API: chat, completions or embeddings by body shape",
+          (dbx.DatabricksChatRequest, dbx.DatabricksCompletionRequest,
+           dbx.DatabricksEmbeddingRequest), (oa.ChatCompletion, dbx.DatabricksCompletion)),
+    Route("GET", "/health", ops.health, "Engine running"),
+    Route("GET", "/v2/health/live", ops.live, "Process live"),
+    Route("GET", "/v2/health/ready", ops.ready, "Engine loaded and making progress"),
+    Route("GET", "/metrics", ops.metrics, "Prometheus metrics"),
+)  # fmt: skip
+
+
+def error_style(path: str) -> ErrorStyle:
+    """Which API's error body a path gets (SPEC 1.14)."""
+    if path.startswith("/v2/"):
+        return ErrorStyle.MINDIE
+    if path.startswith("/serving-endpoints/"):
+        return ErrorStyle.DATABRICKS
+    return ErrorStyle.OPENAI
+
+
+class App:
+    """The ASGI application. ``load`` builds the context at lifespan startup (the CLI's way);
+    a ready ``ctx`` can be given instead (tests)."""
+
+    def __init__(
+        self,
+        ctx: ServerContext | None = None,
+        load: Callable[[], ServerContext] | None = None,
+    ) -> None:
+        if (ctx is None) == (load is None):
+            raise ValueError("give exactly one of `ctx` and `load`")
+        self._ctx = ctx
+        self._load = load
+        self._routes = [(r, r.pattern) for r in ROUTES]
+        from ferrollm.server.openapi import openapi_document
+
+        self._openapi = openapi_document(ROUTES)
+
+    @property
+    def ctx(self) -> ServerContext:
+        """The server's context (after lifespan startup, when built by ``load``)."""
+        if self._ctx is None:
+            raise RuntimeError("the server has not started")
+        return self._ctx
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    if self._ctx is None and self._load is not None:
+                        self._ctx = await asyncio.to_thread(self._load)
+                except Exception as e:
+                    logger.exception("startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(e)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._ctx is not None:
+                    self._ctx.engine.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _match(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
+        allowed = []
+        for route, pattern in self._routes:
+            match = pattern.match(path)
+            if match is None:
+                continue
+            if route.method == method:
+                return route, match.groupdict()
+            allowed.append(route.method)
+        if allowed:
+            raise ApiError(
+                405,
+                f"method {method} is not allowed on {path}; use {', '.join(allowed)}",
+                code="method_not_allowed",
+                headers=((b"allow", ", ".join(allowed).encode()),),
+            )
+        raise ApiError(404, f"no route {method} {path}", code="not_found")
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        style = error_style(path)
+        try:
+            if path == "/openapi.json" and scope["method"] == "GET":
+                await JSONResponse(self._openapi).send_to(send)
+                return
+            route, params = self._match(scope["method"], path)
+            headers = header_map(scope)
+            limit = self.ctx.config.max_body_size
+            body = await read_body(headers, receive, limit) if route.method == "POST" else b""
+        except ClientDisconnected:
+            return
+        except ApiError as e:
+            await _send_error(send, style, e)
+            return
+        request = Request(scope["method"], path, headers, body, params)
+        work = asyncio.create_task(self._respond(route, request, send, style))
+        watch = asyncio.create_task(_wait_for_disconnect(receive))
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if work in done:
+            watch.cancel()
+        else:
+            logger.info("client disconnected from %s %s; aborting", request.method, path)
+            work.cancel()
+        await asyncio.gather(work, watch, return_exceptions=True)
+
+    async def _respond(self, route: Route, request: Request, send: Send, style: ErrorStyle) -> None:
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            response = await route.handler(self.ctx, request)
+            await response.send_to(tracked_send)
+        except Exception as e:
+            if started:  # too late for a status: the stream itself reported what it could
+                logger.warning("response to %s failed after it began: %r", request.path, e)
+                return
+            await _send_error(send, style, to_api_error(e))
+
+
+async def _send_error(send: Send, style: ErrorStyle, error: ApiError) -> None:
+    body = error_body(style, error)
+    await JSONResponse(body, error.status, error.headers).send_to(send)
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,77 @@
+"""`ServerContext`: what every handler shares (engine, limits, names, metrics, ids)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ferrollm._core import Limits
+from ferrollm.config import ServerConfig
+from ferrollm.server.errors import ApiError
+from ferrollm.server.metrics import Metrics
+
+if TYPE_CHECKING:
+    from ferrollm.engine import AsyncEngine
+    from ferrollm.tokenizer import Tokenizer
+
+
+@dataclass
+class ServerContext:
+    """One server's shared state; lives on the event loop (no locking)."""
+
+    engine: AsyncEngine
+    config: ServerConfig
+    model_name: str
+    limits: Limits
+    metrics: Metrics
+    #: Unix seconds when the server started (``/v1/models`` ``created``).
+    created: int = field(default_factory=lambda: int(time.time()))
+    #: Client-chosen MindIE ids of requests in flight (a duplicate gets 409, SPEC 1.12).
+    active_ids: set[str] = field(default_factory=set)
+    _counter: itertools.count[int] = field(default_factory=itertools.count)
+
+    @classmethod
+    def build(cls, engine: AsyncEngine, config: ServerConfig) -> ServerContext:
+        """The context for ``engine``; limits come from the model and ``config``."""
+        model_config = engine.engine.model_config
+        max_model_len = engine.engine.scheduler.max_model_len
+        limits = Limits(
+            max_model_len=max_model_len,
+            max_input_tokens=config.max_input_tokens or max_model_len,
+            max_position_embeddings=model_config.max_position_embeddings,
+            max_iter_times=config.max_iter_times or max_model_len,
+            vocab_size=model_config.vocab_size,
+        )
+        name = config.served_model_name or model_name_of(engine)
+        return cls(engine, config, name, limits, Metrics(name, engine.stats))
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The served model's tokenizer and chat template."""
+        return self.engine.tokenizer
+
+    def next_id(self) -> str:
+        """A fresh response id, MindIE's ``endpoint_common_<n>`` (→A-59)."""
+        return f"endpoint_common_{next(self._counter)}"
+
+    def check_model(self, name: str | None, param: str = "model") -> None:
+        """404 ``model_not_found`` unless ``name`` is the served model (→A-27)."""
+        if self.config.strict_model_name and name != self.model_name:
+            raise ApiError(
+                404,
+                f"model {name!r} does not exist; this server serves {self.model_name!r}",
+                param=param,
+                code="model_not_found",
+            )
+
+
+def model_name_of(engine: AsyncEngine) -> str:
+    """The default served name: the model file's stem or the model directory's name."""
+    if engine.engine.model_path is None:
+        return "model"
+    path = Path(os.fspath(engine.engine.model_path))
+    return path.stem if path.suffix == ".gguf" else path.name

@@ -1,0 +1,157 @@
+"""Running one request for a handler: the engine's outputs, timed, with metrics observed.
+
+`Timing` turns each step's times into MindIE's fields (SPEC 2.2, 3, 4.4, 5.4): ``prefill_time``
+(ms, arrival to first token), one ``decode_time`` per later step (ms, since the previous
+token), and per step the engine batch size and the queue wait (µs: arrival to first
+scheduling for the first token, then the gap between a token and the start of the step that
+computed the next one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from ferrollm._core import SamplingParams
+    from ferrollm.engine import RequestOutput
+    from ferrollm.server.context import ServerContext
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class Timing:
+    """One request's timings, in ``time.perf_counter()`` seconds and the units MindIE reports."""
+
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+    last_token: float | None = None
+    first_scheduled: float | None = None
+    prefill_ms: float | None = None
+    decode_ms: list[float] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+    queue_waits_us: list[int] = field(default_factory=list)
+
+    def observe(self, out: RequestOutput) -> int:
+        """Record a step's output; the number of tokens it added (0: no new token)."""
+        num_new = sum(len(c.new_token_ids) for c in out.outputs)
+        if num_new == 0:
+            return 0
+        now = time.perf_counter()
+        started, finished, batch = now, now, 1
+        if out.step is not None:
+            started, finished, batch = out.step.started, out.step.finished, out.step.num_seqs
+        if self.first_scheduled is None:
+            self.first_scheduled = out.first_scheduled_time or started
+        if self.last_token is None:
+            wait = self.first_scheduled - self.arrival
+            self.first_token = finished
+            self.prefill_ms = (finished - self.arrival) * 1e3
+        else:
+            wait = started - self.last_token
+            self.decode_ms.append((finished - self.last_token) * 1e3)
+        self.queue_waits_us.append(max(0, round(wait * 1e6)))
+        self.batch_sizes.append(batch)
+        self.last_token = finished
+        return num_new
+
+
+async def generate(
+    ctx: ServerContext,
+    request_id: str,
+    prompt_token_ids: Sequence[int],
+    params: SamplingParams,
+    timing: Timing,
+) -> AsyncIterator[RequestOutput]:
+    """The request's outputs as the engine produces them; closing the iterator aborts it."""
+    metrics = ctx.metrics
+    stream = ctx.engine.generate(prompt_token_ids, params, request_id)
+    try:
+        async for out in stream:
+            if timing.observe(out):
+                metrics.generation_tokens.inc(sum(len(c.new_token_ids) for c in out.outputs))
+                if timing.decode_ms:
+                    metrics.inter_token_latency.observe(timing.decode_ms[-1] / 1e3)
+                elif timing.prefill_ms is not None:
+                    metrics.time_to_first_token.observe(timing.prefill_ms / 1e3)
+            if out.finished:
+                _observe_finished(ctx, out, timing, len(prompt_token_ids))
+            yield out
+    finally:
+        await _aclose(stream)
+
+
+def _observe_finished(ctx: ServerContext, out: RequestOutput, timing: Timing, num: int) -> None:
+    metrics = ctx.metrics
+    metrics.prompt_tokens.inc(num)
+    if timing.last_token is not None:
+        metrics.e2e_request_latency.observe(timing.last_token - timing.arrival)
+    if timing.first_scheduled is not None:
+        metrics.request_queue_time.observe(max(0.0, timing.first_scheduled - timing.arrival))
+    metrics.request_finished(out.outputs[0].finish_reason or "stop")
+
+
+async def prime(stream: AsyncIterator[T]) -> AsyncIterator[T]:
+    """``stream`` with its first item already awaited, so that a request the engine rejects
+    raises here (an HTTP error status) rather than after a streaming response has begun."""
+    try:
+        first = await anext(stream)
+    except BaseException:
+        await _aclose(stream)
+        raise
+    return _chain(first, stream)
+
+
+async def _chain(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await _aclose(rest)
+
+
+async def _aclose(stream: AsyncIterator[T]) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+async def merge(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Items of several streams as they come, tagged with the stream's index; closing the
+    merged iterator closes (aborts) them all. An error in one stream ends the merge."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue[tuple[int, T] | BaseException | None] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[T]) -> None:
+        try:
+            async for item in stream:
+                await queue.put((index, item))
+            await queue.put(None)
+        except Exception as e:
+            await queue.put(e)
+        finally:
+            await _aclose(stream)
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            got = await queue.get()
+            if got is None:
+                remaining -= 1
+            elif isinstance(got, BaseException):
+                raise got
+            else:
+                yield got
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

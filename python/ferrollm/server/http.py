@@ -1,0 +1,127 @@
+"""The little of ASGI the server needs: reading a bounded body, JSON and SSE responses.
+
+No framework: a handler gets a `Request` (method, path, headers, the whole body) and returns
+a `JSONResponse` or an `SSEResponse`, which the app writes with ``send``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ferrollm.server.errors import ApiError
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+#: The SSE end-of-stream sentinel of the OpenAI-style routes (SPEC 1.2).
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its request body arrived."""
+
+
+def sse_event(payload: bytes) -> bytes:
+    """One SSE event: ``data: <one-line JSON>`` and a blank line (SPEC 1.2)."""
+    return b"data: " + payload + b"\n\n"
+
+
+@dataclass(slots=True)
+class Request:
+    """An HTTP request with its whole body; ``path_params`` come from the route's pattern."""
+
+    method: str
+    path: str
+    headers: dict[bytes, bytes]
+    body: bytes = b""
+    path_params: dict[str, str] = field(default_factory=dict)
+    #: ``time.perf_counter()`` and Unix seconds when the request arrived.
+    arrival: float = field(default_factory=time.perf_counter)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass(slots=True)
+class JSONResponse:
+    """A complete response: ``body`` is already-encoded JSON (or ``content_type`` text)."""
+
+    body: bytes
+    status: int = 200
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    content_type: bytes = b"application/json"
+
+    async def send_to(self, send: Send) -> None:
+        """Write the response."""
+        headers = [
+            (b"content-type", self.content_type),
+            (b"content-length", str(len(self.body)).encode()),
+            *self.headers,
+        ]
+        await send({"type": "http.response.start", "status": self.status, "headers": headers})
+        await send({"type": "http.response.body", "body": self.body, "more_body": False})
+
+
+@dataclass(slots=True)
+class SSEResponse:
+    """A ``text/event-stream`` response: each item of ``events`` is written (and flushed) as
+    soon as it is produced. Closing ``events`` early (a disconnect) aborts its request."""
+
+    events: AsyncIterator[bytes]
+
+    async def send_to(self, send: Send) -> None:
+        """Write the stream, one ASGI body message per event."""
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        try:
+            async for event in self.events:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+        finally:
+            aclose = getattr(self.events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+Response = JSONResponse | SSEResponse
+
+
+def header_map(scope: Scope) -> dict[bytes, bytes]:
+    """The request headers, names lower-cased (ASGI already lower-cases them)."""
+    return {bytes(k).lower(): bytes(v) for k, v in scope.get("headers", ())}
+
+
+async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed ``limit`` bytes
+    (from ``content-length`` before reading anything, else while reading)."""
+    declared = headers.get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(
+        413,
+        f"the request body is larger than the server's limit of {limit} bytes",
+        code="body_too_large",
+    )

@@ -1,0 +1,43 @@
+"""Building the served app: engine + context, for the CLI's Granian worker and for tests."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from ferrollm.config import EngineConfig, ServerConfig, split_options
+from ferrollm.server.app import App
+from ferrollm.server.context import ServerContext
+
+logger = logging.getLogger("ferrollm.server")
+
+
+def build_context(engine_config: EngineConfig, server_config: ServerConfig) -> ServerContext:
+    """Load the model and wrap the engine for serving (blocking: seconds to minutes)."""
+    from ferrollm.engine import AsyncEngine
+
+    engine = AsyncEngine.from_config(engine_config)
+    ctx = ServerContext.build(engine, server_config)
+    url = f"http://{server_config.host}:{server_config.port}"
+    logger.info(
+        "serving %r (max_model_len %d) at %s: /v1/chat/completions, /v1/completions, "
+        "/v2/models/%s/generate[_stream], /serving-endpoints/%s/invocations",
+        ctx.model_name,
+        ctx.limits.max_model_len,
+        url,
+        ctx.model_name,
+        ctx.model_name,
+    )
+    return ctx
+
+
+def app_from_env() -> App:
+    """Granian's factory: the options the CLI put in ``FERROLLM_SERVE_OPTIONS``."""
+    from ferrollm.cli import OPTIONS_ENV
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    engine_config, server_config = split_options(json.loads(os.environ.get(OPTIONS_ENV, "{}")))
+    return App(load=lambda: build_context(engine_config, server_config))

@@ -1,0 +1,73 @@
+"""Databricks Foundation Model ``/serving-endpoints/{name}/invocations`` bodies (SPEC 6).
+
+The chat task answers with the OpenAI chat shapes (`ferrollm.server.protocol.openai`); what
+differs is declared here: the requests, the completions response without MindIE's extras, and
+the usage without per-step arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgspec import UNSET, Struct, UnsetType
+
+from ferrollm.server.protocol.openai import ChatMessage, Tool, Usage
+
+
+class DatabricksChatRequest(Struct, kw_only=True):
+    """Chat task (SPEC 6.3)."""
+
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    stream: bool | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    response_format: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+
+class DatabricksCompletionRequest(Struct, kw_only=True):
+    """Completions task (SPEC 6.5)."""
+
+    prompt: str | list[str]
+    max_tokens: int | None = None
+    stream: bool | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    error_behavior: str | None = None
+    n: int | None = None
+    stop: str | list[str] | None = None
+    suffix: str | None = None
+    echo: bool | None = None
+    use_raw_prompt: bool | None = None
+
+
+class DatabricksEmbeddingRequest(Struct, kw_only=True):
+    """Embeddings task (SPEC 6.7)."""
+
+    input: str | list[str]
+    instruction: str | None = None
+
+
+class DatabricksCompletionChoice(Struct):
+    index: int
+    text: str
+    finish_reason: str | None
+
+
+class DatabricksCompletion(Struct, kw_only=True):
+    """Completions task response, or one streamed event (SPEC 6.6)."""
+
+    id: str
+    object: str = "text_completion"
+    created: int
+    model: str
+    choices: list[DatabricksCompletionChoice]
+    usage: Usage | UnsetType = UNSET

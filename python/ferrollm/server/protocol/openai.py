@@ -1,0 +1,239 @@
+"""``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` bodies (SPEC 4 and 5).
+
+Request Structs are built from a body the Rust validator has already accepted (so every range
+and cross-field rule has been checked); they give the handlers typed access and
+``/openapi.json`` its schema. Unknown fields are ignored (SPEC 1.11). Response Structs encode
+the documented shapes: a field typed ``... | UnsetType`` is left out unless set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from msgspec import UNSET, Struct, UnsetType
+
+Stop = str | list[str] | None
+ContentPart = dict[str, Any]
+
+
+class FunctionCall(Struct):
+    name: str
+    #: A JSON-encoded string; an object is accepted and re-serialised (→A-34).
+    arguments: str | dict[str, Any]
+
+
+class ToolCall(Struct):
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
+class FunctionDefinition(Struct):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Struct):
+    function: FunctionDefinition
+    type: str = "function"
+
+
+class ChatMessage(Struct):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class StreamOptions(Struct):
+    include_usage: bool | None = None
+
+
+class _SamplingFields(Struct, kw_only=True):
+    """The sampling fields both ``/v1`` routes share (with the vLLM extras)."""
+
+    model: str
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop: Stop = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    ignore_eos: bool | None = None
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    n: int | None = None
+
+
+class ChatCompletionRequest(_SamplingFields, kw_only=True):
+    """``POST /v1/chat/completions`` (SPEC 4.1)."""
+
+    messages: list[ChatMessage]
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+
+
+class CompletionRequest(_SamplingFields, kw_only=True):
+    """``POST /v1/completions`` (SPEC 5.1); ``prompt`` may be a list of prompts (→A-26)."""
+
+    prompt: str | list[str]
+    best_of: int | None = None
+    use_beam_search: bool | None = None
+    logprobs: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+
+
+class Usage(Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TopLogprob(Struct):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(Struct):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(Struct):
+    """Chat logprobs, OpenAI shape (SPEC 4.7): one entry per generated token."""
+
+    content: list[ChatTokenLogprob]
+
+
+class ResponseMessage(Struct):
+    content: str | None
+    role: str = "assistant"
+
+
+class ChatChoice(Struct):
+    index: int
+    message: ResponseMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+
+
+class ChatCompletion(Struct, kw_only=True):
+    """Non-streaming chat response (SPEC 4.4) with MindIE's timing extensions."""
+
+    id: str
+    object: str = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    #: MindIE extensions (ms, →A-50); left out on the Databricks route.
+    prefill_time: float | UnsetType | None = UNSET
+    decode_time_arr: list[float] | UnsetType = UNSET
+
+
+class Delta(Struct):
+    content: str
+    role: str = "assistant"
+
+
+class ChatChunkChoice(Struct):
+    index: int
+    delta: Delta
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(Struct, kw_only=True):
+    """One streamed chat chunk (SPEC 4.5): ``usage`` and ``full_text`` only on the final one."""
+
+    id: str
+    object: str = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | UnsetType = UNSET
+    full_text: str | UnsetType = UNSET
+    err_msg: str | UnsetType = UNSET
+
+
+class CompletionLogprobs(Struct):
+    """Completions logprobs (SPEC 5.6)."""
+
+    text_offset: list[int]
+    token_logprobs: list[float]
+    tokens: list[str]
+    top_logprobs: list[dict[str, float]]
+
+
+class CompletionChoice(Struct):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None
+    stop_reason: str | int | None
+
+
+class CompletionUsage(Struct):
+    """Usage with MindIE's per-step arrays (SPEC 5.4, →A-51)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    batch_size: list[int]
+    queue_wait_time: list[int]
+
+
+class Completion(Struct, kw_only=True):
+    """A completions response, or one streamed chunk (``usage`` only on the last)."""
+
+    id: str
+    object: str = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage | UnsetType = UNSET
+    err_msg: str | UnsetType = UNSET
+
+
+class ModelCard(Struct, kw_only=True):
+    id: str
+    object: str = "model"
+    created: int
+    owned_by: str = "ferrollm"
+    root: str
+    max_model_len: int
+
+
+class ModelList(Struct):
+    """``GET /v1/models``."""
+
+    data: list[ModelCard]
+    object: str = "list"
+
+
+def encode(value: Struct) -> bytes:
+    """JSON bytes of a response Struct."""
+    return msgspec.json.encode(value)

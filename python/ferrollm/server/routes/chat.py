@@ -1,0 +1,203 @@
+"""Chat: ``POST /v1/chat/completions`` (SPEC 4) and the Databricks chat task (SPEC 6.3-6.4).
+
+Both render the messages with the model's chat template and stream ``chat.completion.chunk``
+events; the ``/v1`` route adds MindIE's extensions (``prefill_time``/``decode_time_arr``, and
+``fullTextEnabled`` cumulative deltas with ``full_text`` on the final chunk).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from ferrollm._core import SamplingParams
+from ferrollm.engine import CompletionOutput, RequestOutput, TokenLogprob
+from ferrollm.server.context import ServerContext
+from ferrollm.server.errors import ErrorStyle, error_body, to_api_error
+from ferrollm.server.generation import Timing, generate, prime
+from ferrollm.server.http import SSE_DONE, JSONResponse, Request, Response, SSEResponse, sse_event
+from ferrollm.server.protocol.databricks import DatabricksChatRequest
+from ferrollm.server.protocol.openai import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Delta,
+    ResponseMessage,
+    Usage,
+)
+from ferrollm.server.routes.common import (
+    check,
+    check_prompt,
+    check_response_format,
+    check_tools,
+    decode_body,
+    error_message,
+    openai_finish_reason,
+    template_messages,
+    typed,
+    usage_counts,
+)
+from ferrollm.server.routes.logprobs import chat_logprobs
+
+
+@dataclass(frozen=True)
+class ChatFlavor:
+    """What differs between the two chat routes."""
+
+    route: str
+    request_type: type[ChatCompletionRequest] | type[DatabricksChatRequest]
+    #: MindIE's extensions: the ``model`` check, timing fields and ``fullTextEnabled``.
+    mindie: bool
+
+
+OPENAI = ChatFlavor("chat", ChatCompletionRequest, mindie=True)
+DATABRICKS = ChatFlavor("databricks_chat", DatabricksChatRequest, mindie=False)
+
+
+@dataclass
+class _Chat:
+    """One chat request, validated and tokenized."""
+
+    ctx: ServerContext
+    flavor: ChatFlavor
+    request_id: str
+    created: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    full_text: bool
+
+
+async def chat_completions(ctx: ServerContext, request: Request) -> Response:
+    """``POST /v1/chat/completions``."""
+    return await serve_chat(ctx, request, decode_body(request.body), OPENAI)
+
+
+async def serve_chat(
+    ctx: ServerContext, request: Request, body: dict[str, Any], flavor: ChatFlavor
+) -> Response:
+    """Validate, render and run a chat request of ``flavor``."""
+    check(ctx, flavor.route, body)
+    req = typed(body, flavor.request_type)
+    if isinstance(req, ChatCompletionRequest):
+        ctx.check_model(req.model)
+    show_tools = check_tools(req.tools, req.tool_choice)
+    check_response_format(req.response_format)
+    tools = msgspec.to_builtins(req.tools) if show_tools else None
+    ids = ctx.tokenizer.encode_chat(template_messages(req.messages), tools)
+    params = check_prompt(ctx, flavor.route, body, len(ids), "messages")
+    request_id = ctx.next_id() if flavor.mindie else f"chatcmpl-{uuid.uuid4().hex}"
+    chat = _Chat(
+        ctx,
+        flavor,
+        request_id,
+        request.created,
+        ids,
+        params,
+        flavor.mindie and ctx.config.full_text,
+    )
+    timing = Timing(request.arrival)
+    stream = generate(ctx, request_id, ids, params, timing)
+    if req.stream:
+        return SSEResponse(_events(chat, await prime(stream)))
+    last: RequestOutput | None = None
+    async for out in stream:
+        last = out
+    assert last is not None  # the engine always ends a request with a finished output
+    return JSONResponse(msgspec.json.encode(_response(chat, last, timing)))
+
+
+def _response(chat: _Chat, out: RequestOutput, timing: Timing) -> ChatCompletion:
+    detok = chat.ctx.tokenizer.detokenizer
+    choices = [
+        ChatChoice(
+            c.index,
+            ResponseMessage(c.text),
+            None if c.logprobs is None else chat_logprobs(detok, c.logprobs),
+            openai_finish_reason(c.finish_reason),
+            c.stop_reason,
+        )
+        for c in out.outputs
+    ]
+    response = ChatCompletion(
+        id=chat.request_id,
+        created=chat.created,
+        model=chat.ctx.model_name,
+        choices=choices,
+        usage=Usage(*usage_counts(len(chat.prompt_token_ids), out.outputs)),
+    )
+    if chat.flavor.mindie:
+        response.prefill_time = timing.prefill_ms
+        response.decode_time_arr = timing.decode_ms
+    return response
+
+
+async def _events(chat: _Chat, stream: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
+    """The chunks of a streamed chat, then ``[DONE]``; an error after the stream began ends it
+    with a "stop" chunk carrying ``err_msg`` (SPEC 1.13)."""
+    done: set[int] = set()
+    pending: dict[int, list[TokenLogprob]] = {}
+    try:
+        async for out in stream:
+            chunks = [
+                chunk
+                for c in out.outputs
+                if c.index not in done and (chunk := _chunk(chat, c, done, pending)) is not None
+            ]
+            if out.finished and chunks:
+                _finish(chat, chunks[-1], out)
+            for chunk in chunks:
+                yield sse_event(msgspec.json.encode(chunk))
+    except Exception as e:
+        error = to_api_error(e)
+        if not chat.flavor.mindie:  # Databricks: an error event, then [DONE]
+            yield sse_event(error_body(ErrorStyle.DATABRICKS, error))
+        else:
+            chunk = _new_chunk(chat, ChatChunkChoice(0, Delta(""), None, "stop"))
+            chunk.err_msg = error.message
+            yield sse_event(msgspec.json.encode(chunk))
+    yield SSE_DONE
+
+
+def _chunk(
+    chat: _Chat, c: CompletionOutput, done: set[int], pending: dict[int, list[TokenLogprob]]
+) -> ChatCompletionChunk | None:
+    """The chunk for sequence ``c``'s progress this step, or None when it has no new text yet
+    (text held back: half a character, or a possible stop string)."""
+    if c.new_logprobs:
+        pending.setdefault(c.index, []).extend(c.new_logprobs)
+    finished = c.finish_reason is not None
+    if finished:
+        done.add(c.index)
+    elif not c.new_text:
+        return None
+    logprobs = None
+    if c.logprobs is not None:
+        logprobs = chat_logprobs(chat.ctx.tokenizer.detokenizer, pending.pop(c.index, []))
+    content = c.text if chat.full_text else c.new_text
+    choice = ChatChunkChoice(
+        c.index, Delta(content), logprobs, openai_finish_reason(c.finish_reason)
+    )
+    return _new_chunk(chat, choice)
+
+
+def _new_chunk(chat: _Chat, choice: ChatChunkChoice) -> ChatCompletionChunk:
+    return ChatCompletionChunk(
+        id=chat.request_id, created=chat.created, model=chat.ctx.model_name, choices=[choice]
+    )
+
+
+def _finish(chat: _Chat, chunk: ChatCompletionChunk, out: RequestOutput) -> None:
+    """The final chunk carries usage, ``full_text`` (fullTextEnabled) and any ``err_msg``."""
+    chunk.usage = Usage(*usage_counts(len(chat.prompt_token_ids), out.outputs))
+    c = out.outputs[chunk.choices[0].index]
+    if chat.full_text:
+        chunk.full_text = c.text
+    message = error_message(c.finish_reason, chat.params)
+    if message is not None:
+        chunk.err_msg = message

@@ -1,0 +1,273 @@
+"""Completions: ``POST /v1/completions`` (SPEC 5) and the Databricks completions task (SPEC 6.5).
+
+A prompt list is a batch (→A-26): one engine request per prompt, run together, choices
+ordered ``index = prompt_index * n + k``. The ``/v1`` route reports MindIE's per-step
+``batch_size``/``queue_wait_time`` usage arrays and ``stop_reason``; Databricks adds ``echo``,
+``suffix`` (appended, →A-66) and ``error_behavior: "truncate"`` (the prompt is cut from the left
+to fit, →A-62).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from ferrollm._core import SamplingParams
+from ferrollm.engine import CompletionOutput, RequestOutput
+from ferrollm.server.context import ServerContext
+from ferrollm.server.errors import ApiError, ErrorStyle, error_body, to_api_error, unsupported
+from ferrollm.server.generation import Timing, generate, merge, prime
+from ferrollm.server.http import SSE_DONE, JSONResponse, Request, Response, SSEResponse, sse_event
+from ferrollm.server.protocol.databricks import (
+    DatabricksCompletion,
+    DatabricksCompletionChoice,
+    DatabricksCompletionRequest,
+)
+from ferrollm.server.protocol.openai import (
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionUsage,
+    Usage,
+)
+from ferrollm.server.routes.common import (
+    check,
+    check_prompt,
+    decode_body,
+    error_message,
+    openai_finish_reason,
+    prompt_param,
+    typed,
+)
+from ferrollm.server.routes.logprobs import completion_logprobs
+
+
+@dataclass
+class _Prompt:
+    text: str
+    token_ids: list[int]
+    params: SamplingParams
+    timing: Timing
+
+
+@dataclass
+class _Batch:
+    """One completions request: its prompts and how to render its choices."""
+
+    ctx: ServerContext
+    databricks: bool
+    request_id: str
+    created: int
+    prompts: list[_Prompt]
+    echo: bool
+    suffix: str
+    #: Per choice index: the next ``text_offset`` (streamed logprobs keep counting).
+    offsets: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return self.prompts[0].params.n
+
+
+async def completions(ctx: ServerContext, request: Request) -> Response:
+    """``POST /v1/completions``."""
+    return await serve_completions(ctx, request, decode_body(request.body), databricks=False)
+
+
+async def serve_completions(
+    ctx: ServerContext, request: Request, body: dict[str, Any], *, databricks: bool
+) -> Response:
+    """Validate, tokenize and run a completions request (one engine request per prompt)."""
+    route = "databricks_completions" if databricks else "completions"
+    check(ctx, route, body)
+    req: CompletionRequest | DatabricksCompletionRequest
+    if databricks:
+        req = typed(body, DatabricksCompletionRequest)
+    else:
+        req = typed(body, CompletionRequest)
+        ctx.check_model(req.model)
+        _check_unbuilt(req)
+    truncate = isinstance(req, DatabricksCompletionRequest) and req.error_behavior == "truncate"
+    texts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    batch = _Batch(
+        ctx,
+        databricks,
+        ctx.next_id() if not databricks else f"cmpl-{uuid.uuid4().hex}",
+        request.created,
+        [],
+        bool(req.echo),
+        (req.suffix or "") if databricks else "",
+    )
+    for i, text in enumerate(texts):
+        ids = ctx.tokenizer.encode(text)
+        if truncate:
+            ids = ids[-_max_prompt_tokens(ctx) :]
+        param = prompt_param("prompt", i if isinstance(req.prompt, list) else None)
+        params = check_prompt(ctx, route, {**body, "prompt": text}, len(ids), param)
+        batch.prompts.append(_Prompt(text, ids, params, Timing(request.arrival)))
+    streams = [
+        generate(ctx, f"{batch.request_id}-{i}", p.token_ids, p.params, p.timing)
+        for i, p in enumerate(batch.prompts)
+    ]
+    if req.stream:
+        return SSEResponse(_events(batch, await prime(merge(streams))))
+    finals: dict[int, RequestOutput] = {}
+    async for i, out in merge(streams):
+        if out.finished:
+            finals[i] = out
+    return JSONResponse(msgspec.json.encode(_response(batch, finals)))
+
+
+def _check_unbuilt(req: CompletionRequest) -> None:
+    if req.use_beam_search:
+        raise unsupported("use_beam_search", "beam search is not supported yet")
+    if req.best_of is not None and req.best_of != (req.n or 1):
+        raise unsupported(
+            "best_of", "choosing the best of several samples is not supported yet; send "
+            "`best_of` equal to `n` or leave it out",
+        )  # fmt: skip
+    if req.suffix:
+        raise unsupported("suffix", "insertion (`suffix`) is not supported")
+    if req.echo and req.logprobs is not None:
+        raise unsupported("echo", "`echo` with `logprobs` (prompt logprobs) is not supported yet")
+
+
+def _max_prompt_tokens(ctx: ServerContext) -> int:
+    limits = ctx.limits
+    cap = min(limits.max_input_tokens, limits.max_model_len - 1, 1024 * 1024)
+    if limits.max_position_embeddings is not None:
+        cap = min(cap, limits.max_position_embeddings)
+    return cap
+
+
+def _choice(
+    batch: _Batch, prompt_index: int, c: CompletionOutput, *, text: str, whole: bool
+) -> CompletionChoice:
+    """A choice of prompt ``prompt_index``'s sequence ``c``: ``text`` is its new text (a stream)
+    or all of it (``whole``); echo and suffix are added where the text starts and ends."""
+    index = prompt_index * batch.n + c.index
+    first = whole or index not in batch.offsets
+    prompt = batch.prompts[prompt_index]
+    if batch.echo and first:
+        text = prompt.text + text
+    if batch.suffix and c.finish_reason is not None:
+        text += batch.suffix
+    logprobs = None
+    if c.logprobs is not None:
+        entries = c.logprobs if whole else (c.new_logprobs or [])
+        start = batch.offsets.get(index, 0)
+        logprobs, batch.offsets[index] = completion_logprobs(
+            batch.ctx.tokenizer.detokenizer, entries, start
+        )
+    else:
+        batch.offsets.setdefault(index, 0)
+    stop_reason = c.stop_reason
+    return CompletionChoice(
+        index, text, logprobs, openai_finish_reason(c.finish_reason), stop_reason
+    )
+
+
+def _usage(batch: _Batch, finals: Sequence[RequestOutput]) -> CompletionUsage:
+    num_prompt = sum(len(p.token_ids) for p in batch.prompts)
+    num_completion = sum(len(c.token_ids) for out in finals for c in out.outputs)
+    longest = max((p.timing for p in batch.prompts), key=lambda t: len(t.batch_sizes))
+    return CompletionUsage(
+        num_prompt,
+        num_completion,
+        num_prompt + num_completion,
+        longest.batch_sizes,
+        longest.queue_waits_us,
+    )
+
+
+def _response(batch: _Batch, finals: dict[int, RequestOutput]) -> Completion | DatabricksCompletion:
+    choices = [
+        _choice(batch, i, c, text=c.text, whole=True)
+        for i in range(len(batch.prompts))
+        for c in finals[i].outputs
+    ]
+    response = _stream_chunk(batch, choices)
+    _finish(batch, response, finals)
+    return response
+
+
+def _error_message(batch: _Batch, outs: Any) -> str | None:
+    for i, out in enumerate(outs):
+        for c in out.outputs:
+            message = error_message(c.finish_reason, batch.prompts[i].params)
+            if message is not None:
+                return message
+    return None
+
+
+async def _events(
+    batch: _Batch, stream: AsyncIterator[tuple[int, RequestOutput]]
+) -> AsyncIterator[bytes]:
+    """Incremental ``text_completion`` chunks, usage on the last one, then ``[DONE]``."""
+    finals: dict[int, RequestOutput] = {}
+    done: set[tuple[int, int]] = set()
+    try:
+        async for i, out in stream:
+            chunks = []
+            for c in out.outputs:
+                if (i, c.index) in done:
+                    continue
+                if c.finish_reason is not None:
+                    done.add((i, c.index))
+                elif not c.new_text and not (
+                    batch.echo and i * batch.n + c.index not in batch.offsets
+                ):
+                    continue
+                chunks.append(
+                    _stream_chunk(batch, [_choice(batch, i, c, text=c.new_text, whole=False)])
+                )
+            if out.finished:
+                finals[i] = out
+                if len(finals) == len(batch.prompts) and chunks:
+                    _finish(batch, chunks[-1], finals)
+            for chunk in chunks:
+                yield sse_event(msgspec.json.encode(chunk))
+    except Exception as e:
+        yield _error_event(batch, to_api_error(e))
+    yield SSE_DONE
+
+
+def _stream_chunk(
+    batch: _Batch, choices: list[CompletionChoice]
+) -> Completion | DatabricksCompletion:
+    request_id, created, model = batch.request_id, batch.created, batch.ctx.model_name
+    if batch.databricks:
+        return DatabricksCompletion(
+            id=request_id,
+            created=created,
+            model=model,
+            choices=[DatabricksCompletionChoice(c.index, c.text, c.finish_reason) for c in choices],
+        )
+    return Completion(id=request_id, created=created, model=model, choices=choices)
+
+
+def _finish(
+    batch: _Batch, chunk: Completion | DatabricksCompletion, finals: dict[int, RequestOutput]
+) -> None:
+    usage = _usage(batch, [finals[i] for i in range(len(batch.prompts))])
+    if isinstance(chunk, DatabricksCompletion):
+        chunk.usage = Usage(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
+        return
+    chunk.usage = usage
+    message = _error_message(batch, [finals[i] for i in range(len(batch.prompts))])
+    if message is not None:
+        chunk.err_msg = message
+
+
+def _error_event(batch: _Batch, error: ApiError) -> bytes:
+    """The event that ends a stream an error cut short (SPEC 1.13)."""
+    if batch.databricks:
+        return sse_event(error_body(ErrorStyle.DATABRICKS, error))
+    chunk = _stream_chunk(batch, [CompletionChoice(0, "", None, "stop", None)])
+    assert isinstance(chunk, Completion)
+    chunk.err_msg = error.message
+    return sse_event(msgspec.json.encode(chunk))

@@ -1,0 +1,173 @@
+"""MindIE ``POST /v2/models/{model}/generate_stream`` (SPEC 2) and ``generate`` (SPEC 3).
+
+``finish_reason`` lives in ``details`` (→A-9): ``eos_token`` for a normal end, ``length`` at a
+length limit, and ``stop_sequence`` with ``err_msg`` when a timeout or an error ended the
+request (→A-5, A-30). With ``details: false`` only the final frame has ``details`` (→A-29).
+The stream ends after the final frame: no ``[DONE]`` (→A-2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import msgspec
+
+from ferrollm._core import SamplingParams
+from ferrollm.engine import RequestOutput
+from ferrollm.server.context import ServerContext
+from ferrollm.server.errors import ApiError, to_api_error
+from ferrollm.server.generation import Timing, generate, prime
+from ferrollm.server.http import JSONResponse, Request, Response, SSEResponse, sse_event
+from ferrollm.server.protocol.mindie import (
+    Details,
+    GenerateRequest,
+    GenerateResponse,
+    GenerateStreamFrame,
+)
+from ferrollm.server.routes.common import (
+    check,
+    check_prompt,
+    decode_body,
+    error_message,
+    join_text_parts,
+    typed,
+)
+
+
+@dataclass
+class _Generate:
+    ctx: ServerContext
+    response_id: str
+    params: SamplingParams
+    timing: Timing
+    details: bool
+
+
+async def generate_stream(ctx: ServerContext, request: Request) -> Response:
+    """``POST /v2/models/{model}/generate_stream``."""
+    return await _serve(ctx, request, stream=True)
+
+
+async def generate_once(ctx: ServerContext, request: Request) -> Response:
+    """``POST /v2/models/{model}/generate``."""
+    return await _serve(ctx, request, stream=False)
+
+
+async def versions_unsupported(ctx: ServerContext, request: Request) -> Response:
+    """``/v2/models/{model}/versions/{version}/...``: not supported (→A-4)."""
+    raise ApiError(404, "model versions are not supported", code="not_found")
+
+
+async def _serve(ctx: ServerContext, request: Request, *, stream: bool) -> Response:
+    ctx.check_model(request.path_params["model"], param="model")
+    body = decode_body(request.body)
+    check(ctx, "generate", body)
+    req = typed(body, GenerateRequest)
+    ids = ctx.tokenizer.encode(join_text_parts(req.text_input))
+    params = check_prompt(ctx, "generate", body, len(ids), "text_input")
+    if req.id is not None and req.id in ctx.active_ids:
+        raise ApiError(
+            409, f"a request with `id` {req.id!r} is already running", param="id", code="conflict"
+        )
+    details = bool(req.parameters and req.parameters.details)
+    gen = _Generate(ctx, req.id or ctx.next_id(), params, Timing(request.arrival), details)
+    # Client ids live in their own namespace, apart from the generated ones.
+    engine_id = f"client:{req.id}" if req.id is not None else gen.response_id
+    outputs = _tracked(ctx, req.id, generate(ctx, engine_id, ids, params, gen.timing))
+    if stream:
+        return SSEResponse(_frames(gen, await prime(outputs)))
+    last: RequestOutput | None = None
+    async for out in outputs:
+        last = out
+    assert last is not None
+    return JSONResponse(msgspec.json.encode(_response(gen, last)))
+
+
+async def _tracked(
+    ctx: ServerContext, client_id: str | None, outputs: AsyncIterator[RequestOutput]
+) -> AsyncIterator[RequestOutput]:
+    """``outputs`` with the client's id held in ``active_ids`` while it runs."""
+    if client_id is not None:
+        ctx.active_ids.add(client_id)
+    try:
+        async for out in outputs:
+            yield out
+    finally:
+        ctx.active_ids.discard(client_id or "")
+        await outputs.aclose()  # type: ignore[attr-defined]
+
+
+def _finish_reason(reason: str) -> str:
+    return {"stop": "eos_token", "length": "length"}.get(reason, "stop_sequence")
+
+
+def _details(gen: _Generate, generated: int, reason: str | None) -> Details:
+    timing = gen.timing
+    details = Details(
+        generated_tokens=generated,
+        batch_size=timing.batch_sizes[-1] if timing.batch_sizes else 0,
+        queue_wait_time=timing.queue_waits_us[-1] if timing.queue_waits_us else 0,
+    )
+    if reason is not None:
+        details.finish_reason = _finish_reason(reason)
+    return details
+
+
+async def _frames(gen: _Generate, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
+    """One frame per step that produced a token (its text may be empty while a character is
+    incomplete), the last one carrying ``details.finish_reason``."""
+    num_frames = 0
+    full_text = gen.ctx.config.full_text
+    try:
+        async for out in outputs:
+            c = out.outputs[0]
+            finished = c.finish_reason is not None
+            if not c.new_token_ids and not finished:
+                continue
+            message = error_message(c.finish_reason, gen.params)
+            text = "" if message is not None else (c.text if full_text else c.new_text)
+            frame = GenerateStreamFrame(
+                id=gen.response_id,
+                model_name=gen.ctx.model_name,
+                text_output=text,
+                prefill_time=gen.timing.prefill_ms if num_frames == 0 else None,
+                decode_time=gen.timing.decode_ms[-1]
+                if num_frames and gen.timing.decode_ms
+                else None,
+            )
+            if gen.details or finished:
+                frame.details = _details(gen, len(c.token_ids), c.finish_reason)
+            if message is not None:
+                frame.err_msg = message
+            num_frames += 1
+            yield sse_event(msgspec.json.encode(frame))
+    except Exception as e:
+        frame = GenerateStreamFrame(
+            id=gen.response_id,
+            model_name=gen.ctx.model_name,
+            text_output="",
+            details=_details(gen, 0, "error"),
+            prefill_time=None,
+            decode_time=None,
+            err_msg=to_api_error(e).message,
+        )
+        yield sse_event(msgspec.json.encode(frame))
+
+
+def _response(gen: _Generate, out: RequestOutput) -> GenerateResponse:
+    c = out.outputs[0]
+    message = error_message(c.finish_reason, gen.params)
+    if c.finish_reason == "timeout":
+        raise ApiError(504, message or "request timed out", code="timeout")
+    details = _details(gen, len(c.token_ids), c.finish_reason or "stop")
+    # For the whole request: the wait before its first scheduling (SPEC 3).
+    details.queue_wait_time = gen.timing.queue_waits_us[0] if gen.timing.queue_waits_us else 0
+    return GenerateResponse(
+        id=gen.response_id,
+        model_name=gen.ctx.model_name,
+        text_output=c.text,
+        details=details,
+        prefill_time=gen.timing.prefill_ms,
+        decode_time_arr=gen.timing.decode_ms,
+    )

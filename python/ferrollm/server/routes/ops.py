@@ -1,0 +1,53 @@
+"""Operational routes: ``/v1/models``, health, ``/metrics`` and ``/openapi.json``."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ferrollm.server.context import ServerContext
+from ferrollm.server.http import JSONResponse, Request, Response
+from ferrollm.server.metrics import CONTENT_TYPE
+from ferrollm.server.protocol.openai import ModelCard, ModelList
+
+#: Seconds without a finished step, while requests wait, after which the engine is not ready.
+STALL_S = 60.0
+
+
+async def models(ctx: ServerContext, request: Request) -> Response:
+    """``GET /v1/models``: the one served model."""
+    card = ModelCard(
+        id=ctx.model_name,
+        created=ctx.created,
+        root=ctx.model_name,
+        max_model_len=ctx.limits.max_model_len,
+    )
+    return JSONResponse(msgspec.json.encode(ModelList([card])))
+
+
+async def health(ctx: ServerContext, request: Request) -> Response:
+    """``GET /health``: 200 while the engine runs, 503 once it has stopped."""
+    ok = ctx.engine.is_running
+    return JSONResponse(b"{}" if ok else b'{"error": "engine stopped"}', 200 if ok else 503)
+
+
+async def live(ctx: ServerContext, request: Request) -> Response:
+    """``GET /v2/health/live``: the process answers."""
+    return JSONResponse(b"{}")
+
+
+async def ready(ctx: ServerContext, request: Request) -> Response:
+    """``GET /v2/health/ready``: the engine is loaded, running and making progress."""
+    stalled = ctx.engine.seconds_since_progress()
+    if not ctx.engine.is_running:
+        return JSONResponse(b'{"ready": false, "reason": "engine stopped"}', 503)
+    if stalled > STALL_S:
+        body = msgspec.json.encode(
+            {"ready": False, "reason": f"no engine step finished for {stalled:.0f} s"}
+        )
+        return JSONResponse(body, 503)
+    return JSONResponse(b'{"ready": true}')
+
+
+async def metrics(ctx: ServerContext, request: Request) -> Response:
+    """``GET /metrics``: Prometheus exposition text."""
+    return JSONResponse(ctx.metrics.render(), content_type=CONTENT_TYPE)
