@@ -39,6 +39,7 @@ from ferrollm.server.routes.common import (
     decode_body,
     error_message,
     openai_finish_reason,
+    run_sized,
     template_messages,
     typed,
     usage_counts,
@@ -89,7 +90,9 @@ async def serve_chat(
     show_tools = check_tools(req.tools, req.tool_choice)
     check_response_format(req.response_format)
     tools = msgspec.to_builtins(req.tools) if show_tools else None
-    ids = ctx.tokenizer.encode_chat(template_messages(req.messages), tools)
+    messages = template_messages(req.messages)
+    size = sum(len(m["content"]) for m in messages)
+    ids = await run_sized(size, ctx.tokenizer.encode_chat, messages, tools)
     params = check_prompt(ctx, flavor.route, body, len(ids), "messages")
     request_id = ctx.next_id() if flavor.mindie else f"chatcmpl-{uuid.uuid4().hex}"
     chat = _Chat(

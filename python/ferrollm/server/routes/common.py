@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -13,9 +14,22 @@ from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import ApiError, bad_request, unsupported
 
 S = TypeVar("S", bound=msgspec.Struct)
+T = TypeVar("T")
 
 #: Media part types a text-only model refuses (validated in Rust; kept for the joiner).
 _TEXT = "text"
+
+
+#: Prompts longer than this (characters) are tokenized on a worker thread, so that a 4 MB
+#: prompt does not stall every other stream on the event loop.
+OFF_LOOP_CHARS = 32 * 1024
+
+
+async def run_sized(size: int, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, on a worker thread when ``size`` (characters of input) is large."""
+    if size > OFF_LOOP_CHARS:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
 
 
 def decode_body(body: bytes) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from ferrollm.server.routes.common import (
     error_message,
     openai_finish_reason,
     prompt_param,
+    run_sized,
     typed,
 )
 from ferrollm.server.routes.logprobs import completion_logprobs
@@ -103,7 +104,7 @@ async def serve_completions(
         (req.suffix or "") if databricks else "",
     )
     for i, text in enumerate(texts):
-        ids = ctx.tokenizer.encode(text)
+        ids = await run_sized(len(text), ctx.tokenizer.encode, text)
         if truncate:
             ids = ids[-_max_prompt_tokens(ctx) :]
         param = prompt_param("prompt", i if isinstance(req.prompt, list) else None)

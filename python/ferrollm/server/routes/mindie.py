@@ -31,6 +31,7 @@ from ferrollm.server.routes.common import (
     decode_body,
     error_message,
     join_text_parts,
+    run_sized,
     typed,
 )
 
@@ -64,7 +65,8 @@ async def _serve(ctx: ServerContext, request: Request, *, stream: bool) -> Respo
     body = decode_body(request.body)
     check(ctx, "generate", body)
     req = typed(body, GenerateRequest)
-    ids = ctx.tokenizer.encode(join_text_parts(req.text_input))
+    text = join_text_parts(req.text_input)
+    ids = await run_sized(len(text), ctx.tokenizer.encode, text)
     params = check_prompt(ctx, "generate", body, len(ids), "text_input")
     if req.id is not None and req.id in ctx.active_ids:
         raise ApiError(
