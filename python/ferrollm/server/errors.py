@@ -93,6 +93,7 @@ def _is_engine_dead(error: BaseException) -> bool:
 _OPENAI_TYPES = {
     400: "invalid_request_error",
     404: "invalid_request_error",
+    405: "invalid_request_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
     503: "service_unavailable",
@@ -101,6 +102,7 @@ _OPENAI_TYPES = {
 _MINDIE_TYPES = {
     400: "validation",
     404: "not_found",
+    405: "method_not_allowed",
     409: "conflict",
     413: "validation",
     503: "overloaded",
@@ -109,6 +111,7 @@ _MINDIE_TYPES = {
 _DATABRICKS_CODES = {
     400: "BAD_REQUEST",
     404: "RESOURCE_DOES_NOT_EXIST",
+    405: "BAD_REQUEST",
     409: "RESOURCE_CONFLICT",
     413: "BAD_REQUEST",
     503: "TEMPORARILY_UNAVAILABLE",
