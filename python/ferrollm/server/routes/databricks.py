@@ -4,7 +4,7 @@ body's shape (``messages``: chat, ``prompt``: completions, ``input``: embeddings
 from __future__ import annotations
 
 from ferrollm.server.context import ServerContext
-from ferrollm.server.errors import ApiError, bad_request
+from ferrollm.server.errors import ApiError, bad_request, unsupported
 from ferrollm.server.http import Request, Response
 from ferrollm.server.routes import chat, completions
 from ferrollm.server.routes.common import check, decode_body
@@ -36,8 +36,6 @@ async def invocations(ctx: ServerContext, request: Request) -> Response:
     if keys[0] == "prompt":
         return await completions.serve_completions(ctx, request, body, databricks=True)
     check(ctx, "databricks_embeddings", body)
-    raise bad_request(
-        "this endpoint does not support the embeddings task: no embedding model is loaded",
-        param="input",
-        code="unsupported",
+    raise unsupported(
+        "input", "this endpoint does not support the embeddings task: no embedding model is loaded"
     )
