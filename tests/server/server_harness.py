@@ -1,0 +1,152 @@
+"""The HTTP server in-process: one tiny engine per session, its ASGI app driven by httpx.
+
+An `AsyncEngine` serves the one event loop that first uses it, so a single loop runs on a
+background thread for the whole session and every test submits its coroutines there
+(`Server.run`). Requests go through ``httpx.ASGITransport`` (no sockets), which buffers each
+response whole: streamed bodies are checked as the bytes the app wrote.
+
+Two apps share the engine: ``app`` (the defaults, a 64-token input limit, a 64 KiB body limit)
+and ``full_text_app`` (MindIE ``fullTextEnabled``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from ferrollm.config import EngineConfig, ServerConfig
+from ferrollm.engine import AsyncEngine, LLMEngine
+from ferrollm.server.app import App
+from ferrollm.server.context import ServerContext
+from ferrollm.tokenizer import Tokenizer
+
+T = TypeVar("T")
+
+#: The served name (the model directory's name would do; a fixed one reads better).
+MODEL = "tiny"
+MAX_MODEL_LEN = 256
+MAX_INPUT_TOKENS = 64
+MAX_BODY_BYTES = 64 * 1024
+#: Seconds any one request may take in-process before a test fails instead of hanging.
+REQUEST_TIMEOUT_S = 60.0
+
+ROUTE_PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "generate": f"/v2/models/{MODEL}/generate",
+    "generate_stream": f"/v2/models/{MODEL}/generate_stream",
+    "databricks": f"/serving-endpoints/{MODEL}/invocations",
+}
+
+
+class Server:
+    """The engine, its two apps, and the event-loop thread they run on."""
+
+    def __init__(self, model_dir: Path) -> None:
+        config = EngineConfig(
+            model=str(model_dir),
+            device="cpu",
+            dtype="float32",
+            max_model_len=MAX_MODEL_LEN,
+            kv_cache_memory="8MiB",
+            seed=0,
+        )
+        self.engine = AsyncEngine(LLMEngine.from_config(config))
+        self.ctx = ServerContext.build(
+            self.engine,
+            ServerConfig(
+                served_model_name=MODEL,
+                max_input_tokens=MAX_INPUT_TOKENS,
+                max_body_bytes=MAX_BODY_BYTES,
+            ),
+        )
+        self.full_text_ctx = ServerContext.build(
+            self.engine, ServerConfig(served_model_name=MODEL, full_text=True)
+        )
+        self.app = App(ctx=self.ctx)
+        self.full_text_app = App(ctx=self.full_text_ctx)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self._clients = {
+            id(app): self.run(_make_client(app)) for app in (self.app, self.full_text_app)
+        }
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = REQUEST_TIMEOUT_S) -> T:
+        """Run ``coro`` on the server's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def client(self, app: App | None = None) -> httpx.AsyncClient:
+        """The httpx client of ``app`` (default: the main app); use it on the loop."""
+        return self._clients[id(app or self.app)]
+
+    def post(
+        self,
+        path: str,
+        body: Any = None,
+        *,
+        content: bytes | None = None,
+        app: App | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        """POST ``body`` as JSON (or raw ``content``) and wait for the whole response."""
+        if content is None:
+            content = json.dumps(body).encode()
+        headers = {"content-type": "application/json", **(headers or {})}
+        return self.run(self.client(app).post(path, content=content, headers=headers))
+
+    def get(self, path: str, app: App | None = None) -> httpx.Response:
+        return self.run(self.client(app).get(path))
+
+    def request(self, method: str, path: str) -> httpx.Response:
+        return self.run(self.client().request(method, path))
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            self.run(client.aclose())
+        self.engine.shutdown()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+async def _make_client(app: App) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+
+
+def sse_events(response: httpx.Response) -> list[str]:
+    """The payloads of an SSE body, checking the framing exactly (SPEC 1.2): every event is
+    ``data: <one line>`` and a blank line, nothing else."""
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/event-stream")
+    body = response.text
+    assert body.endswith("\n\n"), body[-200:]
+    events = body[:-2].split("\n\n")
+    payloads = []
+    for event in events:
+        assert event.startswith("data: "), event
+        payload = event[len("data: ") :]
+        assert "\n" not in payload and not payload.startswith(" "), event
+        payloads.append(payload)
+    return payloads
+
+
+def sse_json(response: httpx.Response, *, done: bool) -> list[dict[str, Any]]:
+    """The JSON events of an SSE body; ``done``: whether it must end with ``data: [DONE]``
+    (and have no other ``[DONE]``)."""
+    payloads = sse_events(response)
+    if done:
+        assert payloads[-1] == "[DONE]"
+        payloads = payloads[:-1]
+    assert "[DONE]" not in payloads
+    return [json.loads(p) for p in payloads]
