@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from ferrollm._core import SamplingParams
-from ferrollm.engine import CompletionOutput, RequestOutput
+from ferrollm.engine import CompletionOutput, RequestOutput, TokenLogprob
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import ApiError, ErrorStyle, error_body, to_api_error, unsupported
 from ferrollm.server.generation import Timing, generate, merge, prime
@@ -68,6 +68,8 @@ class _Batch:
     suffix: str
     #: Per choice index: the next ``text_offset`` (streamed logprobs keep counting).
     offsets: dict[int, int] = field(default_factory=dict)
+    #: Per choice index: streamed logprobs of tokens whose text is still held back.
+    pending: dict[int, list[TokenLogprob]] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -159,7 +161,7 @@ def _choice(
         text += batch.suffix
     logprobs = None
     if c.logprobs is not None:
-        entries = c.logprobs if whole else (c.new_logprobs or [])
+        entries = c.logprobs if whole else batch.pending.pop(index, [])
         start = batch.offsets.get(index, 0)
         logprobs, batch.offsets[index] = completion_logprobs(
             batch.ctx.tokenizer.detokenizer, entries, start
@@ -217,6 +219,8 @@ async def _events(
             for c in out.outputs:
                 if (i, c.index) in done:
                     continue
+                if c.new_logprobs:  # kept until a chunk carries the tokens' text
+                    batch.pending.setdefault(i * batch.n + c.index, []).extend(c.new_logprobs)
                 if c.finish_reason is not None:
                     done.add((i, c.index))
                 elif not c.new_text and not (
