@@ -52,7 +52,11 @@ def completion_logprobs(
         offsets.append(offset)
         offset += len(text)
         token_logprobs.append(e.logprob)
-        top = {detok.token_text(t): lp for t, lp in e.top}
-        top.setdefault(text, e.logprob)
+        # Keyed by text, so tokens that share one (bytes that are each half a character) share
+        # an entry: the most probable keeps it, and the chosen token's is its own logprob.
+        top: dict[str, float] = {}
+        for t, lp in e.top:
+            top.setdefault(detok.token_text(t), lp)
+        top[text] = e.logprob
         tops.append(top)
     return CompletionLogprobs(offsets, token_logprobs, tokens, tops), offset
