@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import pytest
-from server_harness import MODEL, ROUTE_PATHS, Server
+from server_harness import MODEL, ROUTE_PATHS, Server, sse_json
 
 SLOW_STEP_S = 0.01
 MAX_TOKENS = 200  # >= MAX_TOKENS * SLOW_STEP_S = 2 s to run to the end
@@ -157,3 +157,22 @@ def test_disconnect_aborts(slow_engine: Server, route: str, stream: bool) -> Non
     )
     response = server.post(ROUTE_PATHS[route], normal)
     assert response.status_code == 200, response.text
+
+
+def test_timeout_ends_the_request(slow_engine: Server) -> None:
+    """MindIE ``parameters.timeout`` (→A-30): a stream ends with a ``stop_sequence`` frame with
+    empty text and ``err_msg``; the whole-response route answers 504."""
+    server = slow_engine
+    body = {"text_input": "Hello", "parameters": {"max_new_tokens": MAX_TOKENS, "timeout": 1}}
+    frames = sse_json(server.post(ROUTE_PATHS["generate_stream"], body), done=False)
+    last = frames[-1]
+    assert len(frames) < MAX_TOKENS
+    assert last["details"]["finish_reason"] == "stop_sequence"
+    assert last["text_output"] == ""
+    assert last["err_msg"] == "request timed out after 1 s"
+    assert all("err_msg" not in f and "finish_reason" not in f.get("details", {})
+               for f in frames[:-1])  # fmt: skip
+    response = server.post(ROUTE_PATHS["generate"], body)
+    assert response.status_code == 504, response.text
+    assert response.json() == {"error": "request timed out after 1 s", "error_type": "timeout"}
+    assert server.engine.engine.num_unfinished_requests == 0

@@ -324,3 +324,60 @@ def test_chat_logprobs(server: Server, top: int) -> None:
     chunks = sse_json(server.post(ROUTE_PATHS["chat"], {**body, "stream": True}), done=True)
     streamed = [e for c in chunks for e in c["choices"][0]["logprobs"]["content"]]
     assert streamed == content
+
+
+@pytest.mark.parametrize("route", ["completions", "chat"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_eos_counts_and_is_not_text(server: Server, route: str, stream: bool) -> None:
+    """EOS (forced with ``logit_bias``) ends with "stop", no text, and counts as a generated
+    token (SPEC 1.8)."""
+    eos = server.engine.engine.model_config.eos_token_ids[0]
+    body = (cmpl if route == "completions" else chat)(
+        server, logit_bias={str(eos): 100}, ignore_eos=False, stream=stream
+    )
+    del body["allowed_token_ids"]
+    response = server.post(ROUTE_PATHS[route], body)
+    if stream:
+        [chunk] = sse_json(response, done=True)
+    else:
+        chunk = response.json()
+    [choice] = chunk["choices"]
+    text = (
+        choice["text"]
+        if route == "completions"
+        else (choice["delta"]["content"] if stream else choice["message"]["content"])
+    )
+    assert (text, choice["finish_reason"]) == ("", "stop")
+    if route == "completions":
+        assert choice["stop_reason"] is None
+    assert chunk["usage"]["completion_tokens"] == 1
+
+
+def test_prompt_batch(server: Server) -> None:
+    """A list of prompts (→A-26): one choice per prompt in order, usage summed; streamed, each
+    choice finishes on its own and the deltas add up."""
+    prompts = ["Hello", PROMPT]
+    body = cmpl(server, prompt=prompts, max_tokens=4)
+    whole = server.post(ROUTE_PATHS["completions"], body).json()
+    assert [c["index"] for c in whole["choices"]] == [0, 1]
+    for prompt, choice in zip(prompts, whole["choices"], strict=True):
+        alone = server.post(ROUTE_PATHS["completions"], cmpl(server, prompt=prompt, max_tokens=4))
+        assert choice["text"] == alone.json()["choices"][0]["text"]
+    usage = whole["usage"]
+    assert usage["prompt_tokens"] == sum(len(server.tokenizer.encode(p)) for p in prompts)
+    assert usage["completion_tokens"] == 8
+    # One entry per step of the longest sequence; the two usually share every step.
+    assert len(usage["batch_size"]) == len(usage["queue_wait_time"]) == 4
+    assert set(usage["batch_size"]) <= {1, 2}
+    chunks = sse_json(server.post(ROUTE_PATHS["completions"], {**body, "stream": True}), done=True)
+    texts = {0: "", 1: ""}
+    finished = []
+    for chunk in chunks:
+        [choice] = chunk["choices"]
+        texts[choice["index"]] += choice["text"]
+        if choice["finish_reason"] is not None:
+            finished.append(choice["index"])
+    assert sorted(finished) == [0, 1]
+    assert [texts[0], texts[1]] == [c["text"] for c in whole["choices"]]
+    assert [("usage" in c) for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert chunks[-1]["usage"]["completion_tokens"] == 8
