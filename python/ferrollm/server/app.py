@@ -58,7 +58,7 @@ class Route:
 
 ROUTES = (
     Route("POST", "/v1/chat/completions", chat.chat_completions, "Chat completion (MindIE/vLLM)",
-          oa.ChatCompletionRequest, oa.ChatCompletion),
+          oa.ChatCompletionRequest, (oa.ChatCompletion, oa.ChatCompletionChunk)),
     Route("POST", "/v1/completions", completions.completions, "Text completion (MindIE/vLLM)",
           oa.CompletionRequest, oa.Completion),
     Route("GET", "/v1/models", ops.models, "The served model", None, oa.ModelList),
