@@ -120,8 +120,11 @@ async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -
 
 
 def _too_large(limit: int) -> ApiError:
+    # The rest of the body stays unread, so the connection cannot carry another request: say
+    # so, or a keep-alive client sends its next request into a connection being torn down.
     return ApiError(
         413,
         f"the request body is larger than the server's limit of {limit} bytes",
         code="body_too_large",
+        headers=((b"connection", b"close"),),
     )

@@ -8,6 +8,7 @@ The stream ends after the final frame: no ``[DONE]`` (→A-2).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -74,8 +75,10 @@ async def _serve(ctx: ServerContext, request: Request, *, stream: bool) -> Respo
         )
     details = bool(req.parameters and req.parameters.details)
     gen = _Generate(ctx, req.id or ctx.next_id(), params, Timing(request.arrival), details)
-    # Client ids live in their own namespace, apart from the generated ones.
-    engine_id = f"client:{req.id}" if req.id is not None else gen.response_id
+    # Client ids live in their own namespace, apart from the generated ones, and are made
+    # unique: a client that disconnected may reuse its id at once, while the engine is still
+    # dropping the aborted request (its abort lands at the next step).
+    engine_id = gen.response_id if req.id is None else f"client:{req.id}:{uuid.uuid4().hex}"
     outputs = _tracked(ctx, req.id, generate(ctx, engine_id, ids, params, gen.timing))
     if stream:
         return SSEResponse(_frames(gen, await prime(outputs)))
