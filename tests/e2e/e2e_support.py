@@ -63,6 +63,17 @@ STORY_TOKENS = 16
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 QUESTION_TOKENS = 32
 
+_EXEC_WITH_PARENT_DEATH_SIGNAL = """
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass  # not Linux: the teardowns and the atexit hook must do
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("the test process is gone")
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
 #: Servers started and not yet stopped.
 _live: list[Server] = []
 
@@ -180,6 +191,9 @@ def launch_server(log_dir: Path, *extra: str) -> Server:
     port = free_port()
     log_path = log_dir / f"server-{port}.log"
     command = [sys.executable, "-m", "ferrollm", "serve", "--port", str(port), *SERVER_FLAGS]
+    # Through a stub that asks Linux to SIGTERM the server should the test process die without
+    # its teardowns (killed, or SIGTERMed by a CI timeout), then execs exactly `command`.
+    command = [sys.executable, "-c", _EXEC_WITH_PARENT_DEATH_SIGNAL, str(os.getpid()), *command]
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [*command, *extra],
