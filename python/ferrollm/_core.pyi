@@ -217,6 +217,10 @@ class Limits:
     @property
     def multimodal(self) -> bool: ...
     @property
+    def max_prompt_tokens(self) -> int:
+        """``min(max_input_tokens, max_model_len - 1, max_position_embeddings, 1048576)``:
+        the most prompt tokens a request may have (SPEC 1.4.2)."""
+    @property
     def databricks_endpoint_type(self) -> str | None: ...
 
 def validate(

@@ -138,13 +138,7 @@ class EngineConfig:
     @classmethod
     def from_json_file(cls, path: str | os.PathLike[str]) -> EngineConfig:
         """Build from a JSON object of options in the file at ``path``."""
-        with open(path, encoding="utf-8") as f:
-            options = json.load(f)
-        if not isinstance(options, dict):
-            raise EngineConfigError(
-                "config", f"{os.fspath(path)!r} must hold a JSON object of engine options"
-            )
-        return cls.from_dict(options)
+        return cls.from_dict(read_options_file(path))
 
     def to_dict(self) -> dict[str, Any]:
         """The options as a plain dict (``from_dict(c.to_dict()) == c``)."""

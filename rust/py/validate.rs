@@ -9,7 +9,9 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PyString, P
 use super::errors::{guard, int_arg};
 use super::params::PySamplingParams;
 use crate::error::CoreError;
-use crate::validate::{codes, validate as core_validate, EndpointType, Limits, Raw, Route};
+use crate::validate::{
+    codes, max_prompt_tokens, validate as core_validate, EndpointType, Limits, Raw, Route,
+};
 
 /// Deepest nesting accepted in a body; real request bodies are a few levels deep, and the
 /// limit keeps a hostile value from exhausting the stack.
@@ -286,6 +288,12 @@ impl PyLimits {
     fn multimodal(&self) -> bool {
         self.inner.multimodal
     }
+    /// The most prompt tokens a request may have (SPEC 1.4.2).
+    #[getter]
+    fn max_prompt_tokens(&self) -> u32 {
+        max_prompt_tokens(&self.inner)
+    }
+
     #[getter]
     fn databricks_endpoint_type(&self) -> Option<&'static str> {
         self.inner

@@ -287,6 +287,10 @@ def test_limits() -> None:
         vocab_size=100, max_position_embeddings=64, databricks_endpoint_type="pay_per_token"
     )
     assert "Limits(" in repr(custom)
+    # min(max_input_tokens, max_model_len - 1, max_position_embeddings, 1M)
+    assert Limits().max_prompt_tokens == 8191
+    assert custom.max_prompt_tokens == 64
+    assert Limits(max_input_tokens=100, max_model_len=50).max_prompt_tokens == 49
     with pytest.raises(AttributeError):
         custom.vocab_size = 5  # type: ignore[misc]
     body = {"messages": CHAT["messages"], "n": 2}

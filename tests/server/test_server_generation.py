@@ -381,3 +381,18 @@ def test_prompt_batch(server: Server) -> None:
     assert [texts[0], texts[1]] == [c["text"] for c in whole["choices"]]
     assert [("usage" in c) for c in chunks] == [False] * (len(chunks) - 1) + [True]
     assert chunks[-1]["usage"]["completion_tokens"] == 8
+
+
+def test_databricks_truncate_cuts_the_prompt_from_the_left(server: Server) -> None:
+    """``error_behavior: "truncate"`` keeps the last max-prompt tokens (→A-62); "error" is 400."""
+    limit = server.ctx.limits.max_prompt_tokens
+    prompt = " ".join(["fox"] * (2 * limit))
+    assert len(server.tokenizer.encode(prompt)) > limit
+    body = {"prompt": prompt, "max_tokens": 2, "temperature": 0}
+    path = ROUTE_PATHS["databricks"]
+    refused = server.post(path, {**body, "error_behavior": "error"})
+    assert refused.status_code == 400
+    assert "prompt" in refused.json()["message"]
+    response = server.post(path, {**body, "error_behavior": "truncate"})
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens"] == limit

@@ -29,6 +29,7 @@ from ferrollm.server.http import (
     header_map,
     read_body,
 )
+from ferrollm.server.openapi import openapi_document
 from ferrollm.server.protocol import databricks as dbx
 from ferrollm.server.protocol import mindie as mi
 from ferrollm.server.protocol import openai as oa
@@ -104,8 +105,6 @@ class App:
         self._ctx = ctx
         self._load = load
         self._routes = [(r, r.pattern) for r in ROUTES]
-        from ferrollm.server.openapi import openapi_document
-
         self._openapi = openapi_document(ROUTES)
 
     @property

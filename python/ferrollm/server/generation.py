@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
+from ferrollm.server.http import aclose
+
 if TYPE_CHECKING:
     from ferrollm._core import SamplingParams
     from ferrollm.engine import RequestOutput
@@ -28,7 +30,6 @@ class Timing:
     """One request's timings, in ``time.perf_counter()`` seconds and the units MindIE reports."""
 
     arrival: float = field(default_factory=time.perf_counter)
-    first_token: float | None = None
     last_token: float | None = None
     first_scheduled: float | None = None
     prefill_ms: float | None = None
@@ -49,7 +50,6 @@ class Timing:
             self.first_scheduled = out.first_scheduled_time or started
         if self.last_token is None:
             wait = self.first_scheduled - self.arrival
-            self.first_token = finished
             self.prefill_ms = (finished - self.arrival) * 1e3
         else:
             wait = started - self.last_token
@@ -72,8 +72,8 @@ async def generate(
     stream = ctx.engine.generate(prompt_token_ids, params, request_id)
     try:
         async for out in stream:
-            if timing.observe(out):
-                metrics.generation_tokens.inc(sum(len(c.new_token_ids) for c in out.outputs))
+            if num_new := timing.observe(out):
+                metrics.generation_tokens.inc(num_new)
                 if timing.decode_ms:
                     metrics.inter_token_latency.observe(timing.decode_ms[-1] / 1e3)
                 elif timing.prefill_ms is not None:
@@ -82,7 +82,7 @@ async def generate(
                 _observe_finished(ctx, out, timing, len(prompt_token_ids))
             yield out
     finally:
-        await _aclose(stream)
+        await aclose(stream)
 
 
 def _observe_finished(ctx: ServerContext, out: RequestOutput, timing: Timing, num: int) -> None:
@@ -101,7 +101,7 @@ async def prime(stream: AsyncIterator[T]) -> AsyncIterator[T]:
     try:
         first = await anext(stream)
     except BaseException:
-        await _aclose(stream)
+        await aclose(stream)
         raise
     return _chain(first, stream)
 
@@ -112,13 +112,7 @@ async def _chain(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
         async for item in rest:
             yield item
     finally:
-        await _aclose(rest)
-
-
-async def _aclose(stream: AsyncIterator[T]) -> None:
-    aclose = getattr(stream, "aclose", None)
-    if aclose is not None:
-        await aclose()
+        await aclose(rest)
 
 
 async def merge(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
@@ -138,7 +132,7 @@ async def merge(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int,
         except Exception as e:
             await queue.put(e)
         finally:
-            await _aclose(stream)
+            await aclose(stream)
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
     remaining = len(tasks)

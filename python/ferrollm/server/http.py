@@ -84,13 +84,18 @@ class SSEResponse:
             async for event in self.events:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
         finally:
-            aclose = getattr(self.events, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await aclose(self.events)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 Response = JSONResponse | SSEResponse
+
+
+async def aclose(stream: AsyncIterator[Any]) -> None:
+    """Close ``stream`` if it can be closed (an async generator: its ``finally`` runs)."""
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()
 
 
 def header_map(scope: Scope) -> dict[bytes, bytes]:

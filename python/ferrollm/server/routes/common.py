@@ -16,7 +16,7 @@ from ferrollm.server.errors import ApiError, bad_request, unsupported
 S = TypeVar("S", bound=msgspec.Struct)
 T = TypeVar("T")
 
-#: Media part types a text-only model refuses (validated in Rust; kept for the joiner).
+#: The content part type a text-only model takes (media parts were refused by the validator).
 _TEXT = "text"
 
 
@@ -161,7 +161,6 @@ def usage_counts(num_prompt_tokens: int, outputs: Sequence[Any]) -> tuple[int, i
     return num_prompt_tokens, completion, num_prompt_tokens + completion
 
 
-#: The engine's finish reasons that mean an error ended the request, with its message.
 def error_message(reason: str | None, params: SamplingParams) -> str | None:
     """``err_msg`` for a request the engine ended abnormally (timeout, abort), else None."""
     if reason == "timeout":

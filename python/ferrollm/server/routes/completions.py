@@ -108,7 +108,7 @@ async def serve_completions(
     for i, text in enumerate(texts):
         ids = await run_sized(len(text), ctx.tokenizer.encode, text)
         if truncate:
-            ids = ids[-_max_prompt_tokens(ctx) :]
+            ids = ids[-ctx.limits.max_prompt_tokens :]
         param = prompt_param("prompt", i if isinstance(req.prompt, list) else None)
         params = check_prompt(ctx, route, {**body, "prompt": text}, len(ids), param)
         batch.prompts.append(_Prompt(text, ids, params, Timing(request.arrival)))
@@ -137,14 +137,6 @@ def _check_unbuilt(req: CompletionRequest) -> None:
         raise unsupported("suffix", "insertion (`suffix`) is not supported")
     if req.echo and req.logprobs is not None:
         raise unsupported("echo", "`echo` with `logprobs` (prompt logprobs) is not supported yet")
-
-
-def _max_prompt_tokens(ctx: ServerContext) -> int:
-    limits = ctx.limits
-    cap = min(limits.max_input_tokens, limits.max_model_len - 1, 1024 * 1024)
-    if limits.max_position_embeddings is not None:
-        cap = min(cap, limits.max_position_embeddings)
-    return cap
 
 
 def _choice(

@@ -19,7 +19,7 @@ from ferrollm.engine import RequestOutput
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import ApiError, to_api_error
 from ferrollm.server.generation import Timing, generate, prime
-from ferrollm.server.http import JSONResponse, Request, Response, SSEResponse, sse_event
+from ferrollm.server.http import JSONResponse, Request, Response, SSEResponse, aclose, sse_event
 from ferrollm.server.protocol.mindie import (
     Details,
     GenerateRequest,
@@ -100,7 +100,7 @@ async def _tracked(
             yield out
     finally:
         ctx.active_ids.discard(client_id or "")
-        await outputs.aclose()  # type: ignore[attr-defined]
+        await aclose(outputs)
 
 
 def _finish_reason(reason: str) -> str:
