@@ -4,12 +4,14 @@
 use crate::error::CoreResult;
 use crate::params::SamplingParams;
 
+use super::request::{read_switches, routed, OutputCap, ValidRequest};
+use super::Route;
+
 use super::codes;
 use super::common::{
-    apply_output_cap, float_in, int_in, make_greedy, normalise_top_k, prompt_chars, prompts,
-    u32_in, FloatRange, UNIT,
+    float_in, int_in, make_greedy, normalise_top_k, prompt_chars, prompts, u32_in, FloatRange, UNIT,
 };
-use super::limits::{check_prompt_tokens_of, max_prompt_tokens, EndpointType, Limits};
+use super::limits::{EndpointType, Limits};
 use super::messages::messages;
 use super::openai::chat_logprobs;
 use super::raw::{Obj, Raw};
@@ -21,11 +23,7 @@ use super::Flavor;
 const TEMPERATURE: FloatRange = FloatRange::new(0.0, false, 2.0, false);
 
 /// Validates a Databricks chat body.
-pub(super) fn chat(
-    body: &Raw,
-    prompt_tokens: Option<u32>,
-    limits: &Limits,
-) -> CoreResult<SamplingParams> {
+pub(super) fn chat(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let o = Obj::root(body)?;
     let chars = messages(o.field("messages"), Flavor::Databricks, false)?;
     prompt_chars(o.field("messages"), chars, limits)?;
@@ -35,21 +33,24 @@ pub(super) fn chat(
     response_format(o.field("response_format"))?;
     let (mut p, max_tokens) = sampling(&o, limits)?;
     p.logprobs = chat_logprobs(&o, limits)?;
-    apply_output_cap(&mut p, max_tokens, prompt_tokens, "messages", limits)?;
-    Ok(p)
+    routed(
+        Route::DatabricksChat,
+        body,
+        p,
+        max_tokens,
+        "messages",
+        limits,
+    )
 }
 
 /// Validates a Databricks completions body. With `error_behavior: "truncate"` a prompt over
 /// the token limit is not an error: the server cuts it from the left to
-/// [`max_prompt_tokens`], and the cap is computed for the cut prompt (→A-62).
-pub(super) fn completions(
-    body: &Raw,
-    prompt_tokens: Option<u32>,
-    limits: &Limits,
-) -> CoreResult<SamplingParams> {
+/// `max_prompt_tokens`, and the cap is computed for the cut prompt (→A-62; see
+/// [`ValidRequest::fit_prompt`]).
+pub(super) fn completions(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let o = Obj::root(body)?;
     prompts(o.field("prompt"), limits)?;
-    let (mut p, max_tokens) = sampling(&o, limits)?;
+    let (p, max_tokens) = sampling(&o, limits)?;
     let behavior = o.field("error_behavior");
     let truncate = match behavior.str()? {
         None | Some("error") => false,
@@ -67,29 +68,29 @@ pub(super) fn completions(
     o.field("suffix").str()?;
     o.field("echo").bool()?;
     o.field("use_raw_prompt").bool()?;
-    let prompt_tokens = match prompt_tokens {
-        Some(n) if truncate && n > 0 => Some(n.min(max_prompt_tokens(limits))),
-        other => other,
-    };
-    apply_output_cap(&mut p, max_tokens, prompt_tokens, "prompt", limits)?;
-    Ok(p)
+    routed(
+        Route::DatabricksCompletions,
+        body,
+        p,
+        max_tokens,
+        "prompt",
+        limits,
+    )
 }
 
 /// Validates a Databricks embeddings body: `input` (a non-empty string or a non-empty list of
 /// them) and an optional `instruction`. Nothing is generated, so the parameters are the
 /// defaults; the prompt-token limit applies when a count is given.
-pub(super) fn embeddings(
-    body: &Raw,
-    prompt_tokens: Option<u32>,
-    limits: &Limits,
-) -> CoreResult<SamplingParams> {
+pub(super) fn embeddings(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let o = Obj::root(body)?;
     prompts(o.field("input"), limits)?;
     o.field("instruction").str()?;
-    if let Some(n) = prompt_tokens {
-        check_prompt_tokens_of("input", n, limits)?;
-    }
-    Ok(SamplingParams::default())
+    let route = Route::DatabricksEmbeddings;
+    let switches = read_switches(route, body)?;
+    let cap = OutputCap::LimitOnly {
+        prompt_field: "input",
+    };
+    ValidRequest::new(route, SamplingParams::default(), switches, cap, limits)
 }
 
 /// The sampling fields chat and completions share. Temperature 0 or top_p 0 is greedy

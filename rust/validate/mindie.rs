@@ -3,10 +3,13 @@
 use crate::error::CoreResult;
 use crate::params::SamplingParams;
 
+use super::request::{routed, ValidRequest};
+use super::Route;
+
 use super::codes;
 use super::common::{
-    apply_output_cap, float_in, int_in, make_greedy, normalise_top_k, prompt_chars, seed, I32_MAX,
-    POSITIVE, UNIT_OPEN,
+    float_in, int_in, make_greedy, normalise_top_k, prompt_chars, seed, I32_MAX, POSITIVE,
+    UNIT_OPEN,
 };
 use super::limits::Limits;
 use super::messages::{content, MediaCount, PartRules, GENERATE_PARTS};
@@ -21,11 +24,7 @@ const MAX_TIMEOUT_S: i128 = 3600;
 const MAX_ID_LEN: usize = 256;
 
 /// Validates a generate / generate_stream body.
-pub(super) fn generate(
-    body: &Raw,
-    prompt_tokens: Option<u32>,
-    limits: &Limits,
-) -> CoreResult<SamplingParams> {
+pub(super) fn generate(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let o = Obj::root(body)?;
     request_id(o.field("id"))?;
     text_input(o.field("text_input"), limits)?;
@@ -45,8 +44,14 @@ pub(super) fn generate(
     p.timeout_s = Some(timeout as f64);
     let max_new = int_in(q.field("max_new_tokens"), 1, I32_MAX)?;
     let requested = max_new.map_or(DEFAULT_MAX_NEW_TOKENS, |m| m as u64);
-    apply_output_cap(&mut p, Some(requested), prompt_tokens, "text_input", limits)?;
-    Ok(p)
+    routed(
+        Route::Generate,
+        body,
+        p,
+        Some(requested),
+        "text_input",
+        limits,
+    )
 }
 
 /// The client's request id: `^[A-Za-z0-9_-]{1,256}$`.

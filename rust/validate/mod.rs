@@ -15,8 +15,11 @@
 //! `allowed_token_ids` and `spaces_between_special_tokens`.
 //!
 //! Route-level switches that are not sampling parameters (`stream`, `details`, `echo`,
-//! `suffix`, `tools`, `response_format`, ...) are checked here and read by the server itself.
+//! `suffix`, `tools`, `response_format`, ...) are checked here too and come back with the
+//! parameters in one [`ValidRequest`]; what this build cannot serve yet is refused from one
+//! table, [`capabilities`](Capabilities).
 
+mod capabilities;
 mod common;
 mod databricks;
 mod limits;
@@ -25,6 +28,7 @@ mod mindie;
 mod offline;
 mod openai;
 mod raw;
+mod request;
 mod stops;
 mod tokens;
 mod tools;
@@ -33,11 +37,13 @@ mod trt;
 #[cfg(test)]
 mod tests;
 
+pub use capabilities::{check_params as check_capabilities, check_request, Capabilities, BUILT};
 pub use limits::{
     check_prompt_tokens, max_prompt_tokens, EndpointType, Limits, MAX_PROMPT_TOKENS_CAP,
 };
 pub use offline::OFFLINE_FIELDS;
 pub use raw::Raw;
+pub use request::{Switches, ValidRequest};
 
 use crate::error::{CoreError, CoreResult};
 use crate::params::SamplingParams;
@@ -128,6 +134,23 @@ pub(crate) enum Flavor {
     Databricks,
 }
 
+/// Validates the whole decoded request body of `route` once: its parameters and its route
+/// switches. The rules that need the prompt's token count come after tokenizing, from
+/// [`ValidRequest::fit_prompt`] or [`ValidRequest::with_prompt_tokens`]. `limits` must have
+/// passed [`Limits::validate`].
+pub fn validate_request(route: Route, body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
+    match route {
+        Route::Generate => mindie::generate(body, limits),
+        Route::Chat => openai::chat(body, limits),
+        Route::Completions => openai::completions(body, limits),
+        Route::DatabricksChat => databricks::chat(body, limits),
+        Route::DatabricksCompletions => databricks::completions(body, limits),
+        Route::DatabricksEmbeddings => databricks::embeddings(body, limits),
+        Route::Trt => trt::trt(body, limits),
+        Route::Offline => offline::offline(body, limits),
+    }
+}
+
 /// Validates the whole decoded request body of `route` and returns the normalised parameters.
 ///
 /// With `num_prompt_tokens` (the prompt's token count, after the chat template for chat), it
@@ -142,14 +165,5 @@ pub fn validate(
     num_prompt_tokens: Option<u32>,
     limits: &Limits,
 ) -> CoreResult<SamplingParams> {
-    match route {
-        Route::Generate => mindie::generate(body, num_prompt_tokens, limits),
-        Route::Chat => openai::chat(body, num_prompt_tokens, limits),
-        Route::Completions => openai::completions(body, num_prompt_tokens, limits),
-        Route::DatabricksChat => databricks::chat(body, num_prompt_tokens, limits),
-        Route::DatabricksCompletions => databricks::completions(body, num_prompt_tokens, limits),
-        Route::DatabricksEmbeddings => databricks::embeddings(body, num_prompt_tokens, limits),
-        Route::Trt => trt::trt(body, limits),
-        Route::Offline => offline::offline(body, num_prompt_tokens, limits),
-    }
+    validate_request(route, body, limits)?.with_prompt_tokens(num_prompt_tokens, None, limits)
 }

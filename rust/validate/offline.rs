@@ -5,10 +5,13 @@
 use crate::error::CoreResult;
 use crate::params::SamplingParams;
 
+use super::request::{read_switches, OutputCap, ValidRequest};
+use super::Route;
+
 use super::codes;
 use super::common::{
-    apply_output_cap, float_in, int_in, make_greedy, normalise_top_k, seed,
-    settle_include_stop_str, u32_in, NON_NEGATIVE, PENALTY, POSITIVE, UNIT, UNIT_OPEN,
+    float_in, int_in, make_greedy, normalise_top_k, seed, settle_include_stop_str, u32_in,
+    NON_NEGATIVE, PENALTY, POSITIVE, UNIT, UNIT_OPEN,
 };
 use super::limits::Limits;
 use super::openai::check_beam_width;
@@ -53,11 +56,7 @@ pub const OFFLINE_FIELDS: [&str; 29] = [
 
 /// Validates offline keyword arguments. Without a prompt token count `max_tokens` stays as
 /// given (None = until `max_model_len`); with one, the SPEC 1.5 cap applies.
-pub(super) fn offline(
-    body: &Raw,
-    prompt_tokens: Option<u32>,
-    limits: &Limits,
-) -> CoreResult<SamplingParams> {
+pub(super) fn offline(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let o = Obj::root(body)?;
     let mut p = sampling(&o, limits)?;
     tokens_and_text(&o, &mut p, limits)?;
@@ -77,11 +76,11 @@ pub(super) fn offline(
     if p.temperature == 0.0 {
         make_greedy(&mut p);
     }
-    if prompt_tokens.is_some() {
-        let requested = max_tokens.map(u64::from);
-        apply_output_cap(&mut p, requested, prompt_tokens, "prompt", limits)?;
-    }
-    Ok(p)
+    let cap = OutputCap::WithCountOnly {
+        requested: max_tokens.map(u64::from),
+    };
+    let switches = read_switches(Route::Offline, body)?;
+    ValidRequest::new(Route::Offline, p, switches, cap, limits)
 }
 
 /// The numeric sampling fields.

@@ -4,11 +4,14 @@
 use crate::error::CoreResult;
 use crate::params::SamplingParams;
 
+use super::request::{routed, ValidRequest};
+use super::Route;
+
 use super::codes;
 use super::common::{
-    apply_output_cap, float_in, int_in, make_greedy, prompt_chars, prompts, seed,
-    settle_include_stop_str, top_k_minus_one_or_positive, u32_in, FloatRange, I32_MAX,
-    NON_NEGATIVE, PENALTY, REPETITION_V1, UNIT_OPEN,
+    float_in, int_in, make_greedy, prompt_chars, prompts, seed, settle_include_stop_str,
+    top_k_minus_one_or_positive, u32_in, FloatRange, I32_MAX, NON_NEGATIVE, PENALTY, REPETITION_V1,
+    UNIT_OPEN,
 };
 use super::limits::Limits;
 use super::messages::messages;
@@ -81,11 +84,7 @@ fn needs_sampling(o: &Obj<'_>, several: bool, temperature: Option<f32>) -> CoreR
 }
 
 /// Validates a `/v1/chat/completions` body.
-pub(super) fn chat(
-    body: &Raw,
-    prompt_tokens: Option<u32>,
-    limits: &Limits,
-) -> CoreResult<SamplingParams> {
+pub(super) fn chat(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let o = Obj::root(body)?;
     let chars = messages(o.field("messages"), Flavor::MindIE, limits.multimodal)?;
     prompt_chars(o.field("messages"), chars, limits)?;
@@ -105,8 +104,7 @@ pub(super) fn chat(
         make_greedy(&mut p);
     }
     let requested = max_tokens.unwrap_or(limits.max_iter_times.into());
-    apply_output_cap(&mut p, Some(requested), prompt_tokens, "messages", limits)?;
-    Ok(p)
+    routed(Route::Chat, body, p, Some(requested), "messages", limits)
 }
 
 /// Chat `logprobs` (bool) and `top_logprobs` (0..=max_logprobs, only with `logprobs: true`):
@@ -122,11 +120,7 @@ pub(super) fn chat_logprobs(o: &Obj<'_>, limits: &Limits) -> CoreResult<Option<u
 }
 
 /// Validates a `/v1/completions` body.
-pub(super) fn completions(
-    body: &Raw,
-    prompt_tokens: Option<u32>,
-    limits: &Limits,
-) -> CoreResult<SamplingParams> {
+pub(super) fn completions(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let o = Obj::root(body)?;
     prompts(o.field("prompt"), limits)?;
     let rules = V1Rules {
@@ -140,8 +134,14 @@ pub(super) fn completions(
         make_greedy(&mut p);
     }
     let requested = max_tokens.unwrap_or(limits.max_iter_times.into());
-    apply_output_cap(&mut p, Some(requested), prompt_tokens, "prompt", limits)?;
-    Ok(p)
+    routed(
+        Route::Completions,
+        body,
+        p,
+        Some(requested),
+        "prompt",
+        limits,
+    )
 }
 
 /// `n`, `best_of` and `use_beam_search` with the cross-field rules of SPEC 5.2.

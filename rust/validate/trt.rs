@@ -19,13 +19,15 @@ use super::common::{
 };
 use super::limits::Limits;
 use super::raw::{fail, Field, Obj, Raw};
+use super::request::{read_switches, OutputCap, ValidRequest};
 use super::tokens::{embedding_bias, token_id, token_ids};
+use super::Route;
 
 /// TRT-LLM's largest top-k.
 const MAX_TOP_K: u32 = 1024;
 
 /// Validates a TRT request's tensors.
-pub(super) fn trt(body: &Raw, limits: &Limits) -> CoreResult<SamplingParams> {
+pub(super) fn trt(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let o = Obj::root(body)?;
     let input = o.field("input_ids");
     let input_ids = token_ids(one_row(input)?, limits, true)?.ok_or_else(|| input.missing())?;
@@ -58,7 +60,8 @@ pub(super) fn trt(body: &Raw, limits: &Limits) -> CoreResult<SamplingParams> {
         "input_ids",
         limits,
     )?;
-    Ok(p)
+    let switches = read_switches(Route::Trt, body)?;
+    ValidRequest::new(Route::Trt, p, switches, OutputCap::Applied, limits)
 }
 
 /// The sampling scalars, and whether TRT's decoding-mode rule makes them greedy (SPEC 7.4:

@@ -10,6 +10,7 @@ mod json;
 mod limits;
 mod offline;
 mod raw;
+mod request;
 mod samples;
 mod spec_bodies;
 mod trt;

@@ -1,0 +1,220 @@
+//! `ValidRequest`: what one validation pass over a request body yields. It holds the
+//! normalised [`SamplingParams`] and every route switch a handler needs (stream, echo, suffix,
+//! error_behavior, details, the client id, ...). The rules that need the prompt's token count
+//! (the SPEC 1.4.2 limit and the SPEC 1.5 output cap) are one cheap call on it after
+//! tokenizing, [`ValidRequest::fit_prompt`], with no second pass over the body.
+
+use crate::error::CoreResult;
+use crate::params::SamplingParams;
+
+use super::common::apply_output_cap;
+use super::limits::{check_prompt_tokens_of, max_prompt_tokens, Limits};
+use super::raw::{Obj, Raw};
+use super::Route;
+
+/// How the output cap of SPEC 1.5 applies once the prompt's token count is known.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum OutputCap {
+    /// The route's rule: `requested` is the client's cap or the route default (None where the
+    /// route has none); a prompt-limit error names `prompt_field`.
+    Route {
+        requested: Option<u64>,
+        prompt_field: &'static str,
+    },
+    /// The offline route: `max_tokens` stays as given unless a count is known.
+    WithCountOnly { requested: Option<u64> },
+    /// Already applied during validation (the TRT route counts its own `input_ids`).
+    Applied,
+    /// Only the prompt-token limit (nothing is generated: embeddings).
+    LimitOnly { prompt_field: &'static str },
+}
+
+/// The route switches that are not sampling parameters, read once by validation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Switches {
+    /// Stream the response as server-sent events.
+    pub stream: bool,
+    /// The `model` the client named (`/v1` routes).
+    pub model: Option<String>,
+    /// Completions `echo`: the prompt is put before the generated text.
+    pub echo: bool,
+    /// Completions `suffix` (text after the completion).
+    pub suffix: Option<String>,
+    /// Databricks `error_behavior: "truncate"`: a prompt over the token limit is cut from
+    /// the left instead of refused.
+    pub truncate: bool,
+    /// MindIE `parameters.details`.
+    pub details: bool,
+    /// MindIE client request `id`.
+    pub client_id: Option<String>,
+    /// Whether the body names any tool.
+    pub has_tools: bool,
+    /// `tool_choice` when it is a string (`"none"`, `"auto"`, `"required"`).
+    pub tool_choice: Option<String>,
+    /// Whether `tool_choice` names one function (an object).
+    pub forces_tool: bool,
+    /// `response_format.type`, when given.
+    pub response_format: Option<String>,
+    /// Whether `prompt` (or `input`) is a list: a batch of prompts.
+    pub is_batch: bool,
+}
+
+/// A request body that passed its route's rules: the parameters and the switches.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidRequest {
+    /// The route it was validated for.
+    pub route: Route,
+    /// The parameters before the prompt-token rules: `max_tokens` is capped by
+    /// `max_iter_times` only (the offline route leaves it as given).
+    pub params: SamplingParams,
+    /// The route switches.
+    pub switches: Switches,
+    pub(crate) cap: OutputCap,
+}
+
+impl ValidRequest {
+    /// Builds a request from a route's parameters, applying the count-free part of the cap.
+    pub(crate) fn new(
+        route: Route,
+        mut params: SamplingParams,
+        switches: Switches,
+        cap: OutputCap,
+        limits: &Limits,
+    ) -> CoreResult<Self> {
+        if let OutputCap::Route {
+            requested,
+            prompt_field,
+        } = &cap
+        {
+            apply_output_cap(&mut params, *requested, None, prompt_field, limits)?;
+        }
+        Ok(ValidRequest {
+            route,
+            params,
+            switches,
+            cap,
+        })
+    }
+
+    /// The parameters for a prompt of `num_prompt_tokens` tokens (after the chat template, for
+    /// chat): the SPEC 1.4.2 limit and the SPEC 1.5 output cap. `index` is the prompt's place
+    /// in a batch, named in errors (`prompt[2]`). Without a count the parameters are returned
+    /// as they are.
+    pub fn with_prompt_tokens(
+        &self,
+        num_prompt_tokens: Option<u32>,
+        index: Option<usize>,
+        limits: &Limits,
+    ) -> CoreResult<SamplingParams> {
+        let mut p = self.params.clone();
+        // Databricks truncation: the prompt is cut to the limit, and the cap is for the cut.
+        let max = max_prompt_tokens(limits);
+        let num_prompt_tokens = match num_prompt_tokens {
+            Some(n) if self.switches.truncate => Some(n.min(max)),
+            n => n,
+        };
+        match (&self.cap, num_prompt_tokens) {
+            (_, None) | (OutputCap::Applied, _) => {}
+            (OutputCap::Route { requested, .. }, n) => {
+                let field = self.prompt_param(index);
+                apply_output_cap(&mut p, *requested, n, &field, limits)?;
+            }
+            (OutputCap::WithCountOnly { requested }, n) => {
+                let field = self.prompt_param(index);
+                apply_output_cap(&mut p, *requested, n, &field, limits)?;
+            }
+            (OutputCap::LimitOnly { .. }, Some(n)) => {
+                check_prompt_tokens_of(&self.prompt_param(index), n, limits)?;
+            }
+        }
+        Ok(p)
+    }
+
+    /// Fits a tokenized prompt of `num_tokens` tokens: with `truncate` set, a prompt over the
+    /// limit keeps its last [`max_prompt_tokens`] tokens (→A-62); then
+    /// [`ValidRequest::with_prompt_tokens`]. Returns how many leading tokens to drop and the
+    /// parameters.
+    pub fn fit_prompt(
+        &self,
+        num_tokens: usize,
+        index: Option<usize>,
+        limits: &Limits,
+    ) -> CoreResult<(usize, SamplingParams)> {
+        let max = max_prompt_tokens(limits) as usize;
+        let drop = match self.switches.truncate {
+            true if num_tokens > max => num_tokens - max,
+            _ => 0,
+        };
+        let kept = u32::try_from(num_tokens - drop).unwrap_or(u32::MAX);
+        Ok((drop, self.with_prompt_tokens(Some(kept), index, limits)?))
+    }
+
+    /// The prompt field as errors name it: `prompt`, or `prompt[i]` in a batch.
+    fn prompt_param(&self, index: Option<usize>) -> String {
+        let field = match &self.cap {
+            OutputCap::Route { prompt_field, .. } | OutputCap::LimitOnly { prompt_field } => {
+                prompt_field
+            }
+            _ => "prompt",
+        };
+        match index {
+            Some(i) if self.switches.is_batch => format!("{field}[{i}]"),
+            _ => field.to_string(),
+        }
+    }
+}
+
+/// A request of a route whose output cap follows SPEC 1.5 (`requested`: the client's cap or
+/// the route default; a prompt-limit error names `prompt_field`).
+pub(crate) fn routed(
+    route: Route,
+    body: &Raw,
+    params: SamplingParams,
+    requested: Option<u64>,
+    prompt_field: &'static str,
+    limits: &Limits,
+) -> CoreResult<ValidRequest> {
+    let cap = OutputCap::Route {
+        requested,
+        prompt_field,
+    };
+    ValidRequest::new(route, params, read_switches(route, body)?, cap, limits)
+}
+
+/// Reads the route switches of a body that already passed its route's rules (so every read
+/// here has been type-checked once, and none can fail).
+pub(crate) fn read_switches(route: Route, body: &Raw) -> CoreResult<Switches> {
+    let o = Obj::root(body)?;
+    let params = o.field("parameters").obj()?;
+    let string =
+        |key: &str| -> CoreResult<Option<String>> { Ok(o.field(key).str()?.map(str::to_owned)) };
+    let tool_choice = o.field("tool_choice");
+    let is_batch = |key: &str| matches!(body.get(key), Some(Raw::List(_)));
+    Ok(Switches {
+        stream: o.field("stream").bool()?.unwrap_or(false),
+        model: string("model")?,
+        echo: o.field("echo").bool()?.unwrap_or(false),
+        suffix: string("suffix")?,
+        truncate: route == Route::DatabricksCompletions
+            && o.field("error_behavior").str()? == Some("truncate"),
+        details: match params {
+            Some(q) => q.field("details").bool()?.unwrap_or(false),
+            None => false,
+        },
+        client_id: match route {
+            Route::Generate => string("id")?,
+            _ => None,
+        },
+        has_tools: o.field("tools").list()?.is_some_and(|t| !t.is_empty()),
+        tool_choice: match tool_choice.raw {
+            Some(Raw::Str(s)) => Some(s.clone()),
+            _ => None,
+        },
+        forces_tool: matches!(tool_choice.raw, Some(Raw::Map(_))),
+        response_format: match o.field("response_format").obj()? {
+            Some(rf) => rf.field("type").str()?.map(str::to_owned),
+            None => None,
+        },
+        is_batch: is_batch("prompt") || is_batch("input"),
+    })
+}
