@@ -226,22 +226,87 @@ class Limits:
 def validate(
     route: str,
     body: Mapping[str, Any],
-    num_prompt_tokens: int | None = None,
     limits: Limits | None = None,
-) -> SamplingParams:
-    """Validate a decoded request body of ``route`` and return its normalised parameters.
+) -> ValidRequest:
+    """Validate a decoded request body of ``route`` once: its parameters and route switches.
 
     ``route`` is "generate", "generate_stream", "chat", "completions", "databricks_chat",
     "databricks_completions", "databricks_embeddings", "trt" or "offline". Each route keeps its
-    own ranges. With ``num_prompt_tokens`` the prompt-token limit and the output cap
-    ``min(max_tokens or the route default, max_iter_times, max_model_len - prompt_tokens)``
-    apply; without it ``max_tokens`` is capped by ``max_iter_times`` only. Raises
-    ValidationError whose ``param`` is the field path as the client wrote it
-    (``messages[0].content[1].type``) and whose ``code`` is a stable tag (``out_of_range``,
-    ``wrong_type``, ``missing``, ``too_long``, ``empty``, ``conflict``,
+    own ranges. The rules that need the prompt's token count come after tokenizing:
+    ``ValidRequest.fit_prompt`` / ``with_prompt_tokens`` apply the prompt-token limit and the
+    output cap ``min(max_tokens or the route default, max_iter_times, max_model_len -
+    prompt_tokens)``. Raises ValidationError whose ``param`` is the field path as the client
+    wrote it (``messages[0].content[1].type``) and whose ``code`` is a stable tag
+    (``out_of_range``, ``wrong_type``, ``missing``, ``too_long``, ``empty``, ``conflict``,
     ``unsupported_content_type``, ``invalid_format``, ``invalid_value``, ``too_many``,
     ``unsupported``).
     """
+
+def check_supported(params: SamplingParams) -> None:
+    """Raise ValidationError (code ``unsupported``, naming the field) when ``params`` ask for a
+    feature this build does not serve yet: the capability table every request path shares."""
+
+@final
+class ValidRequest:
+    """A request body that passed its route's rules: the parameters and every route switch.
+
+    Messages, tools and prompts are the decoded body's own objects, validated, not copies.
+    """
+
+    @property
+    def route(self) -> str:
+        """The route name it was validated for."""
+    @property
+    def params(self) -> SamplingParams:
+        """The parameters before the prompt-token rules (``max_tokens`` capped by
+        ``max_iter_times`` only; the offline route leaves it as given)."""
+    @property
+    def stream(self) -> bool: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def echo(self) -> bool: ...
+    @property
+    def suffix(self) -> str | None: ...
+    @property
+    def truncate(self) -> bool:
+        """Databricks ``error_behavior: "truncate"``."""
+    @property
+    def details(self) -> bool:
+        """MindIE ``parameters.details``."""
+    @property
+    def client_id(self) -> str | None:
+        """MindIE's client ``id``."""
+    @property
+    def is_batch(self) -> bool:
+        """Whether ``prompt`` (or ``input``) is a list of prompts."""
+    @property
+    def messages(self) -> Any:
+        """The chat messages (a list of message objects), or None."""
+    @property
+    def tools(self) -> Any:
+        """The tools for the chat template when the body has any, else None."""
+    @property
+    def tool_choice(self) -> Any: ...
+    @property
+    def response_format(self) -> Any: ...
+    @property
+    def prompts(self) -> list[str]:
+        """The prompt texts (``prompt``/``input``, or ``text_input`` with its text parts
+        joined); empty for chat."""
+    def with_prompt_tokens(
+        self, num_prompt_tokens: int, index: int | None = None
+    ) -> SamplingParams:
+        """The parameters for a prompt of ``num_prompt_tokens`` tokens: the prompt-token limit
+        and the output cap; an error names ``prompt[index]`` in a batch."""
+    def fit_prompt(
+        self, token_ids: Sequence[int] | npt.NDArray[np.integer], index: int | None = None
+    ) -> tuple[npt.NDArray[np.uint32], SamplingParams]:
+        """The prompt's token ids (cut from the left under ``error_behavior: "truncate"``) as a
+        uint32 array, and ``with_prompt_tokens`` for them."""
+    def check_supported(self) -> None:
+        """Raise ValidationError (code ``unsupported``) naming the field that asks for a
+        feature this build does not serve yet."""
 
 @final
 class StepPlan:

@@ -16,6 +16,7 @@ from ferrollm._core import SamplingParams
 from ferrollm.config import EngineConfig
 from ferrollm.engine.engine import LLMEngine
 from ferrollm.engine.outputs import RequestOutput
+from ferrollm.engine.request import EngineRequest
 from ferrollm.tokenizer import Message, Tokenizer
 
 #: One prompt: text, or token ids.
@@ -92,7 +93,7 @@ class LLM:
         request_ids = [f"offline-{next(self._ids)}" for _ in prompts]
         try:
             for request_id, (text, token_ids), p in zip(request_ids, prompts, params, strict=True):
-                self.engine.add_request(request_id, token_ids, p, prompt=text)
+                self.engine.add_request(EngineRequest.of(request_id, token_ids, p, prompt=text))
             results = self._step_until_done(set(request_ids))
         except BaseException:
             self.engine.abort_all()  # leave the engine empty for the next call

@@ -32,7 +32,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<scheduler::PyStepPlan>()?;
     m.add_class::<scheduler::PyStepOutput>()?;
     m.add_class::<validate::PyLimits>()?;
+    m.add_class::<validate::PyValidRequest>()?;
     m.add_function(wrap_pyfunction!(validate::validate, m)?)?;
+    m.add_function(wrap_pyfunction!(validate::check_supported, m)?)?;
     m.add_class::<detok::PyDetokenizer>()?;
     m.add_class::<detok::PyDecodeStream>()?;
     m.add_class::<stop::PyStopMatcher>()?;

@@ -8,9 +8,11 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PyString, P
 
 use super::errors::{guard, int_arg};
 use super::params::PySamplingParams;
+use super::tokens::extract_token_ids;
 use crate::error::CoreError;
 use crate::validate::{
-    codes, max_prompt_tokens, validate as core_validate, EndpointType, Limits, Raw, Route,
+    check_capabilities, check_request, codes, max_prompt_tokens, validate_request, EndpointType,
+    Limits, Raw, Route, ValidRequest, BUILT,
 };
 
 /// Deepest nesting accepted in a body; real request bodies are a few levels deep, and the
@@ -323,32 +325,204 @@ impl PyLimits {
     }
 }
 
-/// Validates the decoded request body of `route` and returns its normalised parameters.
+fn limits_or_default(limits: Option<PyRef<'_, PyLimits>>) -> Limits {
+    limits.map_or_else(Limits::default, |l| l.inner.clone())
+}
+
+/// Validates the decoded request body of `route` once and returns the `ValidRequest`.
 #[pyfunction]
-#[pyo3(signature = (route, body, num_prompt_tokens=None, limits=None),
-    text_signature = "(route, body, num_prompt_tokens=None, limits=None)")]
+#[pyo3(signature = (route, body, limits=None), text_signature = "(route, body, limits=None)")]
 pub(crate) fn validate(
     route: &str,
     body: &Bound<'_, PyAny>,
-    num_prompt_tokens: Option<&Bound<'_, PyAny>>,
     limits: Option<PyRef<'_, PyLimits>>,
-) -> PyResult<PySamplingParams> {
-    let route = Route::parse(route)?;
+) -> PyResult<PyValidRequest> {
+    let route_name = Route::parse(route).map(|_| route.to_owned())?;
     let raw = body_to_raw(body)?;
-    let tokens = num_prompt_tokens
-        .filter(|t| !t.is_none())
-        .map(|t| u32_arg("num_prompt_tokens", t))
-        .transpose()?;
-    let default;
-    let limits = match &limits {
-        Some(l) => &l.inner,
-        None => {
-            default = Limits::default();
-            &default
-        }
-    };
-    let params = guard("validate", || core_validate(route, &raw, tokens, limits))??;
-    Ok(PySamplingParams {
-        inner: Arc::new(params),
+    let limits = limits_or_default(limits);
+    let inner = guard("validate", || {
+        validate_request(Route::parse(route)?, &raw, &limits)
+    })??;
+    let params = Py::new(
+        body.py(),
+        PySamplingParams {
+            inner: Arc::new(inner.params.clone()),
+        },
+    )?;
+    Ok(PyValidRequest {
+        route: route_name,
+        inner,
+        limits,
+        body: body.clone().unbind(),
+        params,
     })
+}
+
+/// Refuses parameters that ask for a feature this build does not serve yet (the capability
+/// table every request path shares).
+#[pyfunction]
+pub(crate) fn check_supported(params: PyRef<'_, PySamplingParams>) -> PyResult<()> {
+    Ok(check_capabilities(&params.inner, &BUILT)?)
+}
+
+/// A request body that passed its route's rules: the parameters and every route switch.
+#[pyclass(name = "ValidRequest", module = "ferrollm._core", frozen)]
+pub struct PyValidRequest {
+    route: String,
+    inner: ValidRequest,
+    limits: Limits,
+    /// The decoded body the client sent: messages, tools and prompts are handed out from it
+    /// as they are, never copied.
+    body: Py<PyAny>,
+    params: Py<PySamplingParams>,
+}
+
+impl PyValidRequest {
+    fn member<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let value = self.body.bind(py).get_item(key).ok();
+        Ok(value.filter(|v| !v.is_none()))
+    }
+}
+
+/// The text of `text_input`: a string, or its text parts joined in order (→A-46).
+fn joined_text(value: &Bound<'_, PyAny>) -> PyResult<String> {
+    if let Ok(s) = value.cast::<PyString>() {
+        return Ok(s.to_str()?.to_owned());
+    }
+    let mut text = String::new();
+    for part in value.try_iter()? {
+        let part = part?;
+        if part.get_item("type")?.extract::<String>().ok().as_deref() == Some("text") {
+            text.push_str(part.get_item("text")?.cast::<PyString>()?.to_str()?);
+        }
+    }
+    Ok(text)
+}
+
+#[pymethods]
+impl PyValidRequest {
+    /// The route name it was validated for.
+    #[getter]
+    fn route(&self) -> &str {
+        &self.route
+    }
+    /// The parameters before the prompt-token rules.
+    #[getter]
+    fn params(&self, py: Python<'_>) -> Py<PySamplingParams> {
+        self.params.clone_ref(py)
+    }
+    #[getter]
+    fn stream(&self) -> bool {
+        self.inner.switches.stream
+    }
+    #[getter]
+    fn model(&self) -> Option<&str> {
+        self.inner.switches.model.as_deref()
+    }
+    #[getter]
+    fn echo(&self) -> bool {
+        self.inner.switches.echo
+    }
+    #[getter]
+    fn suffix(&self) -> Option<&str> {
+        self.inner.switches.suffix.as_deref()
+    }
+    #[getter]
+    fn truncate(&self) -> bool {
+        self.inner.switches.truncate
+    }
+    #[getter]
+    fn details(&self) -> bool {
+        self.inner.switches.details
+    }
+    #[getter]
+    fn client_id(&self) -> Option<&str> {
+        self.inner.switches.client_id.as_deref()
+    }
+    #[getter]
+    fn is_batch(&self) -> bool {
+        self.inner.switches.is_batch
+    }
+    /// The chat messages as the client sent them (validated), or None.
+    #[getter]
+    fn messages<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.member(py, "messages")
+    }
+    /// The tools to show the chat template: the body's list when it has any (only with
+    /// `tool_choice: "none"` until tool calling is built), else None.
+    #[getter]
+    fn tools<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match self.inner.switches.has_tools {
+            true => self.member(py, "tools"),
+            false => Ok(None),
+        }
+    }
+    #[getter]
+    fn tool_choice<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.member(py, "tool_choice")
+    }
+    #[getter]
+    fn response_format<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.member(py, "response_format")
+    }
+    /// The prompt texts: `prompt` or `input` (one, or a batch), or `text_input` with its text
+    /// parts joined; empty for chat.
+    #[getter]
+    fn prompts<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        for key in ["prompt", "input"] {
+            if let Some(value) = self.member(py, key)? {
+                if value.is_instance_of::<PyString>() {
+                    return Ok(vec![value]);
+                }
+                return value.try_iter()?.collect();
+            }
+        }
+        match self.member(py, "text_input")? {
+            Some(v) => Ok(vec![PyString::new(py, &joined_text(&v)?).into_any()]),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// The parameters for a prompt of `num_prompt_tokens` tokens: the prompt-token limit and
+    /// the output cap (an error names `prompt[index]` in a batch).
+    #[pyo3(signature = (num_prompt_tokens, index=None))]
+    fn with_prompt_tokens(
+        &self,
+        num_prompt_tokens: &Bound<'_, PyAny>,
+        index: Option<usize>,
+    ) -> PyResult<PySamplingParams> {
+        let num = u32_arg("num_prompt_tokens", num_prompt_tokens)?;
+        let p = self
+            .inner
+            .with_prompt_tokens(Some(num), index, &self.limits)?;
+        Ok(PySamplingParams { inner: Arc::new(p) })
+    }
+
+    /// Fits a tokenized prompt: cut from the left under `error_behavior: "truncate"`, then the
+    /// limit and cap. Returns the prompt's token ids as a uint32 array and the parameters.
+    #[pyo3(signature = (token_ids, index=None))]
+    fn fit_prompt<'py>(
+        &self,
+        py: Python<'py>,
+        token_ids: &Bound<'py, PyAny>,
+        index: Option<usize>,
+    ) -> PyResult<(Bound<'py, numpy::PyArray1<u32>>, PySamplingParams)> {
+        let ids = extract_token_ids("prompt_token_ids", token_ids)?;
+        let (drop, p) = self.inner.fit_prompt(ids.len(), index, &self.limits)?;
+        let ids = numpy::PyArray1::from_slice(py, &ids[drop..]);
+        Ok((ids, PySamplingParams { inner: Arc::new(p) }))
+    }
+
+    /// Raises a ValidationError (code "unsupported") naming the field that asks for a feature
+    /// this build does not serve yet.
+    fn check_supported(&self) -> PyResult<()> {
+        Ok(check_request(&self.inner, &BUILT)?)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ValidRequest(route={:?}, params={:?})",
+            self.route, self.inner.params
+        )
+    }
 }

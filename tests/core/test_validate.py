@@ -22,15 +22,25 @@ def approx(value: Any) -> Any:
     return pytest.approx(value) if isinstance(value, float) else value
 
 
+def validated(
+    route: str, body: Any, num_prompt_tokens: Any = None, limits: Limits | None = None
+) -> SamplingParams:
+    """`validate`, then with a token count the prompt-token rules: what the engine gets."""
+    valid = validate(route, body, limits)
+    if num_prompt_tokens is None:
+        return valid.params
+    return valid.with_prompt_tokens(num_prompt_tokens)
+
+
 def check(route: str, body: Any, expected: Any, **kwargs: Any) -> SamplingParams | None:
     """Validate `body` and compare with `expected`: an Err, or a dict of attribute values."""
     if isinstance(expected, Err):
         with pytest.raises(ValidationError) as info:
-            validate(route, body, **kwargs)
+            validated(route, body, **kwargs)
         assert (info.value.param, info.value.code) == (expected.param, expected.code), info.value
         assert str(info.value).startswith(f"`{expected.param}`")
         return None
-    params = validate(route, body, **kwargs)
+    params = validated(route, body, **kwargs)
     for name, value in expected.items():
         assert getattr(params, name) == approx(value), name
     return params
@@ -133,7 +143,7 @@ def test_media_on_a_text_only_model() -> None:
         {"type": "image_url", "image_url": "/xxxx/test.png"},
     ]
     check("chat", body, Err("messages[0].content[1].type", "unsupported_content_type"))
-    assert validate("chat", body, limits=Limits(multimodal=True)).max_tokens == 20
+    assert validated("chat", body, limits=Limits(multimodal=True)).max_tokens == 20
 
 
 GEN = {"text_input": "hello"}
@@ -242,7 +252,7 @@ def test_numpy_values_are_accepted() -> None:
         "seed": np.uint64(2**63),
         "top_p": np.float32(0.5),
     }
-    params = validate("chat", body)
+    params = validated("chat", body)
     assert params.stop_token_ids == [3, 4]
     assert params.seed == 2**63
     assert params.top_p == pytest.approx(0.5)
@@ -250,19 +260,19 @@ def test_numpy_values_are_accepted() -> None:
 
 def test_prompt_tokens_and_output_cap() -> None:
     limits = Limits(max_model_len=4096, max_input_tokens=4000, max_iter_times=1000)
-    assert validate("chat", CHAT, limits=limits).max_tokens == 1000
-    assert validate("chat", CHAT, 3500, limits).max_tokens == 596
-    assert validate("generate", GEN, 3500, limits).max_tokens == 20
+    assert validated("chat", CHAT, limits=limits).max_tokens == 1000
+    assert validated("chat", CHAT, 3500, limits).max_tokens == 596
+    assert validated("generate", GEN, 3500, limits).max_tokens == 20
     assert (
-        validate("databricks_chat", {"messages": CHAT["messages"]}, 10, limits).max_tokens == 1000
+        validated("databricks_chat", {"messages": CHAT["messages"]}, 10, limits).max_tokens == 1000
     )
     for tokens, code in [(4001, "too_long"), (0, "empty")]:
         with pytest.raises(ValidationError) as info:
-            validate("chat", CHAT, tokens, limits)
+            validated("chat", CHAT, tokens, limits)
         assert (info.value.param, info.value.code) == ("messages", code)
     for bad in [-1, 2**40]:
         with pytest.raises(ValidationError) as info:
-            validate("chat", CHAT, bad, limits)
+            validated("chat", CHAT, bad, limits)
         assert info.value.param == "num_prompt_tokens"
 
 
@@ -295,7 +305,7 @@ def test_limits() -> None:
         custom.vocab_size = 5  # type: ignore[misc]
     body = {"messages": CHAT["messages"], "n": 2}
     with pytest.raises(ValidationError) as info:
-        validate("databricks_chat", body, limits=custom)
+        validated("databricks_chat", body, limits=custom)
     assert (info.value.param, info.value.code) == ("n", "unsupported")
     with pytest.raises(ValidationError) as info:
         validate("chat", {**CHAT, "stop_token_ids": [1], "logit_bias": {"100": 1}}, limits=custom)
@@ -386,4 +396,4 @@ def test_sampling_params_rejects_unknown_and_positional_arguments() -> None:
 
 def test_offline_route_matches_the_constructor() -> None:
     kwargs = {"n": 2, "temperature": 0.5, "stop": ["x"], "seed": 9}
-    assert validate("offline", kwargs) == SamplingParams(**kwargs)
+    assert validated("offline", kwargs) == SamplingParams(**kwargs)

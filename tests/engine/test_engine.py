@@ -116,7 +116,7 @@ async def _stream(
     engine: AsyncEngine, prompt: str, params: SamplingParams, delay: float
 ) -> list[RequestOutput]:
     await asyncio.sleep(delay)
-    return [output async for output in engine.generate(prompt, params)]
+    return [output async for output in engine.generate(engine.request(prompt, params))]
 
 
 def run_async(llm: LLM, body: Callable[[AsyncEngine], Any]) -> Any:
@@ -246,14 +246,16 @@ def test_closing_the_stream_aborts_and_frees_blocks(
     async def body(engine: AsyncEngine) -> list[RequestOutput]:
         seen: list[RequestOutput] = []
         if how == "cancel":
-            task = asyncio.create_task(_collect(engine.generate(PROMPTS[1], long), seen))
+            task = asyncio.create_task(
+                _collect(engine.generate(engine.request(PROMPTS[1], long)), seen)
+            )
             while len(seen) < 2:
                 await asyncio.sleep(0.001)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
         else:
-            stream = engine.generate(PROMPTS[1], long)
+            stream = engine.generate(engine.request(PROMPTS[1], long))
             async for output in stream:
                 seen.append(output)
                 if len(seen) == 2:
@@ -292,7 +294,7 @@ def test_a_failing_request_fails_alone(llm: LLM, reference: Reference, model_dir
     async def body(engine: AsyncEngine) -> list[Any]:
         async def outcome(prompt: Any) -> Any:
             try:
-                return [o async for o in engine.generate(prompt, GREEDY)][-1]
+                return [o async for o in engine.generate(engine.request(prompt, GREEDY))][-1]
             except Exception as e:
                 return e
 
@@ -369,14 +371,14 @@ def test_outputs_reach_the_event_loop_once_per_step(llm: LLM) -> None:
 def test_shutdown_ends_open_streams(llm: LLM) -> None:
     async def body(engine: AsyncEngine) -> None:
         params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
-        stream = engine.generate(PROMPTS[1], params)
+        stream = engine.generate(engine.request(PROMPTS[1], params))
         await stream.__anext__()
         engine.shutdown()
         with pytest.raises(EngineDeadError):
             async for _ in stream:
                 pass
         with pytest.raises(EngineDeadError):
-            await engine.generate(PROMPTS[0]).__anext__()
+            await engine.generate(engine.request(PROMPTS[0])).__anext__()
 
     run_async(llm, body)
     assert llm.engine.num_unfinished_requests == 0

@@ -237,11 +237,11 @@ def test_seed_reproducible(server: Server, route: str, body: dict[str, Any]) -> 
 
 def engine_run(server: Server, route: str, body: dict[str, Any], prompt_ids: list[int]) -> Any:
     """The same request straight through the engine (the params the server would use)."""
-    params = validate(route, body, len(prompt_ids), server.ctx.limits)
+    params = validate(route, body, server.ctx.limits).with_prompt_tokens(len(prompt_ids))
 
     async def go() -> RequestOutput:
         last = None
-        async for out in server.engine.generate(prompt_ids, params):
+        async for out in server.engine.generate(server.engine.request(prompt_ids, params)):
             last = out
         assert last is not None
         return last

@@ -7,12 +7,14 @@ from ferrollm.engine.async_engine import AsyncEngine, EngineDeadError
 from ferrollm.engine.engine import LLMEngine, StepError
 from ferrollm.engine.loop import EngineLoop, RequestFailure
 from ferrollm.engine.outputs import CompletionOutput, RequestOutput, StepInfo, TokenLogprob
+from ferrollm.engine.request import EngineRequest
 
 __all__ = [
     "AsyncEngine",
     "CompletionOutput",
     "EngineDeadError",
     "EngineLoop",
+    "EngineRequest",
     "LLMEngine",
     "RequestFailure",
     "RequestOutput",

@@ -1,11 +1,13 @@
 """`AsyncEngine`: the asyncio face of the engine, and the seam the HTTP server builds on.
 
-``generate()`` returns an async iterator of `RequestOutput`s for one request. The engine runs
-on its own thread (`EngineLoop`); each request's outputs reach it through an ``asyncio.Queue``
-filled on the event loop, once per engine step. Closing the iterator early (``aclose()``,
-``break``, task cancellation, a dropped client) aborts the request at the engine's next step,
-which frees its KV blocks. Everything here runs on the one event loop that first calls
-``generate``; only the inbox of the `EngineLoop` is shared with the engine thread.
+``generate(request)`` returns an async iterator of `RequestOutput`s for one `EngineRequest`; the
+server reads the model's facts (tokenizer, config, ``max_model_len``, path) from here and never
+reaches inside, so that the engine can later run in its own process behind this seam. The engine
+runs on its own thread (`EngineLoop`); each request's outputs reach it through an
+``asyncio.Queue`` filled on the event loop, once per engine step. Closing the iterator early
+(``aclose()``, ``break``, task cancellation, a dropped client) aborts the request at the
+engine's next step, which frees its KV blocks. Everything here runs on the one event loop that
+first calls ``generate``; only the inbox of the `EngineLoop` is shared with the engine thread.
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ from ferrollm._core import SamplingParams
 from ferrollm.engine.engine import LLMEngine
 from ferrollm.engine.loop import Delivery, EngineLoop, RequestFailure
 from ferrollm.engine.outputs import RequestOutput
+from ferrollm.engine.request import EngineRequest
 from ferrollm.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ferrollm.config import EngineConfig
+    from ferrollm.models.config import ModelConfig
 
 
 class EngineDeadError(RuntimeError):
@@ -50,31 +56,53 @@ class AsyncEngine:
         """The model's tokenizer and chat template."""
         return self.engine.tokenizer
 
-    async def generate(
+    @property
+    def model_config(self) -> ModelConfig:
+        """The served model's configuration."""
+        return self.engine.model_config
+
+    @property
+    def max_model_len(self) -> int:
+        """Prompt plus output tokens of one sequence, at most (the scheduler's limit)."""
+        return self.engine.scheduler.max_model_len
+
+    @property
+    def model_path(self) -> Path | None:
+        """The checkpoint's path (a directory or a .gguf file), when loaded from one."""
+        return self.engine.model_path
+
+    def request(
         self,
         prompt: str | Sequence[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
         priority: int | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Outputs of one request as it runs; the last one has ``finished`` set.
+    ) -> EngineRequest:
+        """An `EngineRequest` for ``prompt``: text (encoded with the tokenizer's special
+        tokens) or token ids; a fresh id when none is given."""
+        text = prompt if isinstance(prompt, str) else None
+        ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+        request_id = request_id if request_id is not None else uuid.uuid4().hex
+        return EngineRequest.of(request_id, ids, params, priority=priority, prompt=text)
 
-        ``prompt`` is text (encoded with the tokenizer's special tokens) or token ids. A
-        rejected or failed request raises its error from the iterator (ValueError for a bad
-        request); closing the iterator before the end aborts the request.
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Outputs of ``request`` as it runs; the last one has ``finished`` set.
+
+        A rejected or failed request raises its error from the iterator (ValueError for a bad
+        request); closing the iterator before the end aborts the request. Request ids are
+        checked here, once: the engine thread sees only ids that are not in flight.
         """
         engine_loop = self._start()
-        request_id = request_id if request_id is not None else uuid.uuid4().hex
+        request_id = request.request_id
         if request_id in self._streams:
             raise ValueError(
                 f"`request_id` {request_id!r} is already in use by an unfinished request"
             )
-        text, token_ids = self._encode(prompt)
         queue: asyncio.Queue[Delivery] = asyncio.Queue()
         self._streams[request_id] = queue
         finished = False
         try:
-            engine_loop.add(request_id, token_ids, params, priority, prompt=text)
+            engine_loop.add(request)
             while not finished:
                 item = await queue.get()
                 if isinstance(item, RequestFailure):
@@ -129,11 +157,6 @@ class AsyncEngine:
         elif event_loop is not self._event_loop:
             raise RuntimeError("an AsyncEngine serves the one event loop that first used it")
         return self._loop
-
-    def _encode(self, prompt: str | Sequence[int]) -> tuple[str | None, Sequence[int]]:
-        if isinstance(prompt, str):
-            return prompt, self.engine.tokenizer.encode(prompt)
-        return None, prompt
 
     def _fail_open_streams(self) -> None:
         error = EngineDeadError("the engine was shut down")

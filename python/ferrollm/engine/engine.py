@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,9 +17,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from ferrollm._core import SamplingParams, Scheduler, StepPlan
+from ferrollm._core import Scheduler, StepPlan, check_supported
 from ferrollm.default_model import default_model_path
 from ferrollm.engine.outputs import RequestOutput, RequestTracker, StepInfo
+from ferrollm.engine.request import EngineRequest
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.loader import ModelSource, load_model_source
 from ferrollm.executor.runner import ModelRunner
@@ -98,30 +98,27 @@ class LLMEngine:
         )
         return cls(tokenizer, scheduler, runner, source.config, model_path=source.path)
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: Sequence[int] | npt.NDArray[np.integer],
-        params: SamplingParams | None = None,
-        priority: int | None = None,
-        *,
-        prompt: str | None = None,
-    ) -> None:
-        """Queue a request. ``prompt`` (its text, when known) is echoed in outputs.
+    def add_request(self, request: EngineRequest) -> None:
+        """Queue ``request``.
 
         Raises ValueError (ValidationError naming the field) for a bad request, or
         QueueFullError; nothing is queued then.
         """
-        params = params or SamplingParams()
-        if request_id in self._tracker:
+        if request.request_id in self._tracker:
             raise ValueError(
-                f"`request_id` {request_id!r} is already in use by an unfinished request"
+                f"`request_id` {request.request_id!r} is already in use by an unfinished request"
             )
-        _check_supported(params)
-        ids = self._checked_token_ids(prompt_token_ids)
+        check_supported(request.params)
+        self._check_vocab(request.prompt_token_ids)
         internal_id = self._tracker.next_id()
-        self.scheduler.add_request(internal_id, ids, params, priority=priority)
-        self._tracker.add(request_id, internal_id, prompt, ids.tolist(), params)
+        self.scheduler.add_request(
+            internal_id,
+            request.prompt_token_ids,
+            request.params,
+            priority=request.priority,
+            arrival_time=request.arrival_time,
+        )
+        self._tracker.add(request, internal_id)
 
     def abort_request(self, request_id: str) -> bool:
         """End a request at the next step (finish reason "abort"); False if it is not live."""
@@ -151,7 +148,7 @@ class LLMEngine:
         Raises StepError, with the step's requests aborted, if the model or sampling fails.
         """
         started = time.perf_counter()
-        plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule(started)
         try:
             logits = self.runner.run(plan)
             out = self.scheduler.update(plan, logits.numpy())
@@ -160,22 +157,14 @@ class LLMEngine:
         step = StepInfo(started, time.perf_counter(), plan.num_rows)
         return self._tracker.deliver(plan, out, step)
 
-    def _checked_token_ids(
-        self, prompt_token_ids: Sequence[int] | npt.NDArray[np.integer]
-    ) -> npt.NDArray[np.int64]:
-        ids = np.asarray(prompt_token_ids)
-        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-            raise ValueError("`prompt_token_ids` must be a flat list of integers")
-        if ids.size == 0:
-            raise ValueError("`prompt_token_ids` must contain at least 1 token")
+    def _check_vocab(self, token_ids: npt.NDArray[np.uint32]) -> None:
         vocab_size = self.model_config.vocab_size
-        bad = ids[(ids < 0) | (ids >= vocab_size)]
+        bad = token_ids[token_ids >= vocab_size]
         if bad.size:
             raise ValueError(
                 f"`prompt_token_ids` must be in [0, {vocab_size}) (the model's vocabulary); "
                 f"got {int(bad[0])}"
             )
-        return ids.astype(np.int64, copy=False)
 
     def _fail_step(self, plan: StepPlan, error: Exception) -> StepError:
         in_step = np.concatenate([plan.req_ids, plan.finished_req_ids])
@@ -188,17 +177,6 @@ class LLMEngine:
             f"the model step failed ({type(error).__name__}: {error}); "
             f"its {len(request_ids)} requests were aborted",
             request_ids,
-        )
-
-
-def _check_supported(params: SamplingParams) -> None:
-    # The scheduler forks `n` sequences; ranking `best_of` candidates and beam search are not
-    # built yet, so say so rather than quietly return something else.
-    if params.use_beam_search:
-        raise ValueError("`use_beam_search` is not supported yet")
-    if params.best_of != params.n:
-        raise ValueError(
-            f"`best_of` ({params.best_of}) other than `n` ({params.n}) is not supported yet"
         )
 
 

@@ -14,15 +14,12 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-import numpy.typing as npt
-
-from ferrollm._core import SamplingParams
 from ferrollm.engine.engine import LLMEngine, StepError
 from ferrollm.engine.outputs import RequestOutput
+from ferrollm.engine.request import EngineRequest
 
 logger = logging.getLogger("ferrollm.engine")
 
@@ -41,11 +38,7 @@ Delivery = RequestOutput | RequestFailure
 
 @dataclass(frozen=True)
 class _Add:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: Sequence[int] | npt.NDArray[np.integer]
-    params: SamplingParams | None
-    priority: int | None
+    request: EngineRequest
 
 
 @dataclass(frozen=True)
@@ -88,16 +81,9 @@ class EngineLoop:
         """Whether the engine thread is alive."""
         return self._thread.is_alive()
 
-    def add(
-        self,
-        request_id: str,
-        prompt_token_ids: Sequence[int] | npt.NDArray[np.integer],
-        params: SamplingParams | None = None,
-        priority: int | None = None,
-        prompt: str | None = None,
-    ) -> None:
+    def add(self, request: EngineRequest) -> None:
         """Queue a request for the next step; a rejection arrives as a `RequestFailure`."""
-        self._put(_Add(request_id, prompt, prompt_token_ids, params, priority))
+        self._put(_Add(request))
 
     def abort(self, request_id: str) -> None:
         """Abort a request at the next step (a no-op if it already ended)."""
@@ -146,17 +132,12 @@ class EngineLoop:
             if isinstance(command, _Abort):
                 self.engine.abort_request(command.request_id)
                 continue
+            request_id = command.request.request_id
             try:
-                self.engine.add_request(
-                    command.request_id,
-                    command.prompt_token_ids,
-                    command.params,
-                    command.priority,
-                    prompt=command.prompt,
-                )
+                self.engine.add_request(command.request)
             except Exception as e:  # a bad request must not take the engine down
-                logger.warning("request %s rejected: %s", command.request_id, e)
-                failures.append(RequestFailure(command.request_id, e))
+                logger.warning("request %s rejected: %s", request_id, e)
+                failures.append(RequestFailure(request_id, e))
         return failures
 
     def _step(self) -> list[Delivery]:

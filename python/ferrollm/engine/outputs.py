@@ -13,11 +13,14 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
 
 from ferrollm._core import FINISH_REASON_NAMES, SamplingParams, StepOutput, StepPlan
+
+if TYPE_CHECKING:
+    from ferrollm.engine.request import EngineRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +36,10 @@ class CompletionOutput:
     """One output sequence of a request as of one step (an immutable snapshot).
 
     ``new_*`` are what this step added; ``token_ids``, ``text`` and ``logprobs`` everything so
-    far. ``finish_reason`` is "stop", "length", "abort" or "timeout" once the sequence ended;
+    far. ``new_logprobs`` are the entries of the tokens whose text this step released: the
+    logprobs of a token whose text is held back (half a character, a possible stop string)
+    wait for the step that releases it, so a streamed chunk carries its own tokens' logprobs.
+    ``finish_reason`` is "stop", "length", "abort" or "timeout" once the sequence ended;
     ``stop_reason`` is then the stop string or stop token id that ended it (None for EOS).
     """
 
@@ -58,10 +64,9 @@ class CompletionOutput:
         self.index = seq.index
         self.new_token_ids = seq.token_ids[self._num_tokens - num_new : self._num_tokens]
         self.new_text = new_text
-        start = self._num_tokens - num_new
-        self.new_logprobs = None if seq.logprobs is None else seq.logprobs[start : self._num_tokens]
         self.finish_reason = seq.finish_reason
         self.stop_reason = seq.stop_reason
+        self.new_logprobs = seq.release_logprobs(bool(new_text) or self.finish_reason is not None)
 
     @property
     def token_ids(self) -> list[int]:
@@ -140,6 +145,18 @@ class _SequenceState:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    #: Logprob entries already handed out with their text.
+    num_released_logprobs: int = 0
+
+    def release_logprobs(self, text_released: bool) -> list[TokenLogprob] | None:
+        """The logprob entries not yet handed out when this step released text, else none
+        (they wait); None when the request asked for no logprobs."""
+        if self.logprobs is None:
+            return None
+        if not text_released:
+            return []
+        start, self.num_released_logprobs = self.num_released_logprobs, len(self.logprobs)
+        return self.logprobs[start:]
 
 
 @dataclass(slots=True)
@@ -207,19 +224,20 @@ class RequestTracker:
         """A fresh scheduler id (never reused, so a late report cannot reach a new request)."""
         return next(self._next_id)
 
-    def add(
-        self,
-        request_id: str,
-        internal_id: int,
-        prompt: str | None,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-    ) -> None:
+    def add(self, request: EngineRequest, internal_id: int) -> None:
         """Track a request the scheduler has accepted under ``internal_id``."""
+        params = request.params
         logprobs = params.logprobs is not None
         seqs = [_SequenceState(i, logprobs=[] if logprobs else None) for i in range(params.n)]
-        state = _RequestState(request_id, prompt, prompt_token_ids, params, params.stop, seqs)
-        self._ids[request_id] = internal_id
+        state = _RequestState(
+            request.request_id,
+            request.prompt,
+            request.prompt_token_ids.tolist(),
+            params,
+            params.stop,
+            seqs,
+        )
+        self._ids[request.request_id] = internal_id
         self._states[internal_id] = state
 
     def internal_id(self, request_id: str) -> int | None:

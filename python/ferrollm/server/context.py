@@ -37,8 +37,8 @@ class ServerContext:
     @classmethod
     def build(cls, engine: AsyncEngine, config: ServerConfig) -> ServerContext:
         """The context for ``engine``; limits come from the model and ``config``."""
-        model_config = engine.engine.model_config
-        max_model_len = engine.engine.scheduler.max_model_len
+        model_config = engine.model_config
+        max_model_len = engine.max_model_len
         limits = Limits(
             max_model_len=max_model_len,
             max_input_tokens=config.max_input_tokens or max_model_len,
@@ -71,7 +71,7 @@ class ServerContext:
 
 def model_name_of(engine: AsyncEngine) -> str:
     """The default served name: the model file's stem or the model directory's name."""
-    if engine.engine.model_path is None:
+    if engine.model_path is None:
         return "model"
-    path = Path(os.fspath(engine.engine.model_path))
+    path = Path(os.fspath(engine.model_path))
     return path.stem if path.suffix == ".gguf" else path.name

@@ -55,11 +55,6 @@ def bad_request(message: str, param: str | None = None, code: str = "invalid_val
     return ApiError(400, message, param=param, code=code)
 
 
-def unsupported(param: str, what: str) -> ApiError:
-    """A 400 for a field whose feature this server does not offer yet (never ignored)."""
-    return ApiError(400, f"`{param}`: {what}", param=param, code="unsupported")
-
-
 def to_api_error(error: BaseException) -> ApiError:
     """The HTTP form of any exception raised while serving a request."""
     if isinstance(error, ApiError):

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, TypeVar
 from ferrollm.server.http import aclose
 
 if TYPE_CHECKING:
-    from ferrollm._core import SamplingParams
     from ferrollm.engine import RequestOutput
+    from ferrollm.engine.request import EngineRequest
     from ferrollm.server.context import ServerContext
 
 T = TypeVar("T")
@@ -61,15 +61,11 @@ class Timing:
 
 
 async def generate(
-    ctx: ServerContext,
-    request_id: str,
-    prompt_token_ids: Sequence[int],
-    params: SamplingParams,
-    timing: Timing,
+    ctx: ServerContext, request: EngineRequest, timing: Timing
 ) -> AsyncIterator[RequestOutput]:
     """The request's outputs as the engine produces them; closing the iterator aborts it."""
     metrics = ctx.metrics
-    stream = ctx.engine.generate(prompt_token_ids, params, request_id)
+    stream = ctx.engine.generate(request)
     try:
         async for out in stream:
             if num_new := timing.observe(out):
@@ -79,7 +75,7 @@ async def generate(
                 elif timing.prefill_ms is not None:
                     metrics.time_to_first_token.observe(timing.prefill_ms / 1e3)
             if out.finished:
-                _observe_finished(ctx, out, timing, len(prompt_token_ids))
+                _observe_finished(ctx, out, timing, request.num_prompt_tokens)
             yield out
     finally:
         await aclose(stream)

@@ -14,34 +14,29 @@ from typing import Any
 
 import msgspec
 
-from ferrollm._core import SamplingParams
-from ferrollm.engine import CompletionOutput, RequestOutput, TokenLogprob
+from ferrollm.engine import CompletionOutput, RequestOutput
+from ferrollm.engine.request import EngineRequest
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import ErrorStyle, error_body, to_api_error
 from ferrollm.server.generation import Timing, generate, prime
 from ferrollm.server.http import SSE_DONE, JSONResponse, Request, Response, SSEResponse, sse_event
-from ferrollm.server.protocol.databricks import DatabricksChatRequest
 from ferrollm.server.protocol.openai import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     Delta,
     ResponseMessage,
     Usage,
 )
 from ferrollm.server.routes.common import (
-    check,
-    check_prompt,
-    check_response_format,
-    check_tools,
+    accept,
     decode_body,
+    engine_request,
     error_message,
     openai_finish_reason,
     run_sized,
     template_messages,
-    typed,
     usage_counts,
 )
 from ferrollm.server.routes.logprobs import chat_logprobs
@@ -52,13 +47,12 @@ class ChatFlavor:
     """What differs between the two chat routes."""
 
     route: str
-    request_type: type[ChatCompletionRequest] | type[DatabricksChatRequest]
-    #: MindIE's extensions: the ``model`` check, timing fields and ``fullTextEnabled``.
+    #: MindIE's extensions: timing fields and ``fullTextEnabled``.
     mindie: bool
 
 
-OPENAI = ChatFlavor("chat", ChatCompletionRequest, mindie=True)
-DATABRICKS = ChatFlavor("databricks_chat", DatabricksChatRequest, mindie=False)
+OPENAI = ChatFlavor("chat", mindie=True)
+DATABRICKS = ChatFlavor("databricks_chat", mindie=False)
 
 
 @dataclass
@@ -67,10 +61,8 @@ class _Chat:
 
     ctx: ServerContext
     flavor: ChatFlavor
-    request_id: str
     created: int
-    prompt_token_ids: list[int]
-    params: SamplingParams
+    request: EngineRequest
     full_text: bool
 
 
@@ -83,30 +75,16 @@ async def serve_chat(
     ctx: ServerContext, request: Request, body: dict[str, Any], flavor: ChatFlavor
 ) -> Response:
     """Validate, render and run a chat request of ``flavor``."""
-    check(ctx, flavor.route, body)
-    req = typed(body, flavor.request_type)
-    if isinstance(req, ChatCompletionRequest):
-        ctx.check_model(req.model)
-    show_tools = check_tools(req.tools, req.tool_choice)
-    check_response_format(req.response_format)
-    tools = msgspec.to_builtins(req.tools) if show_tools else None
-    messages = template_messages(req.messages)
+    valid = accept(ctx, flavor.route, body)
+    messages = template_messages(valid.messages)
     size = sum(len(m["content"]) for m in messages)
-    ids = await run_sized(size, ctx.tokenizer.encode_chat, messages, tools)
-    params = check_prompt(ctx, flavor.route, body, len(ids), "messages")
+    ids = await run_sized(size, ctx.tokenizer.encode_chat, messages, valid.tools)
     request_id = ctx.next_id() if flavor.mindie else f"chatcmpl-{uuid.uuid4().hex}"
-    chat = _Chat(
-        ctx,
-        flavor,
-        request_id,
-        request.created,
-        ids,
-        params,
-        flavor.mindie and ctx.config.full_text,
-    )
-    timing = Timing(request.arrival)
-    stream = generate(ctx, request_id, ids, params, timing)
-    if req.stream:
+    req = engine_request(valid, request_id, ids, request.arrival)
+    chat = _Chat(ctx, flavor, request.created, req, flavor.mindie and ctx.config.full_text)
+    timing = Timing(req.arrival_time)
+    stream = generate(ctx, req, timing)
+    if valid.stream:
         return SSEResponse(_events(chat, await prime(stream)))
     last: RequestOutput | None = None
     async for out in stream:
@@ -128,11 +106,11 @@ def _response(chat: _Chat, out: RequestOutput, timing: Timing) -> ChatCompletion
         for c in out.outputs
     ]
     response = ChatCompletion(
-        id=chat.request_id,
+        id=chat.request.request_id,
         created=chat.created,
         model=chat.ctx.model_name,
         choices=choices,
-        usage=Usage(*usage_counts(len(chat.prompt_token_ids), out.outputs)),
+        usage=Usage(*usage_counts(chat.request.num_prompt_tokens, out.outputs)),
     )
     if chat.flavor.mindie:
         response.prefill_time = timing.prefill_ms
@@ -144,13 +122,12 @@ async def _events(chat: _Chat, stream: AsyncIterator[RequestOutput]) -> AsyncIte
     """The chunks of a streamed chat, then ``[DONE]``; an error after the stream began ends it
     with a "stop" chunk carrying ``err_msg`` (SPEC 1.13)."""
     done: set[int] = set()
-    pending: dict[int, list[TokenLogprob]] = {}
     try:
         async for out in stream:
             chunks = [
                 chunk
                 for c in out.outputs
-                if c.index not in done and (chunk := _chunk(chat, c, done, pending)) is not None
+                if c.index not in done and (chunk := _chunk(chat, c, done)) is not None
             ]
             if out.finished and chunks:
                 _finish(chat, chunks[-1], out)
@@ -167,21 +144,17 @@ async def _events(chat: _Chat, stream: AsyncIterator[RequestOutput]) -> AsyncIte
     yield SSE_DONE
 
 
-def _chunk(
-    chat: _Chat, c: CompletionOutput, done: set[int], pending: dict[int, list[TokenLogprob]]
-) -> ChatCompletionChunk | None:
+def _chunk(chat: _Chat, c: CompletionOutput, done: set[int]) -> ChatCompletionChunk | None:
     """The chunk for sequence ``c``'s progress this step, or None when it has no new text yet
-    (text held back: half a character, or a possible stop string)."""
-    if c.new_logprobs:
-        pending.setdefault(c.index, []).extend(c.new_logprobs)
+    (text held back: half a character, or a possible stop string; its logprobs wait with it)."""
     finished = c.finish_reason is not None
     if finished:
         done.add(c.index)
     elif not c.new_text:
         return None
     logprobs = None
-    if c.logprobs is not None:
-        logprobs = chat_logprobs(chat.ctx.tokenizer.detokenizer, pending.pop(c.index, []))
+    if c.new_logprobs is not None:
+        logprobs = chat_logprobs(chat.ctx.tokenizer.detokenizer, c.new_logprobs)
     content = c.text if chat.full_text else c.new_text
     choice = ChatChunkChoice(
         c.index, Delta(content), logprobs, openai_finish_reason(c.finish_reason)
@@ -191,16 +164,19 @@ def _chunk(
 
 def _new_chunk(chat: _Chat, choice: ChatChunkChoice) -> ChatCompletionChunk:
     return ChatCompletionChunk(
-        id=chat.request_id, created=chat.created, model=chat.ctx.model_name, choices=[choice]
+        id=chat.request.request_id,
+        created=chat.created,
+        model=chat.ctx.model_name,
+        choices=[choice],
     )
 
 
 def _finish(chat: _Chat, chunk: ChatCompletionChunk, out: RequestOutput) -> None:
     """The final chunk carries usage, ``full_text`` (fullTextEnabled) and any ``err_msg``."""
-    chunk.usage = Usage(*usage_counts(len(chat.prompt_token_ids), out.outputs))
+    chunk.usage = Usage(*usage_counts(chat.request.num_prompt_tokens, out.outputs))
     c = out.outputs[chunk.choices[0].index]
     if chat.full_text:
         chunk.full_text = c.text
-    message = error_message(c.finish_reason, chat.params)
+    message = error_message(c.finish_reason, chat.request.params)
     if message is not None:
         chunk.err_msg = message

@@ -1,4 +1,5 @@
-"""What the API handlers share: body decoding, validation, prompts, finish reasons, logprobs."""
+"""What the API handlers share: body decoding, the one validation, engine requests, chat
+messages for the template, usage and finish reasons."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from ferrollm._core import SamplingParams, ValidationError, validate
+from ferrollm._core import SamplingParams, ValidRequest, validate
+from ferrollm.engine.request import EngineRequest
 from ferrollm.server.context import ServerContext
-from ferrollm.server.errors import ApiError, bad_request, unsupported
+from ferrollm.server.errors import bad_request
 
-S = TypeVar("S", bound=msgspec.Struct)
 T = TypeVar("T")
+
+#: Routes whose body names the ``model`` (checked against the served one, →A-27).
+_MODEL_ROUTES = ("chat", "completions")
 
 #: The content part type a text-only model takes (media parts were refused by the validator).
 _TEXT = "text"
@@ -48,43 +52,30 @@ def decode_body(body: bytes) -> dict[str, Any]:
     return value
 
 
-def check(
-    ctx: ServerContext, route: str, body: Mapping[str, Any], num_prompt_tokens: int | None = None
-) -> SamplingParams:
-    """Rust validation of ``body`` for ``route`` (raises ValidationError -> 400)."""
-    return validate(route, body, num_prompt_tokens, ctx.limits)
+def accept(ctx: ServerContext, route: str, body: Mapping[str, Any]) -> ValidRequest:
+    """The request path's one validation: the route's rules (400 naming the field), the
+    ``model`` of the ``/v1`` routes (404), then the capability table (400 ``unsupported``)."""
+    valid = validate(route, body, ctx.limits)
+    if route in _MODEL_ROUTES:
+        ctx.check_model(valid.model)
+    valid.check_supported()
+    return valid
 
 
-def typed(body: Mapping[str, Any], struct: type[S]) -> S:
-    """The validated body as the route's Struct (a failure here means the Struct and the
-    validator disagree; it is still the client's 400, naming the field msgspec names)."""
-    try:
-        return msgspec.convert(body, struct)
-    except msgspec.ValidationError as e:
-        raise bad_request(f"invalid request: {e}", code="wrong_type") from None
-
-
-def prompt_param(name: str, index: int | None) -> str:
-    """``prompt`` or ``prompt[i]`` for a batch."""
-    return name if index is None else f"{name}[{index}]"
-
-
-def check_prompt(
-    ctx: ServerContext,
-    route: str,
-    body: Mapping[str, Any],
-    num_prompt_tokens: int,
-    param: str,
-) -> SamplingParams:
-    """Validation with the prompt's token count (limits of SPEC 1.4, cap of SPEC 1.5); a
-    prompt error names ``param`` (``prompt[2]`` in a batch)."""
-    try:
-        return check(ctx, route, body, num_prompt_tokens)
-    except ValidationError as e:
-        if e.param in ("prompt", "messages", "text_input", "input"):
-            raise ApiError(400, str(e).replace(f"`{e.param}`", f"`{param}`"), param=param,
-                           code=e.code) from None  # fmt: skip
-        raise
+def engine_request(
+    valid: ValidRequest,
+    request_id: str,
+    token_ids: Sequence[int],
+    arrival: float,
+    *,
+    prompt: str | None = None,
+    index: int | None = None,
+) -> EngineRequest:
+    """The engine's request for one tokenized prompt of ``valid`` (``index``: its place in a
+    batch): cut under ``error_behavior: "truncate"``, then the prompt-token limit and the
+    output cap, in one call."""
+    ids, params = valid.fit_prompt(token_ids, index)
+    return EngineRequest(request_id, ids, params, arrival, prompt=prompt)
 
 
 def join_text_parts(content: str | Sequence[Mapping[str, Any]] | None) -> str:
@@ -96,30 +87,31 @@ def join_text_parts(content: str | Sequence[Mapping[str, Any]] | None) -> str:
     return "".join(str(part.get("text", "")) for part in content if part.get("type") == _TEXT)
 
 
-def template_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Chat messages as the template sees them: text content joined; tool-call arguments as
     objects (what Hugging Face templates expect), whichever form the client sent."""
     out = []
     for m in messages:
-        message: dict[str, Any] = {"role": m.role, "content": join_text_parts(m.content)}
-        if m.name is not None:
-            message["name"] = m.name
-        if m.tool_call_id is not None:
-            message["tool_call_id"] = m.tool_call_id
-        if m.tool_calls:
-            message["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": c.type,
-                    "function": {
-                        "name": c.function.name,
-                        "arguments": _arguments_object(c.function.arguments),
-                    },
-                }
-                for c in m.tool_calls
-            ]
+        message: dict[str, Any] = {"role": m["role"], "content": join_text_parts(m.get("content"))}
+        for key in ("name", "tool_call_id"):
+            if m.get(key) is not None:
+                message[key] = m[key]
+        if m.get("tool_calls"):
+            message["tool_calls"] = [_template_tool_call(c) for c in m["tool_calls"]]
         out.append(message)
     return out
+
+
+def _template_tool_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    function = call["function"]
+    return {
+        "id": call["id"],
+        "type": call.get("type", "function"),
+        "function": {
+            "name": function["name"],
+            "arguments": _arguments_object(function["arguments"]),
+        },
+    }
 
 
 def _arguments_object(arguments: str | dict[str, Any]) -> Any:
@@ -129,30 +121,6 @@ def _arguments_object(arguments: str | dict[str, Any]) -> Any:
         except ValueError:
             return arguments
     return arguments
-
-
-def check_tools(tools: Sequence[Any] | None, tool_choice: str | Mapping[str, Any] | None) -> bool:
-    """Whether ``tools`` go to the template. No tool-call parser is built yet, so tools the
-    model may call are refused (→A-39); with ``tool_choice: "none"`` they are only shown."""
-    if not tools:
-        return False
-    if tool_choice != "none":
-        raise unsupported(
-            "tools",
-            "this model does not support tool calling (no tool-call parser is built yet); "
-            'send `tool_choice: "none"` or leave `tools` out',
-        )
-    return True
-
-
-def check_response_format(response_format: Mapping[str, Any] | None) -> None:
-    """Only ``{"type": "text"}``: JSON modes need constrained decoding, not built yet (→A-69)."""
-    if response_format is not None and response_format.get("type") != "text":
-        raise unsupported(
-            "response_format",
-            f"`{response_format.get('type')}` is not supported yet (constrained decoding is "
-            'not built); only `{"type": "text"}` is accepted',
-        )
 
 
 def usage_counts(num_prompt_tokens: int, outputs: Sequence[Any]) -> tuple[int, int, int]:

@@ -16,33 +16,21 @@ from typing import Any
 
 import msgspec
 
-from ferrollm._core import SamplingParams
-from ferrollm.engine import CompletionOutput, RequestOutput, TokenLogprob
+from ferrollm.engine import CompletionOutput, RequestOutput
+from ferrollm.engine.request import EngineRequest
 from ferrollm.server.context import ServerContext
-from ferrollm.server.errors import ApiError, ErrorStyle, error_body, to_api_error, unsupported
+from ferrollm.server.errors import ApiError, ErrorStyle, error_body, to_api_error
 from ferrollm.server.generation import Timing, generate, merge, prime
 from ferrollm.server.http import SSE_DONE, JSONResponse, Request, Response, SSEResponse, sse_event
-from ferrollm.server.protocol.databricks import (
-    DatabricksCompletion,
-    DatabricksCompletionChoice,
-    DatabricksCompletionRequest,
-)
-from ferrollm.server.protocol.openai import (
-    Completion,
-    CompletionChoice,
-    CompletionRequest,
-    CompletionUsage,
-    Usage,
-)
+from ferrollm.server.protocol.databricks import DatabricksCompletion, DatabricksCompletionChoice
+from ferrollm.server.protocol.openai import Completion, CompletionChoice, CompletionUsage, Usage
 from ferrollm.server.routes.common import (
-    check,
-    check_prompt,
+    accept,
     decode_body,
+    engine_request,
     error_message,
     openai_finish_reason,
-    prompt_param,
     run_sized,
-    typed,
 )
 from ferrollm.server.routes.logprobs import completion_logprobs
 
@@ -50,8 +38,7 @@ from ferrollm.server.routes.logprobs import completion_logprobs
 @dataclass
 class _Prompt:
     text: str
-    token_ids: list[int]
-    params: SamplingParams
+    request: EngineRequest
     timing: Timing
 
 
@@ -68,12 +55,10 @@ class _Batch:
     suffix: str
     #: Per choice index: the next ``text_offset`` (streamed logprobs keep counting).
     offsets: dict[int, int] = field(default_factory=dict)
-    #: Per choice index: streamed logprobs of tokens whose text is still held back.
-    pending: dict[int, list[TokenLogprob]] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
-        return self.prompts[0].params.n
+        return self.prompts[0].request.params.n
 
 
 async def completions(ctx: ServerContext, request: Request) -> Response:
@@ -85,58 +70,29 @@ async def serve_completions(
     ctx: ServerContext, request: Request, body: dict[str, Any], *, databricks: bool
 ) -> Response:
     """Validate, tokenize and run a completions request (one engine request per prompt)."""
-    route = "databricks_completions" if databricks else "completions"
-    check(ctx, route, body)
-    req: CompletionRequest | DatabricksCompletionRequest
-    if databricks:
-        req = typed(body, DatabricksCompletionRequest)
-    else:
-        req = typed(body, CompletionRequest)
-        ctx.check_model(req.model)
-        _check_unbuilt(req)
-    truncate = isinstance(req, DatabricksCompletionRequest) and req.error_behavior == "truncate"
-    texts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    valid = accept(ctx, "databricks_completions" if databricks else "completions", body)
     batch = _Batch(
         ctx,
         databricks,
         ctx.next_id() if not databricks else f"cmpl-{uuid.uuid4().hex}",
         request.created,
         [],
-        bool(req.echo),
-        (req.suffix or "") if databricks else "",
+        valid.echo,
+        (valid.suffix or "") if databricks else "",
     )
-    for i, text in enumerate(texts):
+    for i, text in enumerate(valid.prompts):
         ids = await run_sized(len(text), ctx.tokenizer.encode, text)
-        if truncate:
-            ids = ids[-ctx.limits.max_prompt_tokens :]
-        param = prompt_param("prompt", i if isinstance(req.prompt, list) else None)
-        params = check_prompt(ctx, route, {**body, "prompt": text}, len(ids), param)
-        batch.prompts.append(_Prompt(text, ids, params, Timing(request.arrival)))
-    streams = [
-        generate(ctx, f"{batch.request_id}-{i}", p.token_ids, p.params, p.timing)
-        for i, p in enumerate(batch.prompts)
-    ]
-    if req.stream:
+        request_id = f"{batch.request_id}-{i}"
+        req = engine_request(valid, request_id, ids, request.arrival, prompt=text, index=i)
+        batch.prompts.append(_Prompt(text, req, Timing(req.arrival_time)))
+    streams = [generate(ctx, p.request, p.timing) for p in batch.prompts]
+    if valid.stream:
         return SSEResponse(_events(batch, await prime(merge(streams))))
     finals: dict[int, RequestOutput] = {}
     async for i, out in merge(streams):
         if out.finished:
             finals[i] = out
     return JSONResponse(msgspec.json.encode(_response(batch, finals)))
-
-
-def _check_unbuilt(req: CompletionRequest) -> None:
-    if req.use_beam_search:
-        raise unsupported("use_beam_search", "beam search is not supported yet")
-    if req.best_of is not None and req.best_of != (req.n or 1):
-        raise unsupported(
-            "best_of", "choosing the best of several samples is not supported yet; send "
-            "`best_of` equal to `n` or leave it out",
-        )  # fmt: skip
-    if req.suffix:
-        raise unsupported("suffix", "insertion (`suffix`) is not supported")
-    if req.echo and req.logprobs is not None:
-        raise unsupported("echo", "`echo` with `logprobs` (prompt logprobs) is not supported yet")
 
 
 def _choice(
@@ -152,8 +108,8 @@ def _choice(
     if batch.suffix and c.finish_reason is not None:
         text += batch.suffix
     logprobs = None
-    if c.logprobs is not None:
-        entries = c.logprobs if whole else batch.pending.pop(index, [])
+    entries = c.logprobs if whole else c.new_logprobs
+    if entries is not None:
         start = batch.offsets.get(index, 0)
         logprobs, batch.offsets[index] = completion_logprobs(
             batch.ctx.tokenizer.detokenizer, entries, start
@@ -167,7 +123,7 @@ def _choice(
 
 
 def _usage(batch: _Batch, finals: Sequence[RequestOutput]) -> CompletionUsage:
-    num_prompt = sum(len(p.token_ids) for p in batch.prompts)
+    num_prompt = sum(p.request.num_prompt_tokens for p in batch.prompts)
     num_completion = sum(len(c.token_ids) for out in finals for c in out.outputs)
     longest = max((p.timing for p in batch.prompts), key=lambda t: len(t.batch_sizes))
     return CompletionUsage(
@@ -193,7 +149,7 @@ def _response(batch: _Batch, finals: dict[int, RequestOutput]) -> Completion | D
 def _error_message(batch: _Batch, outs: Any) -> str | None:
     for i, out in enumerate(outs):
         for c in out.outputs:
-            message = error_message(c.finish_reason, batch.prompts[i].params)
+            message = error_message(c.finish_reason, batch.prompts[i].request.params)
             if message is not None:
                 return message
     return None
@@ -211,8 +167,6 @@ async def _events(
             for c in out.outputs:
                 if (i, c.index) in done:
                     continue
-                if c.new_logprobs:  # kept until a chunk carries the tokens' text
-                    batch.pending.setdefault(i * batch.n + c.index, []).extend(c.new_logprobs)
                 if c.finish_reason is not None:
                     done.add((i, c.index))
                 elif not c.new_text and not (

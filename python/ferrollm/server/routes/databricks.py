@@ -4,10 +4,10 @@ body's shape (``messages``: chat, ``prompt``: completions, ``input``: embeddings
 from __future__ import annotations
 
 from ferrollm.server.context import ServerContext
-from ferrollm.server.errors import ApiError, bad_request, unsupported
+from ferrollm.server.errors import ApiError, bad_request
 from ferrollm.server.http import Request, Response
 from ferrollm.server.routes import chat, completions
-from ferrollm.server.routes.common import check, decode_body
+from ferrollm.server.routes.common import accept, decode_body
 
 _TASK_KEYS = ("messages", "prompt", "input")
 
@@ -35,7 +35,5 @@ async def invocations(ctx: ServerContext, request: Request) -> Response:
         return await chat.serve_chat(ctx, request, body, chat.DATABRICKS)
     if keys[0] == "prompt":
         return await completions.serve_completions(ctx, request, body, databricks=True)
-    check(ctx, "databricks_embeddings", body)
-    raise unsupported(
-        "input", "this endpoint does not support the embeddings task: no embedding model is loaded"
-    )
+    accept(ctx, "databricks_embeddings", body)  # refused until an embedding model exists
+    raise AssertionError("the capability table refuses the embeddings task")

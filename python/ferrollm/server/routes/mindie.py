@@ -20,20 +20,13 @@ from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import ApiError, to_api_error
 from ferrollm.server.generation import Timing, generate, prime
 from ferrollm.server.http import JSONResponse, Request, Response, SSEResponse, aclose, sse_event
-from ferrollm.server.protocol.mindie import (
-    Details,
-    GenerateRequest,
-    GenerateResponse,
-    GenerateStreamFrame,
-)
+from ferrollm.server.protocol.mindie import Details, GenerateResponse, GenerateStreamFrame
 from ferrollm.server.routes.common import (
-    check,
-    check_prompt,
+    accept,
     decode_body,
+    engine_request,
     error_message,
-    join_text_parts,
     run_sized,
-    typed,
 )
 
 
@@ -63,23 +56,25 @@ async def versions_unsupported(ctx: ServerContext, request: Request) -> Response
 
 async def _serve(ctx: ServerContext, request: Request, *, stream: bool) -> Response:
     ctx.check_model(request.path_params["model"], param="model")
-    body = decode_body(request.body)
-    check(ctx, "generate", body)
-    req = typed(body, GenerateRequest)
-    text = join_text_parts(req.text_input)
+    valid = accept(ctx, "generate", decode_body(request.body))
+    text = valid.prompts[0]
     ids = await run_sized(len(text), ctx.tokenizer.encode, text)
-    params = check_prompt(ctx, "generate", body, len(ids), "text_input")
-    if req.id is not None and req.id in ctx.active_ids:
-        raise ApiError(
-            409, f"a request with `id` {req.id!r} is already running", param="id", code="conflict"
-        )
-    details = bool(req.parameters and req.parameters.details)
-    gen = _Generate(ctx, req.id or ctx.next_id(), params, Timing(request.arrival), details)
+    client_id = valid.client_id
+    response_id = client_id or ctx.next_id()
     # Client ids live in their own namespace, apart from the generated ones, and are made
     # unique: a client that disconnected may reuse its id at once, while the engine is still
     # dropping the aborted request (its abort lands at the next step).
-    engine_id = gen.response_id if req.id is None else f"client:{req.id}:{uuid.uuid4().hex}"
-    outputs = _tracked(ctx, req.id, generate(ctx, engine_id, ids, params, gen.timing))
+    engine_id = response_id if client_id is None else f"client:{client_id}:{uuid.uuid4().hex}"
+    req = engine_request(valid, engine_id, ids, request.arrival, prompt=text)
+    if client_id is not None and client_id in ctx.active_ids:
+        raise ApiError(
+            409,
+            f"a request with `id` {client_id!r} is already running",
+            param="id",
+            code="conflict",
+        )
+    gen = _Generate(ctx, response_id, req.params, Timing(req.arrival_time), valid.details)
+    outputs = _tracked(ctx, client_id, generate(ctx, req, gen.timing))
     if stream:
         return SSEResponse(_frames(gen, await prime(outputs)))
     last: RequestOutput | None = None
