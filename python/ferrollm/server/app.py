@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
 
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import ApiError, ErrorStyle, error_body, to_api_error
@@ -34,28 +31,9 @@ from ferrollm.server.protocol import databricks as dbx
 from ferrollm.server.protocol import mindie as mi
 from ferrollm.server.protocol import openai as oa
 from ferrollm.server.routes import chat, completions, databricks, mindie, ops
+from ferrollm.server.routing import Route
 
 logger = logging.getLogger("ferrollm.server")
-
-Handler = Callable[[ServerContext, Request], Awaitable[Response]]
-
-
-@dataclass(frozen=True)
-class Route:
-    """One row of the routing table; ``request``/``response`` (a Struct type, or a tuple of
-    alternatives) document it in OpenAPI."""
-
-    method: str
-    path: str
-    handler: Handler
-    summary: str
-    request: Any = None
-    response: Any = None
-
-    @property
-    def pattern(self) -> re.Pattern[str]:
-        return re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", self.path) + "$")
-
 
 ROUTES = (
     Route("POST", "/v1/chat/completions", chat.chat_completions, "Chat completion (MindIE/vLLM)",

@@ -12,7 +12,7 @@ from ferrollm import __version__
 from ferrollm.server.errors import DatabricksErrorBody, MindIEErrorBody, OpenAIErrorBody
 
 if TYPE_CHECKING:
-    from ferrollm.server.app import Route
+    from ferrollm.server.routing import Route
 
 _REF = "#/components/schemas/{name}"
 

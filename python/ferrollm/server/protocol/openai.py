@@ -1,9 +1,9 @@
 """``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` bodies (SPEC 4 and 5).
 
-Request Structs are built from a body the Rust validator has already accepted (so every range
-and cross-field rule has been checked); they give the handlers typed access and
-``/openapi.json`` its schema. Unknown fields are ignored (SPEC 1.11). Response Structs encode
-the documented shapes: a field typed ``... | UnsetType`` is left out unless set.
+Request Structs document the request shapes in ``/openapi.json``; handlers never build them:
+they read the Rust validator's ``ValidRequest`` (one pass over the body, every range and
+cross-field rule checked). Unknown fields are ignored (SPEC 1.11). Response Structs encode the
+documented shapes: a field typed ``... | UnsetType`` is left out unless set.
 """
 
 from __future__ import annotations
