@@ -20,7 +20,6 @@ from ferrollm.server.http import (
     Message,
     Receive,
     Request,
-    Response,
     Scope,
     Send,
     header_map,
