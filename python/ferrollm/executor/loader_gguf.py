@@ -18,7 +18,7 @@ import torch
 
 from ferrollm.executor.gguf_reader import GGUFFile
 from ferrollm.executor.gguf_tokenizer import add_bos_token, build_tokenizer_json, special_token
-from ferrollm.executor.loader import ModelSource, SpecialTokens, progress_bar
+from ferrollm.executor.source import ModelSource, SpecialTokens, progress_bar
 from ferrollm.models.config import ModelConfig, UnsupportedModelError
 
 logger = logging.getLogger(__name__)
