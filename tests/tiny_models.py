@@ -54,6 +54,8 @@ TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2": ("Qwen2Config", {}),  # q/k/v bias, no o_proj bias
     "qwen3": ("Qwen3Config", {"head_dim": 32}),  # q/k norm; head_dim != hidden / heads
     "tied": ("LlamaConfig", {"tie_word_embeddings": True}),  # SmolLM2-like
+    # Llama's optional biases: q/k/v/o (attention_bias) and gate/up/down (mlp_bias).
+    "llama-bias": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
 }
 
 CHATML_TEMPLATE = (
@@ -135,7 +137,13 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(0.08 * noise)
 
 
-GGUF_FAMILIES = {"tied": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+GGUF_FAMILIES = {
+    "tied": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "llama-bias": "llama",
+}
 
 
 def write_tiny_gguf(hf_dir: Path, path: Path, arch: str) -> Path:

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from ferrollm.devices import DEVICE_NAMES
+
 if TYPE_CHECKING:
     from ferrollm.platforms import Platform
 
@@ -38,8 +40,6 @@ _DTYPE_ALIASES = {
     "fp16": "float16",
     "half": "float16",
 }
-#: Device names, in the order ``ferrollm.platforms`` detects them.
-DEVICE_NAMES = ("npu", "cuda", "cpu")
 LOGPROBS_MODES = ("raw", "processed")
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(|b|[kmgt]i?b?)\s*$", re.IGNORECASE)

@@ -27,7 +27,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from ferrollm._core import Detokenizer
 
 if TYPE_CHECKING:
-    from ferrollm.executor.loader import ModelSource, SpecialTokens
+    from ferrollm.executor.source import ModelSource, SpecialTokens
 
 #: One chat message: ``{"role": ..., "content": str | list of parts, ...}``.
 Message = Mapping[str, Any]

@@ -15,13 +15,15 @@ from ferrollm.executor import loader_hf
 from ferrollm.executor.loader import load_model_source
 from ferrollm.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, UnsupportedModelError
 
-# (family) -> (attention_bias, o_proj_bias, qk_norm, tie_word_embeddings) the loader must derive.
+# family -> (attention_bias, o_proj_bias, mlp_bias, qk_norm, tie_word_embeddings) the loader
+# must derive.
 EXPECTED_FLAGS = {
-    "llama3": (False, False, False, False),
-    "mistral": (False, False, False, False),
-    "qwen2": (True, False, False, False),
-    "qwen3": (False, False, True, False),
-    "tied": (False, False, False, True),
+    "llama3": (False, False, False, False, False),
+    "mistral": (False, False, False, False, False),
+    "qwen2": (True, False, False, False, False),
+    "qwen3": (False, False, False, True, False),
+    "tied": (False, False, False, False, True),
+    "llama-bias": (True, True, True, False, False),
 }
 
 
@@ -87,8 +89,8 @@ def test_hf_config_matches_transformers(tiny_family: str, tiny_model_dir: Path) 
         assert dict(config.rope_scaling or {}) == hf_scaling
     assert config.eos_token_ids == (2,)
     assert config.dtype == "float32"
-    flags = (config.attention_bias, config.o_proj_bias, config.qk_norm, config.tie_word_embeddings)
-    assert flags == EXPECTED_FLAGS[tiny_family]
+    flags = (config.attention_bias, config.o_proj_bias, config.mlp_bias, config.qk_norm)
+    assert (*flags, config.tie_word_embeddings) == EXPECTED_FLAGS[tiny_family]
 
 
 def test_hf_config_flags_agree_with_weights(tiny_model_dir: Path) -> None:
@@ -98,6 +100,8 @@ def test_hf_config_flags_agree_with_weights(tiny_model_dir: Path) -> None:
     config = source.config
     assert ("model.layers.0.self_attn.q_proj.bias" in names) == config.attention_bias
     assert ("model.layers.0.self_attn.o_proj.bias" in names) == config.o_proj_bias
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        assert (f"model.layers.0.mlp.{proj}.bias" in names) == config.mlp_bias
     assert ("model.layers.0.self_attn.q_norm.weight" in names) == config.qk_norm
     assert ("lm_head.weight" in names) == (not config.tie_word_embeddings)
 

@@ -16,7 +16,7 @@ from ferrollm.executor.gguf_tokenizer import build_tokenizer_json
 from ferrollm.executor.loader import ModelSource, load_model_source
 from ferrollm.executor.loader_gguf import hf_tensor_name
 
-TINY_GGUF_FAMILIES = ["tied", "mistral", "qwen2", "qwen3"]
+TINY_GGUF_FAMILIES = ["tied", "mistral", "qwen2", "qwen3", "llama-bias"]
 CONFIG_FIELDS = (
     "vocab_size",
     "hidden_size",
@@ -32,6 +32,7 @@ CONFIG_FIELDS = (
     "tie_word_embeddings",
     "attention_bias",
     "o_proj_bias",
+    "mlp_bias",
     "qk_norm",
     "bos_token_id",
     "eos_token_ids",

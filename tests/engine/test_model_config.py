@@ -86,21 +86,27 @@ def test_llama3_scaling_reads_as_a_mapping() -> None:
 @pytest.mark.parametrize(
     ("architecture", "changes", "flags"),
     [
-        # (attention_bias, o_proj_bias, qk_norm, head_dim)
-        ("LlamaForCausalLM", {}, (False, False, False, 8)),
-        ("LlamaForCausalLM", {"attention_bias": True}, (True, True, False, 8)),
-        ("MistralForCausalLM", {"attention_bias": True}, (False, False, False, 8)),
-        ("Qwen2ForCausalLM", {}, (True, False, False, 8)),  # Qwen2 configs never say "bias"
-        ("Qwen3ForCausalLM", {}, (False, False, True, 128)),  # transformers' Qwen3 default
-        ("Qwen3ForCausalLM", {"head_dim": 16, "attention_bias": True}, (True, True, True, 16)),
+        # (attention_bias, o_proj_bias, mlp_bias, qk_norm, head_dim)
+        ("LlamaForCausalLM", {}, (False, False, False, False, 8)),
+        ("LlamaForCausalLM", {"attention_bias": True}, (True, True, False, False, 8)),
+        ("LlamaForCausalLM", {"mlp_bias": True}, (False, False, True, False, 8)),
+        ("MistralForCausalLM", {"attention_bias": True}, (False, False, False, False, 8)),
+        # Qwen2 configs never say "bias"; transformers' Qwen2/Qwen3 MLPs have none.
+        ("Qwen2ForCausalLM", {"mlp_bias": True}, (True, False, False, False, 8)),
+        ("Qwen3ForCausalLM", {}, (False, False, False, True, 128)),  # transformers' default
+        (
+            "Qwen3ForCausalLM",
+            {"head_dim": 16, "attention_bias": True},
+            (True, True, False, True, 16),
+        ),
     ],
 )
 def test_family_traits_come_from_the_architecture(
-    architecture: str, changes: dict[str, Any], flags: tuple[bool, bool, bool, int]
+    architecture: str, changes: dict[str, Any], flags: tuple[bool, bool, bool, bool, int]
 ) -> None:
     c = config(architectures=[architecture], **changes)
     assert c.model_type == SUPPORTED_ARCHITECTURES[architecture].model_type
-    assert (c.attention_bias, c.o_proj_bias, c.qk_norm, c.head_dim) == flags
+    assert (c.attention_bias, c.o_proj_bias, c.mlp_bias, c.qk_norm, c.head_dim) == flags
 
 
 def test_eos_ids_merge_config_and_generation_config() -> None:

@@ -52,6 +52,9 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2": ("Qwen2Config", {}),
     "qwen3": ("Qwen3Config", {"head_dim": 24}),
     "tied": ("LlamaConfig", {"tie_word_embeddings": True}),
+    # Llama's optional biases: q/k/v and o_proj together, and the MLP's gate/up/down.
+    "llama-attn-bias": ("LlamaConfig", {"attention_bias": True}),
+    "llama-mlp-bias": ("LlamaConfig", {"mlp_bias": True}),
 }
 
 
@@ -60,6 +63,15 @@ def model_config(hf: Any) -> ModelConfig:
     config = hf.config.to_dict()
     config["architectures"] = [type(hf).__name__]
     return ModelConfig.from_hf_dict(config)
+
+
+def _randomize_biases(model: torch.nn.Module) -> None:
+    # transformers initializes biases to zero, which would hide a bias that is never loaded
+    # (or loaded into the wrong shard of a merged projection).
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.1)
 
 
 class Family:
@@ -71,6 +83,7 @@ class Family:
         model_cls = transformers.AutoModelForCausalLM.from_config
         torch.manual_seed(sum(map(ord, name)))
         self.hf = model_cls(hf_config, dtype=torch.float32).eval()
+        _randomize_biases(self.hf)
         self.hf.generation_config.eos_token_id = None
         self.hf.generation_config.pad_token_id = 0
         self.config = model_config(self.hf)
@@ -246,9 +259,16 @@ def test_unknown_architecture_lists_supported() -> None:
         resolve_model_class(["GPT2LMHeadModel"])
     assert "GPT2LMHeadModel" in str(info.value)
     assert set(MODEL_REGISTRY) == set(SUPPORTED_ARCHITECTURES)
-    assert (
-        resolve_model_class(["GPT2LMHeadModel", "Qwen2ForCausalLM"]).__name__ == "Qwen2ForCausalLM"
-    )
+    # One class runs every family: the differences live in ModelConfig.
+    assert resolve_model_class(["GPT2LMHeadModel", "Qwen2ForCausalLM"]) is LlamaForCausalLM
+
+
+def test_model_has_exactly_the_parameters_of_transformers(family: Family) -> None:
+    # Biases, q/k norms and the head follow the config: no tensor is missing or extra.
+    expected = set(family.hf.state_dict())
+    if family.config.tie_word_embeddings:  # the head is the embedding matrix itself
+        expected.remove("lm_head.weight")
+    assert sorted(family.model().checkpoint_names()) == sorted(expected)
 
 
 def test_load_weights_names_bad_tensors(family: Family) -> None:

@@ -11,68 +11,13 @@ holding two copies of its weights. Two formats:
 
 from __future__ import annotations
 
-import abc
 import os
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ferrollm.models.config import ModelConfig
+# Re-exported: callers open checkpoints here and name what they get back from here too.
+from ferrollm.executor.source import ModelSource, SpecialTokens
 
-if TYPE_CHECKING:
-    import torch
-
-
-@dataclass(frozen=True)
-class SpecialTokens:
-    """The tokenizer's special tokens and how encoding uses them."""
-
-    bos_token: str | None
-    eos_token: str | None
-    pad_token: str | None
-    unk_token: str | None
-    bos_token_id: int | None
-    eos_token_id: int | None
-    pad_token_id: int | None
-    #: whether ``tokenizer_json``'s post-processor puts BOS first (already applied there).
-    add_bos_token: bool
-
-
-class ModelSource(abc.ABC):
-    """A checkpoint opened for loading: its config, tokenizer and a weight stream.
-
-    ``tokenizer_json`` is a complete ``tokenizer.json`` (for ``tokenizers.Tokenizer.from_str``);
-    ``chat_template`` is the Jinja chat template, or None when the checkpoint has none.
-    """
-
-    def __init__(
-        self,
-        path: Path,
-        config: ModelConfig,
-        tokenizer_json: str,
-        chat_template: str | None,
-        special_tokens: SpecialTokens,
-    ) -> None:
-        self.path = path
-        self.config = config
-        self.tokenizer_json = tokenizer_json
-        self.chat_template = chat_template
-        self.special_tokens = special_tokens
-
-    @abc.abstractmethod
-    def iter_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``(hf_name, tensor)`` one at a time, each converted to ``dtype`` on the CPU.
-
-        Names are transformers' (``model.layers.0.self_attn.q_proj.weight``). A tied model
-        yields no ``lm_head.weight``: it reuses ``model.embed_tokens.weight``. Each tensor is
-        fresh memory the caller may keep or drop; nothing else holds the weights.
-        """
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({str(self.path)!r}, {self.config.architecture})"
+__all__ = ["ModelSource", "SpecialTokens", "load_model_source"]
 
 
 def load_model_source(path: str | os.PathLike[str]) -> ModelSource:
@@ -104,18 +49,3 @@ def load_model_source(path: str | os.PathLike[str]) -> ModelSource:
         f"model path {str(path)!r} is neither a directory nor a .gguf file; "
         "pass a Hugging Face model directory or a .gguf file"
     )
-
-
-@contextmanager
-def progress_bar(total: int, desc: str) -> Iterator[Callable[[], None]]:
-    """A tensor-count progress bar on stderr (drawn only when stderr is a terminal).
-
-    Yields ``tick()``, to call once per tensor; the bar closes when the block exits.
-    """
-    from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
-
-    bar = tqdm(total=total, desc=desc, unit="tensor", disable=not sys.stderr.isatty())
-    try:
-        yield lambda: bar.update(1)
-    finally:
-        bar.close()

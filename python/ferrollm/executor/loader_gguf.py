@@ -18,7 +18,7 @@ import torch
 
 from ferrollm.executor.gguf_reader import GGUFFile
 from ferrollm.executor.gguf_tokenizer import add_bos_token, build_tokenizer_json, special_token
-from ferrollm.executor.loader import ModelSource, SpecialTokens, progress_bar
+from ferrollm.executor.source import ModelSource, SpecialTokens, progress_bar
 from ferrollm.models.config import ModelConfig, UnsupportedModelError
 
 logger = logging.getLogger(__name__)
@@ -165,10 +165,20 @@ def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: Sequence[str]) ->
         "max_position_embeddings": int(get("context_length")),
         # llama.cpp drops output.weight when the head is tied to the embeddings.
         "tie_word_embeddings": "output.weight" not in tensor_names,
+        **_optional_biases(tensor_names),
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": _eos_token_ids(meta),
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
         "dtype": _FILE_TYPE_DTYPES.get(int(meta.get("general.file_type", -1))),
+    }
+
+
+def _optional_biases(tensor_names: Sequence[str]) -> dict[str, bool]:
+    # GGUF metadata has no bias flags: a Llama's optional biases show only as tensors. (Qwen2's
+    # q/k/v bias is implied by its architecture, whatever this says.)
+    return {
+        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
+        "mlp_bias": "blk.0.ffn_gate.bias" in tensor_names,
     }
 
 

@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
-from ferrollm.executor.loader import ModelSource, SpecialTokens, progress_bar
+from ferrollm.executor.source import ModelSource, SpecialTokens, progress_bar
 from ferrollm.models.config import ModelConfig
 
 _INDEX = "model.safetensors.index.json"

@@ -1,10 +1,13 @@
 """One decoder for the Llama family: Llama 2/3, Mistral, Qwen2/2.5, Qwen3 and SmolLM2.
 
 The families differ only in switches read from the config: grouped-query attention (fewer KV
-heads), q/k/v biases (Qwen2), per-head q/k RMSNorm before RoPE (Qwen3), Llama 3 RoPE scaling,
-a sliding window (Mistral) and tied input/output embeddings (SmolLM2, small Qwens). Tensors are
-flat ``[num_tokens, ...]``: rows of a step are concatenated, and only attention knows where
-one row ends (through ``AttentionContext``).
+heads), q/k/v, o_proj and MLP biases (Qwen2; Llama's ``attention_bias``/``mlp_bias``), per-head
+q/k RMSNorm before RoPE (Qwen3), Llama 3 RoPE scaling, a sliding window (Mistral) and tied
+input/output embeddings (SmolLM2, small Qwens). ``ModelConfig`` resolves each switch once per
+architecture (including what a family implies but its config.json leaves out), so this module
+holds no per-family facts and one class runs every family. Tensors are flat
+``[num_tokens, ...]``: rows of a step are concatenated, and only attention knows where one row
+ends (through ``AttentionContext``).
 
 Parameter names follow Hugging Face checkpoints except that q/k/v and gate/up projections are
 stored merged (``qkv_proj``, ``gate_up_proj``); ``load_weights`` takes HF names and routes them.
@@ -13,7 +16,7 @@ stored merged (``qkv_proj``, ``gate_up_proj``); ``load_weights`` takes HF names 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +56,13 @@ class LlamaConfigLike(Protocol):
     @property
     def attention_bias(self) -> bool: ...
     @property
+    def o_proj_bias(self) -> bool: ...
+    @property
+    def mlp_bias(self) -> bool: ...
+    @property
     def qk_norm(self) -> bool: ...
+    @property
+    def sliding_window(self) -> int | None: ...
 
 
 # (checkpoint projection, merged parameter, shard): how HF names map onto merged linears.
@@ -67,17 +76,9 @@ _STACKED = (
 
 
 class LlamaAttention(nn.Module):
-    """Self-attention with GQA, optional q/k/v bias and optional per-head q/k norm."""
+    """Self-attention with GQA, optional q/k/v and o_proj biases and optional q/k norm."""
 
-    def __init__(
-        self,
-        config: LlamaConfigLike,
-        layer_idx: int,
-        *,
-        qkv_bias: bool,
-        o_bias: bool,
-        qk_norm: bool,
-    ) -> None:
+    def __init__(self, config: LlamaConfigLike, layer_idx: int) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -86,10 +87,11 @@ class LlamaAttention(nn.Module):
         kv_size = self.num_kv_heads * self.head_dim
         self.qk_v_sizes = [q_size + kv_size, kv_size]
         shards = [("q", q_size), ("k", kv_size), ("v", kv_size)]
-        self.qkv_proj = MergedLinear(config.hidden_size, shards, bias=qkv_bias)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=o_bias)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.qkv_proj = MergedLinear(config.hidden_size, shards, bias=config.attention_bias)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
+        norm = config.qk_norm
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if norm else None
         self.attn = PagedAttention(layer_idx, self.head_dim**-0.5)
 
     def forward(
@@ -117,8 +119,8 @@ class LlamaMLP(nn.Module):
         super().__init__()
         size = config.intermediate_size
         shards = [("gate", size), ("up", size)]
-        self.gate_up_proj = MergedLinear(config.hidden_size, shards, bias=False)
-        self.down_proj = nn.Linear(size, config.hidden_size, bias=False)
+        self.gate_up_proj = MergedLinear(config.hidden_size, shards, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, hidden]`` -> ``[T, hidden]``."""
@@ -130,9 +132,9 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention and MLP blocks, each with a residual connection."""
 
-    def __init__(self, config: LlamaConfigLike, layer_idx: int, **attn_flags: bool) -> None:
+    def __init__(self, config: LlamaConfigLike, layer_idx: int) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx, **attn_flags)
+        self.self_attn = LlamaAttention(config, layer_idx)
         self.mlp = LlamaMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -149,11 +151,11 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embeddings, decoder layers and the final norm (HF's ``model.`` prefix)."""
 
-    def __init__(self, config: LlamaConfigLike, **attn_flags: bool) -> None:
+    def __init__(self, config: LlamaConfigLike) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, **attn_flags) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -162,24 +164,14 @@ class LlamaForCausalLM(nn.Module):
     """The Llama-family causal LM over paged attention.
 
     ``forward(input_ids, positions, ctx)`` returns final hidden states ``[T, hidden]``;
-    ``compute_logits`` projects only the rows that are sampled. Subclasses pin what an
-    architecture always has, whatever its config says.
+    ``compute_logits`` projects only the rows that are sampled. Every supported architecture
+    runs on this class; what differs is read from ``config``.
     """
-
-    #: Qwen2 has q/k/v biases and no o_proj bias; its config has no key for it.
-    qkv_bias_always: ClassVar[bool] = False
-    o_bias_follows_config: ClassVar[bool] = True
-    qk_norm_always: ClassVar[bool] = False
 
     def __init__(self, config: LlamaConfigLike) -> None:
         super().__init__()
         self.config = config
-        flags = {
-            "qkv_bias": self.qkv_bias_always or config.attention_bias,
-            "o_bias": self.o_bias_follows_config and config.attention_bias,
-            "qk_norm": self.qk_norm_always or config.qk_norm,
-        }
-        self.model = LlamaModel(config, **flags)
+        self.model = LlamaModel(config)
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -187,7 +179,7 @@ class LlamaForCausalLM(nn.Module):
         )
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
         #: Mistral-style uniform sliding window (keys within the last ``w`` positions), or None.
-        self.sliding_window: int | None = getattr(config, "sliding_window", None)
+        self.sliding_window = config.sliding_window
 
     @property
     def vocab_size(self) -> int:
@@ -252,16 +244,3 @@ class LlamaForCausalLM(nn.Module):
         if name not in params:
             raise ValueError(f"checkpoint tensor `{name}` does not belong to this model")
         copy_checked(params[name].data, tensor, name)
-
-
-class Qwen2ForCausalLM(LlamaForCausalLM):
-    """Qwen2/2.5: q/k/v projections always have biases, o_proj never does."""
-
-    qkv_bias_always = True
-    o_bias_follows_config = False
-
-
-class Qwen3ForCausalLM(LlamaForCausalLM):
-    """Qwen3: per-head RMSNorm on q and k before RoPE."""
-
-    qk_norm_always = True

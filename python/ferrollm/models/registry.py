@@ -9,27 +9,13 @@ from typing import Protocol
 import torch
 
 from ferrollm.models.config import SUPPORTED_ARCHITECTURES, resolve_architecture
-from ferrollm.models.llama import (
-    LlamaConfigLike,
-    LlamaForCausalLM,
-    Qwen2ForCausalLM,
-    Qwen3ForCausalLM,
-)
-
-#: The class that runs each ``ArchitectureInfo.model_type``. Mistral is Llama with a sliding
-#: window; SmolLM2 is Llama with tied embeddings.
-_CLASS_BY_MODEL_TYPE: dict[str, type[LlamaForCausalLM]] = {
-    "llama": LlamaForCausalLM,
-    "mistral": LlamaForCausalLM,
-    "qwen2": Qwen2ForCausalLM,
-    "qwen3": Qwen3ForCausalLM,
-}
+from ferrollm.models.llama import LlamaConfigLike, LlamaForCausalLM
 
 #: Architecture name -> model class, derived from ``SUPPORTED_ARCHITECTURES`` (the one list of
-#: architectures), so the two cannot disagree: a new architecture without a class fails here, at
-#: import.
+#: architectures). Every one runs on ``LlamaForCausalLM``: what sets the families apart (biases,
+#: q/k norm, sliding window, tied embeddings) is resolved into ``ModelConfig``, not into classes.
 MODEL_REGISTRY: Mapping[str, type[LlamaForCausalLM]] = MappingProxyType(
-    {name: _CLASS_BY_MODEL_TYPE[info.model_type] for name, info in SUPPORTED_ARCHITECTURES.items()}
+    dict.fromkeys(SUPPORTED_ARCHITECTURES, LlamaForCausalLM)
 )
 
 

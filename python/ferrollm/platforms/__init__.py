@@ -8,15 +8,13 @@ fails clearly when that device is not there.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from functools import cache
-from typing import ClassVar
 
-import torch
-
-from ferrollm.config import DEVICE_NAMES
-from ferrollm.layers.attention import AttentionBackend
+from ferrollm.devices import DEVICE_NAMES
+from ferrollm.platforms.base import MemoryInfo, Platform
+from ferrollm.platforms.cpu import CpuPlatform
+from ferrollm.platforms.cuda import CudaPlatform
+from ferrollm.platforms.npu import NpuPlatform
 
 __all__ = [
     "DEVICE_NAMES",
@@ -28,74 +26,16 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class MemoryInfo:
-    """Device memory in bytes: ``free`` now, and the ``total``."""
-
-    free: int
-    total: int
-
-
-class Platform(ABC):
-    """A kind of device: its torch device, attention backend and memory/sync primitives."""
-
-    #: ``device`` name: "cpu", "cuda" or "npu".
-    name: ClassVar[str]
-    #: torch.distributed backend for tensor parallelism: "gloo", "nccl" or "hccl".
-    dist_backend: ClassVar[str]
-    #: Whether this is an accelerator (bfloat16 by default, KV cache sized from free memory).
-    is_accelerator: ClassVar[bool]
-    #: What ``dtype="auto"`` resolves to (see ``ferrollm.executor.sizing.resolve_dtype``).
-    preferred_dtype: ClassVar[torch.dtype]
-    #: Model/KV-cache dtypes the device's kernels run.
-    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (
-        torch.float32,
-        torch.bfloat16,
-        torch.float16,
-    )
-
-    @classmethod
-    @abstractmethod
-    def available(cls) -> bool:
-        """Whether this process can use the device (never raises)."""
-
-    @property
-    def device(self) -> torch.device:
-        """The torch device models and KV caches live on."""
-        return torch.device(self.name)
-
-    @abstractmethod
-    def attention_backend(self) -> AttentionBackend:
-        """The paged-attention implementation for this device."""
-
-    @abstractmethod
-    def synchronize(self) -> None:
-        """Wait for queued device work (a no-op on CPU)."""
-
-    @abstractmethod
-    def memory_info(self) -> MemoryInfo:
-        """Free and total bytes of the memory the KV cache would live in."""
-
-    def check_block_size(self, block_size: int) -> None:  # noqa: B027 (most devices take any)
-        """Raise ValueError if this device's attention kernel cannot use ``block_size``."""
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(device={self.name!r})"
-
-
-def _platform_classes() -> dict[str, type[Platform]]:
-    # Imported here: each module imports this one for `Platform`.
-    from ferrollm.platforms.cpu import CpuPlatform
-    from ferrollm.platforms.cuda import CudaPlatform
-    from ferrollm.platforms.npu import NpuPlatform
-
-    return {"npu": NpuPlatform, "cuda": CudaPlatform, "cpu": CpuPlatform}
+_PLATFORM_CLASSES: dict[str, type[Platform]] = {
+    "npu": NpuPlatform,
+    "cuda": CudaPlatform,
+    "cpu": CpuPlatform,
+}
 
 
 def detect_device() -> str:
     """The first available device name in ``DEVICE_NAMES`` order ("cpu" always is)."""
-    classes = _platform_classes()
-    return next(name for name in DEVICE_NAMES if classes[name].available())
+    return next(name for name in DEVICE_NAMES if _PLATFORM_CLASSES[name].available())
 
 
 def get_platform(device: str | None = None) -> Platform:
@@ -105,10 +45,9 @@ def get_platform(device: str | None = None) -> Platform:
     """
     if device is None:
         return current_platform()
-    classes = _platform_classes()
-    if device not in classes:
+    if device not in _PLATFORM_CLASSES:
         raise ValueError(f"`device` must be one of {', '.join(DEVICE_NAMES)}; got {device!r}")
-    cls = classes[device]
+    cls = _PLATFORM_CLASSES[device]
     if not cls.available():
         raise ValueError(
             f"`device` is {device!r} but no {device} device is available here "
@@ -120,4 +59,4 @@ def get_platform(device: str | None = None) -> Platform:
 @cache
 def current_platform() -> Platform:
     """The detected platform, decided once per process."""
-    return _platform_classes()[detect_device()]()
+    return _PLATFORM_CLASSES[detect_device()]()

@@ -7,7 +7,7 @@ import os
 import torch
 
 from ferrollm.layers.attention import AttentionBackend, TorchSDPABackend
-from ferrollm.platforms import MemoryInfo, Platform
+from ferrollm.platforms.base import MemoryInfo, Platform
 
 
 class CpuPlatform(Platform):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ferrollm.layers.attention import AttentionBackend, TorchSDPABackend
-from ferrollm.platforms import MemoryInfo, Platform
+from ferrollm.platforms.base import MemoryInfo, Platform
 
 
 class CudaPlatform(Platform):

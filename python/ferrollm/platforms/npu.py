@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ferrollm.layers.attention import AttentionBackend, PagedBatch
-from ferrollm.platforms import MemoryInfo, Platform
+from ferrollm.platforms.base import MemoryInfo, Platform
 
 #: The side of the optimized causal mask ``sparse_mode=3`` requires (torch-npu docs).
 _MASK_SIZE = 2048

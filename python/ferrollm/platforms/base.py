@@ -1,0 +1,71 @@
+"""`Platform`, the interface every device implements, and `MemoryInfo`.
+
+Apart from the package's ``__init__`` so that the device modules (``cpu``, ``cuda``, ``npu``)
+import the interface from here while ``__init__`` imports them: no module of the package imports
+one that imports it back.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ferrollm.layers.attention import AttentionBackend
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """Device memory in bytes: ``free`` now, and the ``total``."""
+
+    free: int
+    total: int
+
+
+class Platform(ABC):
+    """A kind of device: its torch device, attention backend and memory/sync primitives."""
+
+    #: ``device`` name: "cpu", "cuda" or "npu".
+    name: ClassVar[str]
+    #: torch.distributed backend for tensor parallelism: "gloo", "nccl" or "hccl".
+    dist_backend: ClassVar[str]
+    #: Whether this is an accelerator (bfloat16 by default, KV cache sized from free memory).
+    is_accelerator: ClassVar[bool]
+    #: What ``dtype="auto"`` resolves to (see ``ferrollm.executor.sizing.resolve_dtype``).
+    preferred_dtype: ClassVar[torch.dtype]
+    #: Model/KV-cache dtypes the device's kernels run.
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+    )
+
+    @classmethod
+    @abstractmethod
+    def available(cls) -> bool:
+        """Whether this process can use the device (never raises)."""
+
+    @property
+    def device(self) -> torch.device:
+        """The torch device models and KV caches live on."""
+        return torch.device(self.name)
+
+    @abstractmethod
+    def attention_backend(self) -> AttentionBackend:
+        """The paged-attention implementation for this device."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Wait for queued device work (a no-op on CPU)."""
+
+    @abstractmethod
+    def memory_info(self) -> MemoryInfo:
+        """Free and total bytes of the memory the KV cache would live in."""
+
+    def check_block_size(self, block_size: int) -> None:  # noqa: B027 (most devices take any)
+        """Raise ValueError if this device's attention kernel cannot use ``block_size``."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.name!r})"

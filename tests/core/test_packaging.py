@@ -1,0 +1,79 @@
+"""`pip install ferrollm[runtime]` installs every package the model runner and server import.
+
+The check is static and exact, so it runs offline: every third-party module imported anywhere
+under ``python/ferrollm`` (found from the source's syntax tree, lazy and function-level imports
+included) must belong to a distribution named in pyproject.toml's ``dependencies`` or its
+``runtime`` extra. ``make check-runtime-install`` does the real thing (a fresh venv, the wheel,
+a model loaded and run); it needs the network and minutes, so it is not part of ``make test``.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import re
+import sys
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, as a package (mypy's dependency there)
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "python" / "ferrollm"
+#: Device runtimes that come with the device's own stack, never from PyPI through ferrollm.
+OPTIONAL_DEVICE_MODULES = frozenset({"torch_npu"})
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
+
+
+def imported_third_party_modules(package: Path) -> dict[str, set[str]]:
+    """Top-level module -> the files that import it, for every non-stdlib, non-ferrollm import."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.partition(".")[0]
+                if top not in sys.stdlib_module_names and top != "ferrollm":
+                    found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def runtime_requirements(pyproject: Path) -> set[str]:
+    """Normalized distribution names of ``dependencies`` plus the ``runtime`` extra."""
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+    requirements = [*project["dependencies"], *project["optional-dependencies"]["runtime"]]
+    return {_normalize(Requirement(line).name) for line in requirements}
+
+
+def test_the_scan_finds_imports_at_any_depth() -> None:
+    # Guards the scan itself, or the real test could pass vacuously: torch is imported at
+    # module level, tqdm only inside a function.
+    modules = imported_third_party_modules(PACKAGE)
+    assert {"torch", "numpy", "tqdm", "tokenizers", "safetensors", "gguf"} <= set(modules)
+    assert not {"ferrollm", "os", "typing"} & set(modules)
+
+
+def test_runtime_extra_covers_every_third_party_import() -> None:
+    required = runtime_requirements(ROOT / "pyproject.toml")
+    distributions = importlib.metadata.packages_distributions()
+    missing = {}
+    for module, files in imported_third_party_modules(PACKAGE).items():
+        if module in OPTIONAL_DEVICE_MODULES:
+            continue
+        # Installed in the dev venv (requirements/dev.txt), so its distribution is known.
+        assert module in distributions, f"`{module}` (imported by {sorted(files)}) is not installed"
+        if not {_normalize(d) for d in distributions[module]} & required:
+            missing[module] = sorted(files)
+    assert not missing, f"pyproject.toml's `runtime` extra lacks the distributions of {missing}"
