@@ -25,7 +25,7 @@ from ferrollm.layers.attention import (
 
 
 class CausalLM(Protocol):
-    """What the runner needs of a model (``LlamaForCausalLM`` and its kin)."""
+    """What the runner needs of a model (``LlamaForCausalLM`` has it)."""
 
     sliding_window: int | None
 

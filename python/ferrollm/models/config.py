@@ -22,12 +22,14 @@ class UnsupportedModelError(ValueError):
 class ArchitectureInfo:
     """What an architecture implies beyond its config.json.
 
-    ``qkv_bias`` / ``o_proj_bias``: None means "as the config's ``attention_bias`` says".
+    ``qkv_bias`` / ``o_proj_bias``: None means "as the config's ``attention_bias`` says";
+    ``mlp_bias``: None means "as the config's ``mlp_bias`` says".
     """
 
     model_type: str
     qkv_bias: bool | None
     o_proj_bias: bool | None
+    mlp_bias: bool | None
     qk_norm: bool
     #: transformers' defaults, used when config.json omits the key.
     default_max_position_embeddings: int
@@ -39,10 +41,10 @@ class ArchitectureInfo:
 #: with tied embeddings.
 SUPPORTED_ARCHITECTURES: Mapping[str, ArchitectureInfo] = MappingProxyType(
     {
-        "LlamaForCausalLM": ArchitectureInfo("llama", None, None, False, 2048, None),
-        "MistralForCausalLM": ArchitectureInfo("mistral", False, False, False, 131072, None),
-        "Qwen2ForCausalLM": ArchitectureInfo("qwen2", True, False, False, 32768, None),
-        "Qwen3ForCausalLM": ArchitectureInfo("qwen3", None, None, True, 32768, 128),
+        "LlamaForCausalLM": ArchitectureInfo("llama", None, None, None, False, 2048, None),
+        "MistralForCausalLM": ArchitectureInfo("mistral", False, False, False, False, 131072, None),
+        "Qwen2ForCausalLM": ArchitectureInfo("qwen2", True, False, False, False, 32768, None),
+        "Qwen3ForCausalLM": ArchitectureInfo("qwen3", None, None, False, True, 32768, 128),
     }
 )
 
@@ -104,6 +106,7 @@ class ModelConfig:
     attention_bias: bool
     #: o_proj carries a bias (Llama/Qwen3 with attention_bias; never Qwen2/Mistral).
     o_proj_bias: bool
+    #: gate/up/down projections carry a bias (Llama when config says so; no other family).
     mlp_bias: bool
     #: per-head RMSNorm on q and k before rope (Qwen3).
     qk_norm: bool
@@ -137,7 +140,7 @@ class ModelConfig:
         num_kv_heads = _int(config, "num_key_value_heads", default=num_heads)
         _check_heads(num_heads, num_kv_heads)
         _check_activation(config)
-        attention_bias = bool(config.get("attention_bias", False))
+        attention_bias, o_proj_bias, mlp_bias = _biases(config, info)
         return cls(
             architecture=architecture,
             model_type=info.model_type,
@@ -157,9 +160,9 @@ class ModelConfig:
                 config, "max_position_embeddings", default=info.default_max_position_embeddings
             ),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            attention_bias=attention_bias if info.qkv_bias is None else info.qkv_bias,
-            o_proj_bias=attention_bias if info.o_proj_bias is None else info.o_proj_bias,
-            mlp_bias=info.model_type == "llama" and bool(config.get("mlp_bias", False)),
+            attention_bias=attention_bias,
+            o_proj_bias=o_proj_bias,
+            mlp_bias=mlp_bias,
             qk_norm=info.qk_norm,
             sliding_window=_sliding_window(config, info.model_type),
             bos_token_id=_optional_int(config, "bos_token_id"),
@@ -192,6 +195,17 @@ def resolve_architecture(names: str | Sequence[str]) -> str:
     raise UnsupportedModelError(
         f"architecture {', '.join(map(repr, names)) or '(none given)'} is not supported; "
         f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+    )
+
+
+def _biases(config: Mapping[str, Any], info: ArchitectureInfo) -> tuple[bool, bool, bool]:
+    """(q/k/v, o_proj, MLP) biases: what the architecture fixes, else what config.json says."""
+    attention_bias = bool(config.get("attention_bias", False))
+    mlp_bias = bool(config.get("mlp_bias", False))
+    return (
+        attention_bias if info.qkv_bias is None else info.qkv_bias,
+        attention_bias if info.o_proj_bias is None else info.o_proj_bias,
+        mlp_bias if info.mlp_bias is None else info.mlp_bias,
     )
 
 
