@@ -18,9 +18,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from ferrollm._core import SamplingParams, Scheduler, StepPlan
+from ferrollm._core import SamplingParams, Scheduler, SchedulerConfig, StepPlan
 from ferrollm.default_model import default_model_path
-from ferrollm.engine.outputs import RequestOutput, RequestTracker, StepInfo
+from ferrollm.engine.outputs import RequestFailure, RequestOutput, RequestTracker, StepInfo
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.loader import ModelSource, load_model_source
 from ferrollm.executor.runner import ModelRunner
@@ -63,7 +63,7 @@ class LLMEngine:
         self.scheduler = scheduler
         self.runner = runner
         self.model_config = model_config
-        self._tracker = RequestTracker(model_config.eos_token_ids)
+        self._tracker = RequestTracker()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -145,8 +145,9 @@ class LLMEngine:
         """Requests added and not yet finished."""
         return len(self._tracker)
 
-    def step(self) -> list[RequestOutput]:
-        """Advance every scheduled request by one step; outputs for those that changed.
+    def step(self) -> list[RequestOutput | RequestFailure]:
+        """Advance every scheduled request by one step; outputs for those that changed, and a
+        `RequestFailure` for each request that failed alone (its batch-mates go on).
 
         Raises StepError, with the step's requests aborted, if the model or sampling fails.
         """
@@ -154,7 +155,7 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         try:
             logits = self.runner.run(plan)
-            out = self.scheduler.update(plan, logits.numpy())
+            out = self.scheduler.update_with_logits(plan, logits.numpy())
         except Exception as e:
             raise self._fail_step(plan, e) from e
         step = StepInfo(started, time.perf_counter(), plan.num_rows)
@@ -168,13 +169,7 @@ class LLMEngine:
             raise ValueError("`prompt_token_ids` must be a flat list of integers")
         if ids.size == 0:
             raise ValueError("`prompt_token_ids` must contain at least 1 token")
-        vocab_size = self.model_config.vocab_size
-        bad = ids[(ids < 0) | (ids >= vocab_size)]
-        if bad.size:
-            raise ValueError(
-                f"`prompt_token_ids` must be in [0, {vocab_size}) (the model's vocabulary); "
-                f"got {int(bad[0])}"
-            )
+        # Ids beyond the model's vocabulary are refused by the scheduler (its vocab_size).
         return ids.astype(np.int64, copy=False)
 
     def _fail_step(self, plan: StepPlan, error: Exception) -> StepError:
@@ -214,7 +209,7 @@ def _build_scheduler(
 ) -> Scheduler:
     if config.max_num_batched_tokens is None:
         raise ValueError("the scheduler needs EngineConfig.for_platform(platform) first")
-    return Scheduler(
+    scheduler_config = SchedulerConfig(
         num_blocks=kv_plan.num_blocks,
         block_size=config.block_size,
         max_num_seqs=config.max_num_seqs,
@@ -224,6 +219,8 @@ def _build_scheduler(
         enable_prefix_caching=config.enable_prefix_caching,
         priority_aging_s=config.priority_aging_s,
         eos_token_ids=model_config.eos_token_ids,
-        tokenizer=tokenizer.detokenizer,
         logprobs_mode=config.logprobs_mode,
+        vocab_size=model_config.vocab_size,
+        seed=config.seed,
     )
+    return Scheduler(scheduler_config, tokenizer.detokenizer)
