@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ferrollm import Sampler
+from ferrollm import Sampler, SamplingParams
 
 HISTORY = 256
 REPETITION, PRESENCE, FREQUENCY = 1.1, 0.5, 0.5
@@ -92,9 +92,9 @@ def bench(rows: int, vocab: int, greedy: bool, repeats: int, min_time: float) ->
     )
     prompt = rng.integers(0, vocab, (rows, HISTORY), dtype=np.uint32)
     output = rng.integers(0, vocab, (rows, HISTORY), dtype=np.uint32)
-    p = Sampler._params_for_tests(
+    p = SamplingParams(
         temperature=0.0 if greedy else TEMPERATURE,
-        top_k=0 if greedy else TOP_K,
+        top_k=-1 if greedy else TOP_K,
         top_p=1.0 if greedy else TOP_P,
         repetition_penalty=REPETITION,
         presence_penalty=PRESENCE,

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from ferrollm import SamplingParams, Scheduler
+from ferrollm import SamplingParams, Scheduler, SchedulerConfig
 
 PROMPT_LEN = 256
 
@@ -17,13 +17,15 @@ PROMPT_LEN = 256
 def decoding(num_seqs: int, steps: int) -> Scheduler:
     """A scheduler whose `num_seqs` requests (256-token prompts) are all past prefill."""
     s = Scheduler(
-        num_blocks=num_seqs * (PROMPT_LEN + steps + 16) // 16 + 1,
-        block_size=16,
-        max_num_seqs=num_seqs,
-        max_num_batched_tokens=1 << 20,
-        max_model_len=4096,
-        max_num_waiting=num_seqs,
-        eos_token_ids=[0],
+        SchedulerConfig(
+            num_blocks=num_seqs * (PROMPT_LEN + steps + 16) // 16 + 1,
+            block_size=16,
+            max_num_seqs=num_seqs,
+            max_num_batched_tokens=1 << 20,
+            max_model_len=4096,
+            max_num_waiting=num_seqs,
+            eos_token_ids=[0],
+        )
     )
     params = SamplingParams(ignore_eos=True)
     base = np.arange(PROMPT_LEN, dtype=np.int64)

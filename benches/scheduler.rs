@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use _core::{RequestId, SamplingParams, Scheduler, SchedulerConfig};
+use _core::{NewRequest, SamplingParams, Scheduler, SchedulerConfig};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 const PROMPT_LEN: usize = 256;
@@ -23,6 +23,7 @@ fn decoding(num_seqs: usize) -> Scheduler {
         enable_prefix_caching: true,
         priority_aging_s: 10.0,
         eos_token_ids: vec![0],
+        ..SchedulerConfig::default()
     };
     let mut s = Scheduler::new(cfg).unwrap();
     let params = Arc::new(SamplingParams::new(1, None, 0, true, vec![]).unwrap());
@@ -30,16 +31,8 @@ fn decoding(num_seqs: usize) -> Scheduler {
         let prompt: Vec<u32> = (0..PROMPT_LEN as u32)
             .map(|t| 1 + (t * 7 + i as u32) % 30000)
             .collect();
-        s.add_request(
-            RequestId(i as u64),
-            prompt,
-            params.clone(),
-            5,
-            0.0,
-            None,
-            None,
-        )
-        .unwrap();
+        s.add_request(NewRequest::new(i as u64, prompt, params.clone()))
+            .unwrap();
     }
     let plan = s.schedule(0.0);
     s.update(plan.step_id, &vec![1; plan.num_samples()])
@@ -102,7 +95,7 @@ fn admission(c: &mut Criterion) {
                             (prompt.len()..LEN)
                                 .map(|t| 1 + ((t as u64 * 31 + next * 7919) % 30000) as u32),
                         );
-                        s.add_request(RequestId(next), prompt, params.clone(), 5, 0.0, None, None)
+                        s.add_request(NewRequest::new(next, prompt, params.clone()))
                             .unwrap();
                         next += 1;
                     }

@@ -19,5 +19,5 @@ mod py;
 
 pub use error::CoreError;
 pub use params::SamplingParams;
-pub use sched::{Scheduler, SchedulerConfig, StepOutput, StepPlan};
+pub use sched::{NewRequest, Scheduler, SchedulerConfig, StepOutput, StepPlan};
 pub use types::{BlockId, FinishReason, RequestId, TokenId};

@@ -36,16 +36,20 @@ pub enum FinishReason {
     Abort = 3,
     /// The request's deadline passed before it finished.
     Timeout = 4,
+    /// The request failed alone (for example its logits row had no finite value left after its
+    /// processors); the step's other requests went on.
+    Error = 5,
 }
 
 impl FinishReason {
-    /// The lower-case name used by the APIs ("stop", "length", "abort", "timeout").
+    /// The lower-case name used by the APIs ("stop", "length", "abort", "timeout", "error").
     pub fn as_str(self) -> &'static str {
         match self {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
             FinishReason::Timeout => "timeout",
+            FinishReason::Error => "error",
         }
     }
 }

@@ -17,6 +17,7 @@ __all__ = [
     "Sampler",
     "SamplingParams",
     "Scheduler",
+    "SchedulerConfig",
     "SchedulerError",
     "StepOutput",
     "StepPlan",
@@ -29,7 +30,7 @@ __all__ = [
 
 __version__: Final[str]
 #: Finish-reason names by code: 0 = not finished, 1 = stop, 2 = length, 3 = abort, 4 = timeout.
-FINISH_REASON_NAMES: Final[tuple[str, str, str, str, str]]
+FINISH_REASON_NAMES: Final[tuple[str, str, str, str, str, str]]
 
 _TokenIds = Sequence[int] | npt.NDArray[np.integer[Any]]
 _Indices = Sequence[int] | npt.NDArray[np.integer[Any]]
@@ -389,6 +390,11 @@ class StepOutput:
     def stop_str_indices(self) -> npt.NDArray[np.int32]:
         """Index into the request's ``stop`` of the string that ended the sequence, else -1."""
     @property
+    def stop_token_ids(self) -> npt.NDArray[np.int64]:
+        """The id from the request's ``stop_token_ids`` that ended the sequence, else -1.
+
+        vLLM's rule: EOS is no stop reason (unless ``ignore_eos``), and a stop string wins."""
+    @property
     def logprobs(self) -> npt.NDArray[np.float32]:
         """Logprob of each appended token; NaN when the request asked for none."""
     @property
@@ -398,16 +404,20 @@ class StepOutput:
     def top_logprobs(self) -> npt.NDArray[np.float32]:
         """``[samples, k]`` logprobs of ``top_token_ids``, padded with -inf."""
     @property
-    def finished_req_ids(self) -> npt.NDArray[np.uint64]: ...
+    def finished_req_ids(self) -> npt.NDArray[np.uint64]:
+        """Requests whose every sequence has now finished (failed ones are not among them)."""
+    @property
+    def failed_req_ids(self) -> npt.NDArray[np.uint64]:
+        """Requests that failed alone in this step (for example a row left with no finite
+        logit by their processors); their blocks are freed and their state is gone."""
+    @property
+    def failed_messages(self) -> list[str]:
+        """Why each of ``failed_req_ids`` failed; the message names the field."""
     def __len__(self) -> int: ...
 
 @final
-class Scheduler:
-    """Continuous batching over paged KV blocks with a prefix cache, priorities and preemption.
-
-    Each step: ``plan = s.schedule()``, run the model on the plan, sample one token per sample
-    row, then ``out = s.update(plan, sampled_token_ids)``.
-    """
+class SchedulerConfig:
+    """Everything that bounds a Scheduler; checked on construction (errors name the field)."""
 
     def __new__(
         cls,
@@ -420,13 +430,63 @@ class Scheduler:
         max_num_waiting: int = 4096,
         enable_prefix_caching: bool = True,
         priority_aging_s: float = 10.0,
-        eos_token_ids: Sequence[int] | None = None,
-        tokenizer: Detokenizer | None = None,
+        eos_token_ids: _TokenIds = (),
         logprobs_mode: str = "raw",
-    ) -> Scheduler:
-        """``tokenizer`` turns appended tokens into text deltas and enables stop strings;
-        ``logprobs_mode`` is ``"raw"`` (vLLM's default: log-softmax of the model's logits) or
-        ``"processed"`` (the distribution actually sampled from)."""
+        vocab_size: int = 0,
+        seed: int | None = None,
+    ) -> SchedulerConfig:
+        """``logprobs_mode`` is ``"raw"`` (vLLM's default: log-softmax of the model's logits)
+        or ``"processed"`` (the distribution actually sampled from). ``vocab_size`` (0 =
+        unknown) lets ``add_request`` reject prompts and parameters that do not fit the model.
+        ``seed`` makes the seeds of unseeded requests deterministic, so a run replays."""
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks in the pool, the null block included."""
+    @property
+    def block_size(self) -> int:
+        """Token slots per KV block."""
+    @property
+    def max_num_seqs(self) -> int:
+        """Running sequences per step, at most."""
+    @property
+    def max_num_batched_tokens(self) -> int:
+        """Tokens computed per step, at most (the token budget)."""
+    @property
+    def max_model_len(self) -> int:
+        """Prompt + output tokens of one sequence, at most."""
+    @property
+    def max_num_waiting(self) -> int:
+        """Waiting sequences beyond which ``add_request`` raises QueueFullError."""
+    @property
+    def enable_prefix_caching(self) -> bool:
+        """Whether full blocks are reused across requests with the same prefix."""
+    @property
+    def priority_aging_s(self) -> float:
+        """Seconds of waiting per level of priority gained; 0 turns aging off."""
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """End-of-sequence token ids of the model."""
+    @property
+    def logprobs_mode(self) -> str:
+        """``"raw"`` or ``"processed"``."""
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary size (its logits' width); 0 = unknown."""
+    @property
+    def seed(self) -> int | None:
+        """Seed of the seeds of unseeded requests; None = OS-random."""
+
+@final
+class Scheduler:
+    """Continuous batching over paged KV blocks with a prefix cache, priorities and preemption.
+
+    Each step: ``plan = s.schedule()``, run the model on the plan, then either
+    ``out = s.update_with_logits(plan, logits)`` (sampled in Rust) or
+    ``out = s.update(plan, sampled_token_ids)``.
+    """
+
+    def __new__(cls, config: SchedulerConfig, tokenizer: Detokenizer | None = None) -> Scheduler:
+        """``tokenizer`` turns appended tokens into text deltas and enables stop strings."""
     def add_request(
         self,
         request_id: int,
@@ -438,25 +498,29 @@ class Scheduler:
         deadline: float | None = None,
         cache_salt: str | None = None,
     ) -> None:
-        """Queue a request. Raises ValidationError or QueueFullError.
+        """Queue a request. Raises ValidationError or QueueFullError; nothing is queued then.
 
-        ``priority`` defaults to ``params.priority``; ``deadline`` to arrival +
-        ``params.timeout_s`` when that is set."""
+        ``priority`` defaults to ``params.priority``; ``arrival_time`` to ``time.time()``;
+        ``deadline`` to arrival + ``params.timeout_s`` when that is set. With the config's
+        ``vocab_size`` known, prompts and parameters naming tokens beyond it (or an
+        ``embedding_bias`` of another length) are rejected here."""
     def abort_request(self, request_id: int) -> bool:
         """End a request at the next schedule(); False if no such unfinished request."""
     def has_unfinished_requests(self) -> bool: ...
     def schedule(self, now: float | None = None) -> StepPlan:
         """Plan the next step; ``now`` defaults to ``time.time()``."""
-    def update(
-        self, plan: StepPlan, logits_or_token_ids: npt.NDArray[np.float32] | _TokenIds
-    ) -> StepOutput:
-        """Finish the step of ``plan`` (the last plan returned).
+    def update(self, plan: StepPlan, token_ids: _TokenIds) -> StepOutput:
+        """Finish the step of ``plan`` (the last plan returned) with one sampled token id per
+        sample: tokens are appended, detokenized (with a tokenizer), checked against stops,
+        and finished requests are released."""
+    def update_with_logits(self, plan: StepPlan, logits: npt.NDArray[np.float32]) -> StepOutput:
+        """Like ``update``, sampling every row in Rust from the step's float32 logits
+        ``[plan.num_samples, vocab]`` (row ``i`` for sample ``i``; C-contiguous, read in place).
 
-        Give the step's float32 logits ``[plan.num_samples, vocab]`` (row ``i`` for sample ``i``)
-        to sample every row in Rust, or one already-sampled token id per sample. Tokens are
-        appended, detokenized (with a tokenizer), checked against stops, and finished requests
-        are released.
-        """
+        A row that cannot be sampled (no finite logit left after its request's processors, or
+        parameters that do not fit ``vocab``) fails its request alone: it is reported in
+        ``failed_req_ids``/``failed_messages`` and the other samples are applied. A stale plan
+        or a logits shape that does not match fails the call, changing nothing."""
     def check_invariants(self) -> None:
         """Raise SchedulerError if the block accounting or the queues are inconsistent."""
     def stats(self) -> dict[str, int]: ...
@@ -472,6 +536,9 @@ class Scheduler:
     def max_num_batched_tokens(self) -> int: ...
     @property
     def max_model_len(self) -> int: ...
+    @property
+    def config(self) -> SchedulerConfig:
+        """The configuration this scheduler was built with."""
 
 @final
 class Detokenizer:
@@ -629,25 +696,3 @@ class Sampler:
         processed_row: npt.NDArray[np.float32], params: SamplingParams
     ) -> npt.NDArray[np.float32]:
         """The exact distribution a draw uses over a processed row (zeros for removed tokens)."""
-    @staticmethod
-    def _params_for_tests(
-        *,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        min_p: float = 0.0,
-        typical_p: float = 1.0,
-        repetition_penalty: float = 1.0,
-        presence_penalty: float = 0.0,
-        frequency_penalty: float = 0.0,
-        logit_bias: dict[int, float] | None = None,
-        embedding_bias: Sequence[float] | None = None,
-        allowed_token_ids: Sequence[int] | None = None,
-        bad_words: Sequence[Sequence[int]] | None = None,
-        min_tokens: int = 0,
-        no_repeat_ngram_size: int = 0,
-        seed: int | None = None,
-        logprobs: int | None = None,
-        stop_token_ids: Sequence[int] | None = None,
-    ) -> SamplingParams:
-        """Test-only: SamplingParams with sampling fields set directly, unvalidated."""

@@ -15,7 +15,7 @@ from typing import Any
 from ferrollm._core import SamplingParams
 from ferrollm.config import EngineConfig
 from ferrollm.engine.engine import LLMEngine
-from ferrollm.engine.outputs import RequestOutput
+from ferrollm.engine.outputs import RequestFailure, RequestOutput
 from ferrollm.engine.request import EngineRequest
 from ferrollm.tokenizer import Message, Tokenizer
 
@@ -106,7 +106,11 @@ class LLM:
             if not self.engine.has_unfinished_requests():
                 raise RuntimeError(f"the engine lost requests {sorted(pending)}")
             for output in self.engine.step():
-                if output.finished and output.request_id in pending:
+                if output.request_id not in pending:
+                    continue
+                if isinstance(output, RequestFailure):  # failed alone; _run aborts the rest
+                    raise output.error
+                if output.finished:
                     results[output.request_id] = output
                     pending.discard(output.request_id)
         return results

@@ -2,11 +2,14 @@
 //! extracts its inputs, releases the GIL for work that scales with the batch, calls the core and
 //! converts the result; every core error is mapped to Python once, in `errors.rs`.
 
+mod arrays;
 mod detok;
 mod errors;
 mod params;
 mod sampling;
+mod sched_config;
 mod scheduler;
+mod step;
 mod stop;
 mod tokens;
 mod validate;
@@ -25,12 +28,14 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         FinishReason::Length.as_str(),
         FinishReason::Abort.as_str(),
         FinishReason::Timeout.as_str(),
+        FinishReason::Error.as_str(),
     ];
     m.add("FINISH_REASON_NAMES", pyo3::types::PyTuple::new(py, names)?)?;
     m.add_class::<params::PySamplingParams>()?;
+    m.add_class::<sched_config::PySchedulerConfig>()?;
     m.add_class::<scheduler::PyScheduler>()?;
-    m.add_class::<scheduler::PyStepPlan>()?;
-    m.add_class::<scheduler::PyStepOutput>()?;
+    m.add_class::<step::PyStepPlan>()?;
+    m.add_class::<step::PyStepOutput>()?;
     m.add_class::<validate::PyLimits>()?;
     m.add_class::<validate::PyValidRequest>()?;
     m.add_function(wrap_pyfunction!(validate::validate, m)?)?;

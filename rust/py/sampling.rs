@@ -3,17 +3,15 @@
 //! so the hot path never copies behind the caller's back); uint32 token arrays are read in place
 //! too. The GIL is released while sampling.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use numpy::{
-    PyArray1, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
-    PyUntypedArray, PyUntypedArrayMethods,
-};
+use numpy::{PyArray1, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
+use super::arrays::{arr, arr_shaped, float32_array, logits_view, Arr};
 use super::errors::guard;
 use super::params::PySamplingParams;
+use super::tokens::{token_ids, TokenIds};
 use crate::error::CoreError;
 use crate::params::SamplingParams;
 use crate::sampling::{
@@ -25,93 +23,7 @@ fn invalid(param: impl Into<String>, code: &'static str, message: String) -> PyE
     CoreError::invalid(param, code, message).into()
 }
 
-/// The array's dtype and layout checked, so that only float32 reaches the extraction.
-fn float32_array<'py>(param: &str, obj: &Bound<'py, PyAny>, ndim: usize) -> PyResult<()> {
-    let Ok(array) = obj.cast::<PyUntypedArray>() else {
-        let msg = format!(
-            "`{param}` must be a {ndim}-D float32 numpy array; got {}",
-            obj.get_type()
-        );
-        return Err(invalid(param, "invalid_type", msg));
-    };
-    if array.ndim() != ndim {
-        let msg = format!(
-            "`{param}` must be {ndim}-D; got {} dimensions",
-            array.ndim()
-        );
-        return Err(invalid(param, "bad_shape", msg));
-    }
-    if !array.dtype().is_equiv_to(&numpy::dtype::<f32>(obj.py())) {
-        let msg = format!(
-            "`{param}` must be float32; got {} (convert with `.astype(np.float32)`)",
-            array.dtype()
-        );
-        return Err(invalid(param, "invalid_dtype", msg));
-    }
-    Ok(())
-}
-
-/// The `[rows, vocab]` logits as a borrowed C-contiguous float32 array.
-fn logits_view<'py>(obj: &Bound<'py, PyAny>) -> PyResult<(PyReadonlyArray2<'py, f32>, usize)> {
-    float32_array("logits", obj, 2)?;
-    let array: PyReadonlyArray2<'py, f32> = obj.extract()?;
-    if !array.is_c_contiguous() {
-        let msg = "`logits` must be C-contiguous (rows of `vocab` adjacent values); \
-                   use `np.ascontiguousarray(logits)`"
-            .to_string();
-        return Err(invalid("logits", "not_contiguous", msg));
-    }
-    let vocab = array.shape()[1];
-    Ok((array, vocab))
-}
-
-/// A token sequence: a uint32 numpy array read in place, or converted ids.
-enum Tokens<'py> {
-    View(PyReadonlyArray1<'py, u32>),
-    Owned(Vec<TokenId>),
-}
-
-impl Tokens<'_> {
-    fn as_slice(&self) -> &[TokenId] {
-        match self {
-            // Only contiguous views are kept (see `tokens`), so `as_slice` succeeds.
-            Tokens::View(a) => a.as_slice().unwrap_or(&[]),
-            Tokens::Owned(v) => v,
-        }
-    }
-}
-
-/// Token ids from a 1-D integer numpy array or a sequence of ints, each in [0, 2^32).
-fn tokens<'py>(param: &str, obj: &Bound<'py, PyAny>) -> PyResult<Tokens<'py>> {
-    if let Ok(array) = obj.extract::<PyReadonlyArray1<'py, u32>>() {
-        if array.as_slice().is_ok() {
-            return Ok(Tokens::View(array));
-        }
-        return Ok(Tokens::Owned(array.as_array().to_vec()));
-    }
-    let rule = format!("`{param}` must be a 1-D sequence of token ids in [0, 2^32)");
-    let values: Vec<i64> = obj.extract().map_err(|_| {
-        invalid(
-            param,
-            "invalid_token_ids",
-            format!("{rule}; got {}", obj.get_type()),
-        )
-    })?;
-    values
-        .iter()
-        .map(|&v| TokenId::try_from(v))
-        .collect::<Result<Vec<_>, _>>()
-        .map(Tokens::Owned)
-        .map_err(|_| {
-            invalid(
-                param,
-                "invalid_token_ids",
-                format!("{rule}; got a value outside it"),
-            )
-        })
-}
-
-fn token_lists<'py>(param: &str, obj: &Bound<'py, PyAny>) -> PyResult<Vec<Tokens<'py>>> {
+fn token_lists<'py>(param: &str, obj: &Bound<'py, PyAny>) -> PyResult<Vec<TokenIds<'py>>> {
     let items = obj.try_iter().map_err(|_| {
         let msg = format!(
             "`{param}` must be a sequence of token sequences; got {}",
@@ -121,7 +33,7 @@ fn token_lists<'py>(param: &str, obj: &Bound<'py, PyAny>) -> PyResult<Vec<Tokens
     })?;
     items
         .enumerate()
-        .map(|(i, item)| tokens(&format!("{param}[{i}]"), &item?))
+        .map(|(i, item)| token_ids(&format!("{param}[{i}]"), &item?))
         .collect()
 }
 
@@ -149,8 +61,6 @@ fn check_len(param: &str, len: usize, num_samples: usize) -> PyResult<()> {
     Err(invalid(param, "length_mismatch", msg))
 }
 
-type Arr<T> = Py<PyArray1<T>>;
-
 /// One step's draws as numpy columns: `token_ids[i]` and `logprobs[i]` (NaN where logprobs were
 /// not asked for), and `top_token_ids` / `top_logprobs` of shape `[samples, max_k]`, padded with
 /// -1 / -inf.
@@ -175,20 +85,13 @@ impl PySampleResult {
         }
         let shape = [out.len(), max_k];
         Ok(PySampleResult {
-            token_ids: PyArray1::from_vec(py, out.iter().map(|s| s.token).collect()).unbind(),
-            logprobs: PyArray1::from_vec(
+            token_ids: arr(py, out.iter().map(|s| s.token).collect()),
+            logprobs: arr(
                 py,
                 out.iter().map(|s| s.logprob.unwrap_or(f32::NAN)).collect(),
-            )
-            .unbind(),
-            top_token_ids: PyArray1::from_vec(py, top_ids)
-                .reshape(shape)?
-                .into_any()
-                .unbind(),
-            top_logprobs: PyArray1::from_vec(py, top_lps)
-                .reshape(shape)?
-                .into_any()
-                .unbind(),
+            ),
+            top_token_ids: arr_shaped(py, top_ids, shape)?,
+            top_logprobs: arr_shaped(py, top_lps, shape)?,
         })
     }
 }
@@ -205,34 +108,21 @@ pub struct PySampler {
     cfg: SamplerConfig,
 }
 
-fn mode_name(mode: LogprobsMode) -> &'static str {
-    match mode {
-        LogprobsMode::Raw => "raw",
-        LogprobsMode::Processed => "processed",
-    }
-}
-
 #[pymethods]
 impl PySampler {
     #[new]
     #[pyo3(signature = (logprobs_mode="raw"))]
     fn new(logprobs_mode: &str) -> PyResult<Self> {
-        let logprobs_mode = match logprobs_mode {
-            "raw" => LogprobsMode::Raw,
-            "processed" => LogprobsMode::Processed,
-            other => {
-                let msg = format!("`logprobs_mode` must be 'raw' or 'processed'; got {other:?}");
-                return Err(invalid("logprobs_mode", "invalid_choice", msg));
-            }
-        };
         Ok(PySampler {
-            cfg: SamplerConfig { logprobs_mode },
+            cfg: SamplerConfig {
+                logprobs_mode: LogprobsMode::parse(logprobs_mode)?,
+            },
         })
     }
 
     #[getter]
     fn logprobs_mode(&self) -> &'static str {
-        mode_name(self.cfg.logprobs_mode)
+        self.cfg.logprobs_mode.as_str()
     }
 
     /// Worker threads sampling runs on (rayon's global pool).
@@ -294,6 +184,10 @@ impl PySampler {
         let cfg = self.cfg;
         let out =
             py.detach(|| guard("Sampler.sample()", || sample(flat, vocab, &reqs, &cfg)))??;
+        // A sample that could not be drawn fails the call (the scheduler fails its request).
+        let out = out
+            .into_iter()
+            .collect::<Result<Vec<Sampled>, CoreError>>()?;
         PySampleResult::new(py, out)
     }
 
@@ -314,7 +208,7 @@ impl PySampler {
             .extract::<PyReadonlyArray1<'py, f32>>()?
             .as_array()
             .to_vec();
-        let (prompt, output) = (tokens("prompt", prompt)?, tokens("output", output)?);
+        let (prompt, output) = (token_ids("prompt", prompt)?, token_ids("output", output)?);
         let eos = eos_token_ids.unwrap_or_default();
         let req = SampleRequest {
             row: 0,
@@ -329,7 +223,7 @@ impl PySampler {
         guard("Sampler.process_logits()", || {
             process_logits(&mut row, &req, vocab)
         })??;
-        Ok(PyArray1::from_vec(py, row))
+        Ok(arr(py, row).into_bound(py))
     }
 
     /// The distribution a draw uses over a processed row (steps 9-12), zeros for removed tokens.
@@ -347,73 +241,13 @@ impl PySampler {
         let probs = guard("Sampler.filtered_probs()", || {
             filtered_probs(&row, &params.inner)
         })?;
-        Ok(PyArray1::from_vec(py, probs))
-    }
-
-    /// Test-only: `SamplingParams` with the sampling fields set directly, without validation.
-    #[staticmethod]
-    #[pyo3(signature = (*, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
-        repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None,
-        embedding_bias=None, allowed_token_ids=None, bad_words=None, min_tokens=0,
-        no_repeat_ngram_size=0, seed=None, logprobs=None, stop_token_ids=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn _params_for_tests(
-        temperature: f32,
-        top_k: u32,
-        top_p: f32,
-        min_p: f32,
-        typical_p: f32,
-        repetition_penalty: f32,
-        presence_penalty: f32,
-        frequency_penalty: f32,
-        logit_bias: Option<HashMap<TokenId, f32>>,
-        embedding_bias: Option<Vec<f32>>,
-        allowed_token_ids: Option<Vec<TokenId>>,
-        bad_words: Option<Vec<Vec<TokenId>>>,
-        min_tokens: u32,
-        no_repeat_ngram_size: u32,
-        seed: Option<u64>,
-        logprobs: Option<u32>,
-        stop_token_ids: Option<Vec<TokenId>>,
-    ) -> PySamplingParams {
-        // Normalised as `validate` would leave them: bias sorted by id, allowed ids sorted, unique.
-        let mut logit_bias: Vec<(TokenId, f32)> =
-            logit_bias.unwrap_or_default().into_iter().collect();
-        logit_bias.sort_by_key(|&(id, _)| id);
-        let allowed_token_ids = allowed_token_ids.map(|mut ids| {
-            ids.sort_unstable();
-            ids.dedup();
-            ids
-        });
-        let inner = SamplingParams {
-            temperature,
-            top_k,
-            top_p,
-            min_p,
-            typical_p,
-            repetition_penalty,
-            presence_penalty,
-            frequency_penalty,
-            logit_bias,
-            embedding_bias: embedding_bias.map(Arc::from),
-            allowed_token_ids,
-            bad_words: bad_words.unwrap_or_default(),
-            min_tokens,
-            no_repeat_ngram_size,
-            seed,
-            logprobs,
-            stop_token_ids: stop_token_ids.unwrap_or_default(),
-            ..SamplingParams::default()
-        };
-        PySamplingParams {
-            inner: Arc::new(inner),
-        }
+        Ok(arr(py, probs).into_bound(py))
     }
 
     fn __repr__(&self) -> String {
         format!(
             "Sampler(logprobs_mode={:?})",
-            mode_name(self.cfg.logprobs_mode)
+            self.cfg.logprobs_mode.as_str()
         )
     }
 }

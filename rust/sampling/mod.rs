@@ -56,9 +56,11 @@ mod select;
 #[cfg(test)]
 mod tests;
 
+pub use processors::check_fits_vocab;
 pub use rng::uniform;
-pub use run::{filtered_probs, process_logits, sample};
+pub use run::{filtered_probs, process_logits, sample, SampleResult};
 
+use crate::error::{CoreError, CoreResult};
 use crate::params::SamplingParams;
 use crate::types::TokenId;
 
@@ -104,6 +106,29 @@ pub enum LogprobsMode {
     /// The distribution actually sampled from, after the processors, temperature and filters;
     /// filtered tokens are at `-inf`. Greedy rows report the log-softmax after steps 1-7.
     Processed,
+}
+
+impl LogprobsMode {
+    /// The mode named `name` ("raw" or "processed"); the error names `logprobs_mode`.
+    pub fn parse(name: &str) -> CoreResult<Self> {
+        match name {
+            "raw" => Ok(LogprobsMode::Raw),
+            "processed" => Ok(LogprobsMode::Processed),
+            other => Err(CoreError::invalid(
+                "logprobs_mode",
+                "invalid_choice",
+                format!("`logprobs_mode` must be \"raw\" or \"processed\"; got {other:?}"),
+            )),
+        }
+    }
+
+    /// The mode's name, as [`LogprobsMode::parse`] reads it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogprobsMode::Raw => "raw",
+            LogprobsMode::Processed => "processed",
+        }
+    }
 }
 
 /// Sampler-wide settings.

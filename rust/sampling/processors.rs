@@ -40,6 +40,50 @@ pub(crate) fn check_params(p: &SamplingParams, vocab: usize) -> CoreResult<()> {
     Ok(())
 }
 
+/// Checks that every token id `p` names is below `vocab`: `logit_bias`, `allowed_token_ids`,
+/// `bad_words`, `stop_token_ids` and `stop_token_sequences`. The sampler itself skips such ids
+/// (a logits row may be padded beyond the vocabulary); admission rejects them.
+fn check_token_ids(p: &SamplingParams, vocab: usize) -> CoreResult<()> {
+    fn beyond<'a>(ids: impl IntoIterator<Item = &'a TokenId>, vocab: usize) -> Option<TokenId> {
+        ids.into_iter().copied().find(|&id| id as usize >= vocab)
+    }
+    let found = [
+        (
+            "logit_bias",
+            beyond(p.logit_bias.iter().map(|(id, _)| id), vocab),
+        ),
+        (
+            "allowed_token_ids",
+            beyond(p.allowed_token_ids.iter().flatten(), vocab),
+        ),
+        ("bad_words", beyond(p.bad_words.iter().flatten(), vocab)),
+        ("stop_token_ids", beyond(&p.stop_token_ids, vocab)),
+        (
+            "stop_token_sequences",
+            beyond(p.stop_token_sequences.iter().flatten(), vocab),
+        ),
+    ];
+    for (param, id) in found {
+        if let Some(id) = id {
+            return Err(CoreError::invalid(
+                param,
+                "out_of_range",
+                format!(
+                    "`{param}` must hold token ids below the model's vocabulary size ({vocab}); got {id}"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `p` fits a model of `vocab` tokens before any work starts: what the sampler
+/// checks per row ([`check_params`]) plus every token id `p` names.
+pub fn check_fits_vocab(p: &SamplingParams, vocab: usize) -> CoreResult<()> {
+    check_params(p, vocab)?;
+    check_token_ids(p, vocab)
+}
+
 /// Copies `raw` into `row` (NaN -> `-inf`) and applies steps 1-7; temperature is left to the
 /// caller, which skips it for greedy rows.
 pub(crate) fn process_into(

@@ -17,17 +17,23 @@ use super::{LogprobsMode, SampleRequest, Sampled, SamplerConfig};
 use crate::error::{CoreError, CoreResult};
 use crate::params::SamplingParams;
 
+/// One sample's outcome: its token, or why its row could not be sampled (its parameters do not
+/// fit the row, or no finite logit was left after its processors). Such a failure belongs to
+/// that sample alone.
+pub type SampleResult = CoreResult<Sampled>;
+
 /// Draws one token per request from `logits` (`[num_rows, vocab]`, row-major). Rows are
 /// processed in parallel; the result is identical to a serial run and does not depend on the
-/// batch's other samples or their order. Errors: a buffer that is not a whole number of rows,
-/// a row index out of range, an `embedding_bias` of the wrong length or `logprobs > 20`
-/// (checked before any work), and a row left with no finite logit by its processors.
+/// batch's other samples or their order. The call fails as a whole on a buffer that is not a
+/// whole number of rows or a row index out of range (checked before any work). Each sample then
+/// succeeds or fails alone: an `embedding_bias` of the wrong length or `logprobs > 20`, or a row
+/// left with no finite logit by its processors, is that sample's `Err`.
 pub fn sample(
     logits: &[f32],
     vocab: usize,
     reqs: &[SampleRequest<'_>],
     cfg: &SamplerConfig,
-) -> CoreResult<Vec<Sampled>> {
+) -> CoreResult<Vec<SampleResult>> {
     let num_rows = check_shape(logits, vocab)?;
     for (i, req) in reqs.iter().enumerate() {
         if req.row >= num_rows {
@@ -40,10 +46,10 @@ pub fn sample(
                 ),
             ));
         }
-        check_params(req.params, vocab)?;
     }
     let groups = forks(reqs);
     let run = |g: &Range<usize>| {
+        check_params(reqs[g.start].params, vocab)?;
         let raw = &logits[reqs[g.start].row * vocab..][..vocab];
         with_scratch(vocab, |s| {
             sample_group(raw, &reqs[g.clone()], g.start, cfg, s)
@@ -56,8 +62,11 @@ pub fn sample(
         groups.par_iter().map(run).collect()
     };
     let mut out = Vec::with_capacity(reqs.len());
-    for group in per_group {
-        out.extend(group?);
+    for (group, g) in per_group.into_iter().zip(&groups) {
+        match group {
+            Ok(drawn) => out.extend(drawn.into_iter().map(Ok)),
+            Err(e) => out.extend(g.clone().map(|_| Err(e.clone()))),
+        }
     }
     Ok(out)
 }

@@ -1,6 +1,7 @@
 //! Scheduler limits, checked once when the scheduler is built.
 
 use crate::error::{CoreError, CoreResult};
+use crate::sampling::{LogprobsMode, SamplerConfig};
 use crate::types::TokenId;
 
 /// Everything that bounds the scheduler. Built once; `validate` names the field that is wrong.
@@ -24,6 +25,15 @@ pub struct SchedulerConfig {
     pub priority_aging_s: f64,
     /// End-of-sequence token ids of the model.
     pub eos_token_ids: Vec<TokenId>,
+    /// Which distribution sampled logprobs describe (see [`LogprobsMode`]).
+    pub logprobs_mode: LogprobsMode,
+    /// The model's vocabulary size (the width of its logits rows); 0 = unknown. When known,
+    /// `add_request` rejects prompts and parameters that name tokens beyond it, or carry an
+    /// `embedding_bias` of another length, before any work starts.
+    pub vocab_size: usize,
+    /// Seed of the seeds: when set, unseeded requests draw their seeds deterministically from
+    /// it (and their order of arrival), so a whole run is reproducible; `None` = OS-random.
+    pub seed: Option<u64>,
 }
 
 impl Default for SchedulerConfig {
@@ -38,6 +48,9 @@ impl Default for SchedulerConfig {
             enable_prefix_caching: true,
             priority_aging_s: 10.0,
             eos_token_ids: Vec::new(),
+            logprobs_mode: LogprobsMode::Raw,
+            vocab_size: 0,
+            seed: None,
         }
     }
 }
@@ -54,6 +67,13 @@ fn at_least(param: &'static str, value: usize, min: usize) -> CoreResult<()> {
 }
 
 impl SchedulerConfig {
+    /// The sampler settings this configuration implies.
+    pub fn sampler(&self) -> SamplerConfig {
+        SamplerConfig {
+            logprobs_mode: self.logprobs_mode,
+        }
+    }
+
     /// Checks every field and that one sequence of `max_model_len` tokens fits in the pool.
     pub fn validate(&self) -> CoreResult<()> {
         at_least("num_blocks", self.num_blocks, 2)?;

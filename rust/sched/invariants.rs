@@ -1,7 +1,7 @@
 //! A full consistency check of the scheduler's state, for tests and debugging (`O(blocks +
 //! tokens)`, never on the hot path).
 
-use super::request::SeqKey;
+use super::rank::SeqKey;
 use super::scheduler::Scheduler;
 use crate::types::{BlockId, SeqStatus};
 

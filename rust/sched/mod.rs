@@ -15,16 +15,27 @@
 //! its blocks and goes back to the front of its priority's queue; when re-admitted it recomputes
 //! prompt + output so far, usually from the prefix cache.
 
+//!
+//! Modules depend one way: `rank` (order) <- `queue`, `request` <- `text`; `plan` (the step's
+//! columns) stands alone; the `Scheduler` is split by concept over `scheduler` (state, queries),
+//! `intake`, `schedule`, `preempt`, `finish` and `update`, which use the modules above.
+
 mod config;
+mod finish;
+mod intake;
 mod invariants;
 mod plan;
+mod preempt;
 mod queue;
+mod rank;
 mod request;
+mod schedule;
 mod scheduler;
 mod text;
 mod update;
 
 pub use config::SchedulerConfig;
+pub use intake::NewRequest;
 pub use plan::{StepOutput, StepPlan};
 pub use scheduler::{Scheduler, SchedulerStats, SeqView};
 

@@ -1,26 +1,24 @@
 //! What one step computes (`StepPlan`, flat columns for the model runner) and what it produced
 //! (`StepOutput`, flat columns for the engine).
 
-use super::request::{SeqKey, Sequence};
-use crate::types::{BlockId, FinishReason, RequestId};
+use crate::types::{BlockId, FinishReason, RequestId, TokenId};
 
-/// One scheduled sequence: `num_tokens` tokens from its `num_computed_tokens` on.
+/// One scheduled row as plain data: what [`StepPlan::push_row`] reads of a sequence.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Row {
-    pub key: SeqKey,
+pub(crate) struct RowSpec<'a> {
+    pub req_id: RequestId,
+    pub seq_index: u32,
+    /// Prompt followed by the output so far.
+    pub tokens: &'a [TokenId],
+    pub num_prompt_tokens: usize,
+    /// Tokens whose KV is already in `block_table`; the row computes the next `num_tokens`.
+    pub num_computed_tokens: usize,
     pub num_tokens: usize,
-    /// Copy-on-write done for this row before its KV is written: (source, destination).
-    pub copy: Option<(BlockId, BlockId)>,
-}
-
-/// What `update()` needs to remember of the last plan.
-#[derive(Debug, Clone)]
-pub(crate) struct PlanRecord {
-    pub step_id: u64,
-    pub rows: Vec<Row>,
-    /// Samples per row: 0 while a prefill chunk is unfinished, `n` for a row that forks, else 1.
-    pub num_samples: Vec<u32>,
-    pub total_samples: usize,
+    /// The row's blocks, already reserved for its `num_tokens`.
+    pub block_table: &'a [BlockId],
+    /// Samples the row yields once it reaches the end of its tokens: `n` for a request's first
+    /// sequence that forks, else 1.
+    pub num_samples_at_end: u32,
 }
 
 /// The step to run, as flat columns. Rows are scheduled sequences; samples are the positions
@@ -62,9 +60,11 @@ pub struct StepPlan {
     pub num_decode_tokens: usize,
     /// Sequences preempted in this step: request ids and sequence indices.
     pub preempted_req_ids: Vec<u64>,
+    /// Sequence index of each of `preempted_req_ids`.
     pub preempted_seq_indices: Vec<u32>,
     /// Requests ended in this step before running (abort, timeout), with `FinishReason` codes.
     pub finished_req_ids: Vec<u64>,
+    /// `FinishReason` code of each of `finished_req_ids`.
     pub finished_reasons: Vec<u8>,
 }
 
@@ -84,48 +84,43 @@ impl StepPlan {
         self.input_ids.len()
     }
 
-    /// Appends `seq`'s row (the caller has already reserved its blocks). Returns its samples.
-    pub(crate) fn push_row(
-        &mut self,
-        seq: &Sequence,
-        num_tokens: usize,
-        block_size: usize,
-        row: i32,
-    ) -> u32 {
-        let start = seq.num_computed_tokens;
+    /// Appends row number `row` (the caller has already reserved its blocks). Returns its
+    /// samples: 0 while its prefill is unfinished.
+    pub(crate) fn push_row(&mut self, spec: &RowSpec<'_>, block_size: usize, row: i32) -> u32 {
+        let (start, num_tokens) = (spec.num_computed_tokens, spec.num_tokens);
         let end = start + num_tokens;
         let base = *self.cu_seqlens_q.last().unwrap_or(&0);
         if self.cu_seqlens_q.is_empty() {
             self.cu_seqlens_q.push(0);
         }
         self.input_ids
-            .extend(seq.tokens[start..end].iter().map(|&t| i64::from(t)));
+            .extend(spec.tokens[start..end].iter().map(|&t| i64::from(t)));
         for pos in start..end {
-            let block = seq.block_table[pos / block_size].0 as usize;
+            let block = spec.block_table[pos / block_size].0 as usize;
             self.positions.push(pos as i64);
             self.slot_mapping
                 .push((block * block_size + pos % block_size) as i64);
         }
         self.cu_seqlens_q.push(base + num_tokens as i32);
         self.context_lens.push(end as i32);
-        self.req_ids.push(seq.req_id.0);
-        self.seq_indices.push(seq.seq_index);
-        let is_decode = num_tokens == 1 && seq.num_output_tokens() > 0 && end == seq.tokens.len();
-        if is_decode {
+        self.req_ids.push(spec.req_id.0);
+        self.seq_indices.push(spec.seq_index);
+        let has_output = spec.tokens.len() > spec.num_prompt_tokens;
+        if num_tokens == 1 && has_output && end == spec.tokens.len() {
             self.num_decode_tokens += 1;
         } else {
             self.num_prefill_tokens += num_tokens;
         }
-        if end < seq.tokens.len() {
+        if end < spec.tokens.len() {
             return 0;
         }
-        let samples = if seq.will_fork() { seq.seats as u32 } else { 1 };
+        let samples = spec.num_samples_at_end;
         for j in 0..samples {
             self.logits_indices
                 .push(i64::from(base) + num_tokens as i64 - 1);
             self.sample_rows.push(row);
             self.sample_seq_indices
-                .push(if j == 0 { seq.seq_index } else { j });
+                .push(if j == 0 { spec.seq_index } else { j });
         }
         samples
     }
@@ -152,7 +147,9 @@ impl StepPlan {
 /// What one step produced, as flat columns: one entry per sample, in plan order.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepOutput {
+    /// Request id of each sample.
     pub req_ids: Vec<u64>,
+    /// Sequence index (0..n) of each sample within its request.
     pub seq_indices: Vec<u32>,
     /// The token appended to the sequence.
     pub token_ids: Vec<u32>,
@@ -163,18 +160,30 @@ pub struct StepOutput {
     /// can slice one `str`). Held-back text (a partial UTF-8 character, a possible stop-string
     /// prefix) arrives with a later token, or with the finishing one.
     pub text: String,
+    /// Sample boundaries in `text` (`num_samples + 1` offsets, in code points).
     pub text_offsets: Vec<u32>,
     /// Index into the request's `stop` of the stop string that ended the sequence, else -1.
     pub stop_str_indices: Vec<i32>,
+    /// The id from the request's `stop_token_ids` that ended the sequence, else -1 (vLLM's
+    /// rule: EOS is no stop reason unless `ignore_eos`; a stop string takes precedence).
+    pub stop_token_ids: Vec<i64>,
     /// Logprob of each appended token; NaN when the request asked for no logprobs.
     pub logprobs: Vec<f32>,
     /// Columns of `top_token_ids` / `top_logprobs`: the most alternatives any sample asked for.
     pub num_top_logprobs: usize,
     /// Row-major `[samples, num_top_logprobs]`, best first, padded with -1 / -inf.
     pub top_token_ids: Vec<i32>,
+    /// The logprobs of `top_token_ids`, same shape.
     pub top_logprobs: Vec<f32>,
-    /// Requests whose every sequence has now finished (their state is gone).
+    /// Requests whose every sequence has now finished (their state is gone). Failed requests
+    /// are not among them.
     pub finished_req_ids: Vec<u64>,
+    /// Requests that failed alone in this step (for example a row with no finite logit left
+    /// after their processors): every sequence ended with [`FinishReason::Error`], blocks freed,
+    /// state gone. The step's other requests were applied normally.
+    pub failed_req_ids: Vec<u64>,
+    /// Why each of `failed_req_ids` failed: the error message, which names the field.
+    pub failed_messages: Vec<String>,
 }
 
 impl StepOutput {

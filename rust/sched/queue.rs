@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use super::request::{effective_priority, Rank, SeqKey};
+use super::rank::{effective_priority, Rank, SeqKey};
 
 /// Number of priority levels (1 = highest .. 5 = lowest, the default).
 pub(crate) const NUM_PRIORITIES: usize = 5;

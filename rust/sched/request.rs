@@ -1,52 +1,14 @@
 //! Request and sequence state. A request owns `n` sequences; before its first token it has one
 //! (index 0), which forks into `n` when its prompt is done.
 
-use std::cmp::Ordering;
 use std::sync::Arc;
 
+use super::rank::{effective_priority, Rank, SeqKey};
 use super::text::TextState;
 use crate::kv::{block_hash, root_hash};
 use crate::params::SamplingParams;
 use crate::stop::TokenStops;
 use crate::types::{BlockId, FinishReason, RequestId, SeqStatus, TokenId};
-
-/// Index of a sequence in the scheduler's slab.
-pub(crate) type SeqKey = u32;
-
-/// The effective priority of a request: `priority` improved by one level per `aging_s` seconds
-/// since `arrival`, never better than 1. `aging_s == 0` turns aging off.
-pub(crate) fn effective_priority(priority: u8, arrival: f64, now: f64, aging_s: f64) -> u8 {
-    if aging_s <= 0.0 || priority <= 1 {
-        return priority;
-    }
-    let levels = ((now - arrival) / aging_s).floor();
-    if levels >= f64::from(priority - 1) {
-        1
-    } else if levels >= 1.0 {
-        priority - levels as u8
-    } else {
-        priority
-    }
-}
-
-/// Scheduling order: better effective priority first, then earlier arrival, then ids.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Rank {
-    pub priority: u8,
-    pub arrival: f64,
-    pub req_id: u64,
-    pub seq_index: u32,
-}
-
-impl Rank {
-    pub fn cmp(&self, other: &Rank) -> Ordering {
-        self.priority
-            .cmp(&other.priority)
-            .then(self.arrival.total_cmp(&other.arrival))
-            .then(self.req_id.cmp(&other.req_id))
-            .then(self.seq_index.cmp(&other.seq_index))
-    }
-}
 
 /// One sequence of tokens with its KV blocks.
 #[derive(Debug, Clone)]
@@ -82,10 +44,12 @@ pub(crate) struct Sequence {
 }
 
 impl Sequence {
+    /// Tokens generated so far.
     pub fn num_output_tokens(&self) -> usize {
         self.tokens.len() - self.num_prompt_tokens
     }
 
+    /// This sequence's place in the scheduling order at `now`.
     pub fn rank(&self, now: f64, aging_s: f64) -> Rank {
         Rank {
             priority: effective_priority(self.priority, self.arrival, now, aging_s),
@@ -121,21 +85,4 @@ pub(crate) struct Request {
     pub deadline: Option<f64>,
     /// Live sequences of this request.
     pub seqs: Vec<SeqKey>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn aging_gains_one_level_per_interval_and_stops_at_one() {
-        assert_eq!(effective_priority(5, 0.0, 9.9, 10.0), 5);
-        assert_eq!(effective_priority(5, 0.0, 10.0, 10.0), 4);
-        assert_eq!(effective_priority(5, 0.0, 35.0, 10.0), 2);
-        assert_eq!(effective_priority(5, 0.0, 1e9, 10.0), 1);
-        assert_eq!(effective_priority(3, 0.0, 1e9, 0.0), 3);
-        assert_eq!(effective_priority(1, 0.0, 1e9, 10.0), 1);
-        // A clock that went backwards never makes a request worse.
-        assert_eq!(effective_priority(4, 100.0, 0.0, 10.0), 4);
-    }
 }

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use super::scheduler::Scheduler;
 use crate::detok::{DecodeStream, Detokenizer};
 use crate::error::{CoreError, CoreResult};
 use crate::params::SamplingParams;
@@ -71,28 +70,30 @@ impl TextState {
     }
 }
 
-impl Scheduler {
-    /// The text state and token stops a new request's sequences start with. Stop strings need a
-    /// tokenizer: without one they are refused rather than silently ignored.
-    pub(crate) fn text_state_for(&self, params: &SamplingParams) -> CoreResult<SeqText> {
-        let token_stops = match params.stop_token_sequences.is_empty() {
-            true => None,
-            false => Some(Arc::new(TokenStops::new(&params.stop_token_sequences)?)),
-        };
-        let Some(_) = &self.detok else {
-            if !params.stop.is_empty() {
-                return Err(CoreError::invalid(
-                    "stop",
-                    "unsupported",
-                    "`stop` strings need a tokenizer, and this scheduler has none (give it a Detokenizer)",
-                ));
-            }
-            return Ok((None, token_stops));
-        };
-        let stops = match params.stop.is_empty() {
-            true => None,
-            false => Some(Arc::new(StopStrings::new(&params.stop)?)),
-        };
-        Ok((Some(Box::new(TextState::new(params, stops))), token_stops))
+/// The text state and token stops a new request's sequences start with, given the scheduler's
+/// detokenizer (if any). Stop strings need a tokenizer: without one they are refused rather
+/// than silently ignored.
+pub(crate) fn text_state_for(
+    detok: Option<&Detokenizer>,
+    params: &SamplingParams,
+) -> CoreResult<SeqText> {
+    let token_stops = match params.stop_token_sequences.is_empty() {
+        true => None,
+        false => Some(Arc::new(TokenStops::new(&params.stop_token_sequences)?)),
+    };
+    if detok.is_none() {
+        if !params.stop.is_empty() {
+            return Err(CoreError::invalid(
+                "stop",
+                "unsupported",
+                "`stop` strings need a tokenizer, and this scheduler has none (give it a Detokenizer)",
+            ));
+        }
+        return Ok((None, token_stops));
     }
+    let stops = match params.stop.is_empty() {
+        true => None,
+        false => Some(Arc::new(StopStrings::new(&params.stop)?)),
+    };
+    Ok((Some(Box::new(TextState::new(params, stops))), token_stops))
 }

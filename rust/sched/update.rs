@@ -1,40 +1,57 @@
 //! `Scheduler::update()` / `update_with_logits()`: apply one step's tokens (given, or sampled
 //! here from the step's logits). Advances computed tokens, offers newly full blocks to the prefix
 //! cache, forks `n`-sequence requests after their prompt, appends tokens, applies token-level
-//! stops, detokenizes and matches stop strings, and frees what finished.
+//! stops, detokenizes and matches stop strings, and frees what finished. A sample that could not
+//! be drawn fails its request alone (`StepOutput::failed_req_ids`).
 
-use super::plan::{PlanRecord, StepOutput};
-use super::request::{SeqKey, Sequence};
+use super::plan::StepOutput;
+use super::rank::SeqKey;
+use super::request::Sequence;
+use super::schedule::PlanRecord;
 use super::scheduler::Scheduler;
 use crate::error::{CoreError, CoreResult};
-use crate::sampling::{self, SampleRequest, Sampled};
-use crate::types::{FinishReason, SeqStatus, TokenId};
+use crate::sampling::{self, SampleRequest, SampleResult, Sampled};
+use crate::types::{FinishReason, RequestId, SeqStatus, TokenId};
 
-/// The tokens of one step: given by the caller, or drawn here from the step's logits.
+/// The tokens of one step: given by the caller, or drawn here from the step's logits (where a
+/// sample may have failed).
 enum Samples<'a> {
     Given(&'a [TokenId]),
-    Drawn(Vec<Sampled>),
+    Drawn(Vec<SampleResult>),
 }
 
 impl Samples<'_> {
+    /// The token of sample `i`, which must not have failed.
     fn token(&self, i: usize) -> TokenId {
         match self {
             Samples::Given(t) => t[i],
-            Samples::Drawn(d) => d[i].token,
+            Samples::Drawn(d) => d[i].as_ref().expect("failed samples are skipped").token,
         }
     }
 
     fn drawn(&self, i: usize) -> Option<&Sampled> {
         match self {
             Samples::Given(_) => None,
-            Samples::Drawn(d) => Some(&d[i]),
+            Samples::Drawn(d) => d[i].as_ref().ok(),
+        }
+    }
+
+    fn error(&self, i: usize) -> Option<&CoreError> {
+        match self {
+            Samples::Given(_) => None,
+            Samples::Drawn(d) => d[i].as_ref().err(),
         }
     }
 
     fn num_top_logprobs(&self) -> usize {
         match self {
             Samples::Given(_) => 0,
-            Samples::Drawn(d) => d.iter().map(|s| s.top_logprobs.len()).max().unwrap_or(0),
+            Samples::Drawn(d) => d
+                .iter()
+                .flatten()
+                .map(|s| s.top_logprobs.len())
+                .max()
+                .unwrap_or(0),
         }
     }
 }
@@ -67,6 +84,8 @@ impl Scheduler {
     /// for sample `i` of the plan) and applies the tokens like [`Scheduler::update`]. Rows are
     /// drawn in parallel; each sequence's draw depends only on its own seed, sample index and
     /// position. Fails, changing nothing, on a stale plan or a logits shape that does not match.
+    /// A sample that cannot be drawn (its parameters do not fit the row, or no finite logit is
+    /// left after its processors) fails its request alone: see `StepOutput::failed_req_ids`.
     pub fn update_with_logits(
         &mut self,
         step_id: u64,
@@ -141,11 +160,14 @@ impl Scheduler {
             text_offsets: vec![0],
             ..StepOutput::default()
         };
+        let failed = self.failed_requests(rec, samples);
         let mut next = 0;
         for (row, &num_samples) in rec.rows.iter().zip(&rec.num_samples) {
             self.advance(row.key, row.num_tokens);
-            let num_samples = num_samples as usize;
-            if num_samples == 0 {
+            let (first, num_samples) = (next, num_samples as usize);
+            next += num_samples;
+            let req_id = self.seq(row.key).req_id;
+            if num_samples == 0 || failed.iter().any(|(id, _)| *id == req_id) {
                 continue;
             }
             let mut keys = vec![row.key];
@@ -153,13 +175,42 @@ impl Scheduler {
                 self.fork(row.key, num_samples, &mut keys);
             }
             for (j, &key) in keys.iter().enumerate() {
-                let i = next + j;
+                let i = first + j;
                 self.append(key, samples.token(i), samples.drawn(i), &mut out);
             }
-            next += num_samples;
         }
-        out.finished_req_ids = self.drop_finished().into_iter().map(|id| id.0).collect();
+        for (req_id, message) in failed {
+            self.fail_request(req_id);
+            out.failed_req_ids.push(req_id.0);
+            out.failed_messages.push(message);
+        }
+        let done = self.drop_finished();
+        let failed_ids = &out.failed_req_ids;
+        out.finished_req_ids = done
+            .into_iter()
+            .map(|id| id.0)
+            .filter(|id| !failed_ids.contains(id))
+            .collect();
         out
+    }
+
+    /// The requests with a sample that failed in this step, each once with its first error.
+    fn failed_requests(&self, rec: &PlanRecord, samples: &Samples<'_>) -> Vec<(RequestId, String)> {
+        let mut failed: Vec<(RequestId, String)> = Vec::new();
+        let mut next = 0;
+        for (row, &num_samples) in rec.rows.iter().zip(&rec.num_samples) {
+            let req_id = self.seq(row.key).req_id;
+            for i in next..next + num_samples as usize {
+                let Some(err) = samples.error(i) else {
+                    continue;
+                };
+                if !failed.iter().any(|(id, _)| *id == req_id) {
+                    failed.push((req_id, err.to_string()));
+                }
+            }
+            next += num_samples as usize;
+        }
+        failed
     }
 
     /// Records that `num_tokens` more tokens of `key` are computed and caches full blocks.
@@ -210,7 +261,8 @@ impl Scheduler {
     ) {
         let s = self.seqs[key as usize].as_mut().expect("live");
         s.tokens.push(token);
-        let mut finish = stop_reason(s, &self.cfg.eos_token_ids, self.cfg.max_model_len);
+        let stop = token_stop(s, &self.cfg.eos_token_ids, self.cfg.max_model_len);
+        let (mut finish, mut stop_token_id) = (stop.map(|(f, _)| f), stop.map_or(-1, |(_, t)| t));
         let text_start = out.text.len();
         let mut stop_str_index = -1;
         if let (Some(text), Some(detok)) = (s.text.as_mut(), self.detok.as_deref()) {
@@ -219,12 +271,14 @@ impl Scheduler {
             if let Some(i) = matched {
                 finish = Some(FinishReason::Stop);
                 stop_str_index = i as i32;
+                stop_token_id = -1;
             }
         }
         let num_chars = out.text[text_start..].chars().count() as u32;
         let last_offset = *out.text_offsets.last().expect("starts with 0");
         out.text_offsets.push(last_offset + num_chars);
         out.stop_str_indices.push(stop_str_index);
+        out.stop_token_ids.push(stop_token_id);
         out.req_ids.push(s.req_id.0);
         out.seq_indices.push(s.seq_index);
         out.token_ids.push(token);
@@ -268,28 +322,31 @@ fn cache_full_blocks(pool: &mut crate::kv::BlockPool, s: &mut Sequence, bs: usiz
     }
 }
 
-/// The token-level stop of a sequence whose last token was just appended, if any. EOS (unless
-/// `ignore_eos`) and stop token ids count only once `min_tokens` tokens exist.
-fn stop_reason(s: &Sequence, eos: &[TokenId], max_model_len: usize) -> Option<FinishReason> {
+/// The token-level end of a sequence whose last token was just appended, if any, with the stop
+/// token id that caused it (-1 for EOS, a stop token sequence or a length limit). EOS (unless
+/// `ignore_eos`) and stop token ids count only once `min_tokens` tokens exist. An id that is
+/// both EOS and a stop token id reports as EOS, as in vLLM.
+fn token_stop(s: &Sequence, eos: &[TokenId], max_model_len: usize) -> Option<(FinishReason, i64)> {
     let token = *s.tokens.last().expect("just appended");
     let params = &s.params;
     let num_output = s.num_output_tokens();
-    if num_output >= params.min_tokens as usize
-        && ((!params.ignore_eos && eos.contains(&token)) || params.stop_token_ids.contains(&token))
-    {
-        return Some(FinishReason::Stop);
+    let past_min = num_output >= params.min_tokens as usize;
+    let is_eos = !params.ignore_eos && eos.contains(&token);
+    if past_min && (is_eos || params.stop_token_ids.contains(&token)) {
+        let id = if is_eos { -1 } else { i64::from(token) };
+        return Some((FinishReason::Stop, id));
     }
-    if num_output >= params.min_tokens as usize
+    if past_min
         && s.token_stops
             .as_ref()
             .is_some_and(|t| t.matches(&s.tokens[s.num_prompt_tokens..]).is_some())
     {
-        return Some(FinishReason::Stop);
+        return Some((FinishReason::Stop, -1));
     }
     if params.max_tokens.is_some_and(|m| num_output >= m as usize)
         || s.tokens.len() >= max_model_len
     {
-        return Some(FinishReason::Length);
+        return Some((FinishReason::Length, -1));
     }
     debug_assert_eq!(s.status, SeqStatus::Running);
     None

@@ -17,9 +17,9 @@ def test_scheduler_imports_in_a_python_without_torch() -> None:
                 return None
 
         sys.meta_path.insert(0, NoTorch())
-        from ferrollm import SamplingParams, Scheduler
+        from ferrollm import SamplingParams, Scheduler, SchedulerConfig
 
-        s = Scheduler(num_blocks=8, block_size=4, max_model_len=16)
+        s = Scheduler(SchedulerConfig(num_blocks=8, block_size=4, max_model_len=16))
         s.add_request(1, [1, 2, 3], SamplingParams(max_tokens=1))
         plan = s.schedule()
         out = s.update(plan, [7])
@@ -37,7 +37,7 @@ def test_public_api_and_version() -> None:
     import ferrollm
 
     assert ferrollm.__version__.count(".") == 2
-    assert ferrollm.FINISH_REASON_NAMES == ("", "stop", "length", "abort", "timeout")
+    assert ferrollm.FINISH_REASON_NAMES == ("", "stop", "length", "abort", "timeout", "error")
     assert issubclass(ferrollm.ValidationError, ValueError)
     assert issubclass(ferrollm.QueueFullError, RuntimeError)
     assert issubclass(ferrollm.SchedulerError, RuntimeError)

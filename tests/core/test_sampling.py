@@ -10,7 +10,8 @@ import pytest
 
 from ferrollm import Sampler, SampleResult, SamplingParams, ValidationError
 
-P = Sampler._params_for_tests
+#: Parameters as users build them: through the validating public constructor.
+P = SamplingParams
 F32 = npt.NDArray[np.float32]
 NEG_INF = np.float32(-np.inf)
 
@@ -335,7 +336,6 @@ def test_other_logits_are_rejected_naming_the_fix(logits: Any) -> None:
         ({"prompts": []}, "prompts"),
         ({"outputs": [[-1]]}, "outputs[0]"),
         ({"sample_indices": [0, 1]}, "sample_indices"),
-        ({"params": [P(logprobs=21)]}, "logprobs"),
         ({"params": [P(embedding_bias=[0.0])]}, "embedding_bias"),
         ({"params": [P(allowed_token_ids=[1], min_tokens=1)], "eos_token_ids": [1]}, "logits[0]"),
     ],
@@ -353,6 +353,12 @@ def test_bad_arguments_name_the_field(change: dict[str, Any], param: str) -> Non
     with pytest.raises(ValidationError) as info:
         Sampler().sample(**args)
     assert info.value.param == param
+
+
+def test_more_than_20_logprobs_are_refused_by_the_params() -> None:
+    with pytest.raises(ValidationError) as info:
+        SamplingParams(logprobs=21)
+    assert info.value.param == "logprobs"
 
 
 def test_sampler_mode_is_checked() -> None:

@@ -9,6 +9,7 @@ from ferrollm import (
     QueueFullError,
     SamplingParams,
     Scheduler,
+    SchedulerConfig,
     SchedulerError,
     ValidationError,
 )
@@ -69,13 +70,15 @@ def test_sampling_params_table(kwargs: dict[str, Any], expected: Any) -> None:
 def test_config_errors_name_the_field(kwargs: dict[str, Any], param: str) -> None:
     kwargs.setdefault("max_model_len", 64)
     with pytest.raises(ValidationError) as info:
-        Scheduler(**kwargs)
+        SchedulerConfig(**kwargs)
     assert info.value.param == param
 
 
 def small() -> Scheduler:
     return Scheduler(
-        num_blocks=32, block_size=4, max_num_seqs=4, max_model_len=64, max_num_waiting=2
+        SchedulerConfig(
+            num_blocks=32, block_size=4, max_num_seqs=4, max_model_len=64, max_num_waiting=2
+        )
     )
 
 
@@ -120,6 +123,13 @@ def test_prompt_accepts_numpy_integer_arrays_and_lists(dtype: Any) -> None:
     assert plan.input_ids.tolist() == [3, 4, 5, 3, 4, 5] or plan.input_ids.tolist()[-1] == 5
 
 
+def test_prompt_accepts_strided_numpy_views() -> None:
+    s = small()
+    s.add_request(1, np.arange(1, 11, dtype=np.int64)[::3])
+    s.add_request(2, np.arange(1, 11, dtype=np.uint32)[::3])
+    assert s.schedule().input_ids.tolist() == [1, 4, 7, 10, 1, 4, 7, 10]
+
+
 def test_queue_full_duplicate_id_stale_plan_and_wrong_sample_count() -> None:
     s = small()
     s.add_request(1, [1, 2])
@@ -139,7 +149,7 @@ def test_queue_full_duplicate_id_stale_plan_and_wrong_sample_count() -> None:
 
 
 def test_plan_columns_shapes_and_dtypes() -> None:
-    s = Scheduler(num_blocks=64, block_size=4, max_model_len=64)
+    s = Scheduler(SchedulerConfig(num_blocks=64, block_size=4, max_model_len=64))
     s.add_request(10, list(range(1, 11)), SamplingParams(max_tokens=3))
     s.add_request(11, [1, 2, 3], SamplingParams(n=2, max_tokens=3))
     plan = s.schedule(now=100.0)
@@ -172,7 +182,7 @@ def test_plan_columns_shapes_and_dtypes() -> None:
 
 
 def test_abort_deadline_and_stats() -> None:
-    s = Scheduler(num_blocks=64, block_size=4, max_model_len=64, eos_token_ids=[0])
+    s = Scheduler(SchedulerConfig(num_blocks=64, block_size=4, max_model_len=64, eos_token_ids=[0]))
     s.add_request(1, [1, 2, 3], arrival_time=0.0)
     s.add_request(2, [1, 2, 3], arrival_time=0.0, deadline=50.0)
     plan = s.schedule(now=1.0)

@@ -17,6 +17,7 @@ from ferrollm import (
     Detokenizer,
     SamplingParams,
     Scheduler,
+    SchedulerConfig,
     StepOutput,
     ValidationError,
     truncate_at_stop,
@@ -54,12 +55,10 @@ def eos_id(detok: Detokenizer) -> int:
 
 def scheduler(detok: Detokenizer, **kwargs: Any) -> Scheduler:
     return Scheduler(
-        num_blocks=256,
-        block_size=4,
-        max_model_len=512,
-        eos_token_ids=[eos_id(detok)],
-        tokenizer=detok,
-        **kwargs,
+        SchedulerConfig(
+            num_blocks=256, block_size=4, max_model_len=512, eos_token_ids=[eos_id(detok)], **kwargs
+        ),
+        detok,
     )
 
 
@@ -144,7 +143,7 @@ def test_eos_and_stop_token_text_is_dropped_unless_included(detok: Detokenizer) 
 
 
 def test_stop_strings_need_a_tokenizer() -> None:
-    s = Scheduler(num_blocks=16, block_size=4, max_model_len=32)
+    s = Scheduler(SchedulerConfig(num_blocks=16, block_size=4, max_model_len=32))
     with pytest.raises(ValidationError) as e:
         s.add_request(1, [1, 2], SamplingParams(stop=["x"]))
     assert e.value.param == "stop"
@@ -165,7 +164,7 @@ def test_greedy_from_logits_is_argmax_and_logprobs_are_raw(detok: Detokenizer) -
         plan = s.schedule()
         logits = logits_for(plan.num_samples, vocab, step)
         step += 1
-        out = s.update(plan, logits)
+        out = s.update_with_logits(plan, logits)
         np.testing.assert_array_equal(out.token_ids, logits.argmax(axis=1))
         for i, rid in enumerate(out.req_ids.tolist()):
             if rid == 1:
@@ -202,7 +201,7 @@ def sampled_tokens(detok: Detokenizer, seeded_rid: int, others: int) -> list[int
                 for k, r in enumerate(rows)
             ]
         )
-        out = s.update(plan, logits)
+        out = s.update_with_logits(plan, logits)
         got += [
             t
             for t, r in zip(out.token_ids.tolist(), out.req_ids.tolist(), strict=True)
@@ -224,8 +223,12 @@ def test_update_rejects_logits_of_the_wrong_shape(detok: Detokenizer) -> None:
     s.add_request(1, [1, 2], SamplingParams(max_tokens=2))
     plan = s.schedule()
     with pytest.raises(ValidationError) as e:
-        s.update(plan, np.zeros((plan.num_samples + 1, detok.vocab_size), dtype=np.float32))
+        s.update_with_logits(
+            plan, np.zeros((plan.num_samples + 1, detok.vocab_size), dtype=np.float32)
+        )
     assert e.value.param == "logits"
     # The failed call changed nothing: the same plan still applies.
-    out = s.update(plan, np.zeros((plan.num_samples, detok.vocab_size), dtype=np.float32))
+    out = s.update_with_logits(
+        plan, np.zeros((plan.num_samples, detok.vocab_size), dtype=np.float32)
+    )
     assert len(out) == 1

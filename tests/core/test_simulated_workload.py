@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from ferrollm import SamplingParams, Scheduler, StepPlan
+from ferrollm import SamplingParams, Scheduler, SchedulerConfig, StepPlan
 
 MASK = (1 << 64) - 1
 
@@ -80,14 +80,16 @@ def run_workload(seed: int) -> dict[str, int]:
     max_model_len = 64
     num_blocks = -(-max_model_len // bs) + 1 + int(rng.integers(0, 48))
     s = Scheduler(
-        num_blocks=num_blocks,
-        block_size=bs,
-        max_num_seqs=int(rng.integers(1, 9)),
-        max_num_batched_tokens=int(rng.integers(1, 48)),
-        max_model_len=max_model_len,
-        enable_prefix_caching=bool(rng.random() < 0.8),
-        priority_aging_s=float(rng.choice([0.0, 5.0])),
-        eos_token_ids=[0],
+        SchedulerConfig(
+            num_blocks=num_blocks,
+            block_size=bs,
+            max_num_seqs=int(rng.integers(1, 9)),
+            max_num_batched_tokens=int(rng.integers(1, 48)),
+            max_model_len=max_model_len,
+            enable_prefix_caching=bool(rng.random() < 0.8),
+            priority_aging_s=float(rng.choice([0.0, 5.0])),
+            eos_token_ids=[0],
+        )
     )
     kv = ShadowKv(num_blocks, bs)
     prefixes = [rng.integers(1, 5, size=int(rng.integers(1, 24))).tolist() for _ in range(3)]
@@ -158,7 +160,9 @@ def test_simulated_workloads_keep_the_invariants() -> None:
 @pytest.mark.parametrize("aging", [0.0, 10.0])
 def test_admission_order_is_priority_then_arrival(aging: float) -> None:
     s = Scheduler(
-        num_blocks=64, block_size=4, max_num_seqs=1, max_model_len=32, priority_aging_s=aging
+        SchedulerConfig(
+            num_blocks=64, block_size=4, max_num_seqs=1, max_model_len=32, priority_aging_s=aging
+        )
     )
     arrivals = {1: (5, 0.0), 2: (1, 3.0), 3: (3, 1.0), 4: (1, 2.0), 5: (3, 0.5)}
     for rid, (priority, t) in arrivals.items():

@@ -19,7 +19,7 @@ import torch
 import transformers  # the oracle; pinned in requirements/dev.txt, so never skipped
 
 from ferrollm import LLM, SamplingParams
-from ferrollm.engine import AsyncEngine, EngineDeadError, RequestOutput
+from ferrollm.engine import AsyncEngine, EngineDeadError, EngineRequest, RequestOutput
 
 NUM_NEW_TOKENS = 8
 PROMPTS = [
@@ -290,23 +290,45 @@ async def _until_idle(engine: AsyncEngine, timeout: float = 30.0) -> None:
 def test_a_failing_request_fails_alone(llm: LLM, reference: Reference, model_dir: Path) -> None:
     vocab = llm.engine.model_config.vocab_size
     too_long = [5] * 200  # BUSY's KV cache lowers max_model_len to 60
+    # Admitted, but its only allowed token is also a bad word: its row has no finite logit.
+    dead = SamplingParams(temperature=0, max_tokens=4, allowed_token_ids=[7], bad_words=[[7]])
 
     async def body(engine: AsyncEngine) -> list[Any]:
-        async def outcome(prompt: Any) -> Any:
+        async def outcome(prompt: Any, params: SamplingParams) -> Any:
             try:
-                return [o async for o in engine.generate(engine.request(prompt, GREEDY))][-1]
+                return [o async for o in engine.generate(engine.request(prompt, params))][-1]
             except Exception as e:
                 return e
 
-        prompts: list[Any] = [PROMPTS[0], [1, vocab], too_long, [], PROMPTS[1]]
-        return list(await asyncio.gather(*(outcome(p) for p in prompts)))
+        prompts: list[Any] = [PROMPTS[0], [1, vocab], too_long, [], PROMPTS[2], PROMPTS[1]]
+        params = [GREEDY] * 4 + [dead, GREEDY]
+        return list(await asyncio.gather(*(outcome(*a) for a in zip(prompts, params, strict=True))))
 
-    good0, bad_id, long, empty, good1 = run_async(llm, body)
+    good0, bad_id, long, empty, dead_row, good1 = run_async(llm, body)
     assert_matches_reference(reference, good0)
     assert_matches_reference(reference, good1)
     assert isinstance(bad_id, ValueError) and f"[0, {vocab})" in str(bad_id)
     assert isinstance(long, ValueError) and "max_model_len" in str(long)
     assert isinstance(empty, ValueError) and "at least 1 token" in str(empty)
+    assert isinstance(dead_row, ValueError) and "no finite value" in str(dead_row)
+    assert llm.engine.scheduler.stats()["num_used_blocks"] == 0
+
+
+def test_parameters_that_do_not_fit_the_model_are_refused_at_admission(llm: LLM) -> None:
+    vocab = llm.engine.model_config.vocab_size
+    wrong_length = SamplingParams(embedding_bias=[0.0] * (vocab - 1))
+    with pytest.raises(ValueError, match="`embedding_bias`") as info:
+        llm.engine.add_request(EngineRequest.of("bias", [1, 2], wrong_length))
+    assert getattr(info.value, "param", None) == "embedding_bias"
+    with pytest.raises(ValueError, match="`logit_bias`"):
+        llm.engine.add_request(
+            EngineRequest.of("bias", [1, 2], SamplingParams(logit_bias={vocab: 1.0}))
+        )
+    assert llm.engine.num_unfinished_requests == 0
+    dead = SamplingParams(temperature=0, max_tokens=4, allowed_token_ids=[7], bad_words=[[7]])
+    with pytest.raises(ValueError, match="no finite value"):
+        llm.generate(PROMPTS[0], dead)
+    assert llm.engine.num_unfinished_requests == 0
 
 
 def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(

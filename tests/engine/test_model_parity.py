@@ -17,7 +17,7 @@ import pytest
 import torch
 import transformers  # the oracle; pinned in requirements/dev.txt, so never skipped
 
-from ferrollm import SamplingParams, Scheduler
+from ferrollm import SamplingParams, Scheduler, SchedulerConfig
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.runner import ModelRunner, profile_run
 from ferrollm.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, UnsupportedModelError
@@ -149,10 +149,12 @@ def run_ours(
     """Drive the real scheduler over our runner; ``arrivals[step]`` are prompts added then."""
     runner = make_runner(family, num_blocks, dtype)
     scheduler = Scheduler(
-        num_blocks=num_blocks,
-        block_size=BLOCK_SIZE,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=64,
+        SchedulerConfig(
+            num_blocks=num_blocks,
+            block_size=BLOCK_SIZE,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=64,
+        )
     )
     params = SamplingParams(n=n, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
     prompts: list[list[int]] = []

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ferrollm import SamplingParams, Scheduler
+from ferrollm import SamplingParams, Scheduler, SchedulerConfig
 from ferrollm.layers.attention import TorchSDPABackend
 from ferrollm.platforms import (
     DEVICE_NAMES,
@@ -166,7 +166,9 @@ def fake_torch_npu(monkeypatch: pytest.MonkeyPatch) -> None:
 def _mixed_plans(block_size: int) -> Iterator[Any]:
     """Plans of a real scheduler: prefills, a chunked prefill, a prefix hit and decodes."""
     scheduler = Scheduler(
-        num_blocks=64, block_size=block_size, max_num_batched_tokens=40, max_model_len=64
+        SchedulerConfig(
+            num_blocks=64, block_size=block_size, max_num_batched_tokens=40, max_model_len=64
+        )
     )
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     shared = list(range(3, 40))

@@ -5,8 +5,14 @@ Importing this package loads torch (the model runner); ``import ferrollm`` alone
 
 from ferrollm.engine.async_engine import AsyncEngine, EngineDeadError
 from ferrollm.engine.engine import LLMEngine, StepError
-from ferrollm.engine.loop import EngineLoop, RequestFailure
-from ferrollm.engine.outputs import CompletionOutput, RequestOutput, StepInfo, TokenLogprob
+from ferrollm.engine.loop import EngineLoop
+from ferrollm.engine.outputs import (
+    CompletionOutput,
+    RequestFailure,
+    RequestOutput,
+    StepInfo,
+    TokenLogprob,
+)
 from ferrollm.engine.request import EngineRequest
 
 __all__ = [

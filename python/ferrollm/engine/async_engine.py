@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 from ferrollm._core import SamplingParams
 from ferrollm.engine.engine import LLMEngine
-from ferrollm.engine.loop import Delivery, EngineLoop, RequestFailure
-from ferrollm.engine.outputs import RequestOutput
+from ferrollm.engine.loop import Delivery, EngineLoop
+from ferrollm.engine.outputs import RequestFailure, RequestOutput
 from ferrollm.engine.request import EngineRequest
 from ferrollm.tokenizer import Tokenizer
 

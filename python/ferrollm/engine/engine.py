@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
-from ferrollm._core import Scheduler, StepPlan, check_supported
+from ferrollm._core import Scheduler, SchedulerConfig, StepPlan, check_supported
 from ferrollm.default_model import default_model_path
-from ferrollm.engine.outputs import RequestOutput, RequestTracker, StepInfo
+from ferrollm.engine.outputs import RequestFailure, RequestOutput, RequestTracker, StepInfo
 from ferrollm.engine.request import EngineRequest
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.loader import ModelSource, load_model_source
@@ -63,7 +62,7 @@ class LLMEngine:
         self.scheduler = scheduler
         self.runner = runner
         self.model_config = model_config
-        self._tracker = RequestTracker(model_config.eos_token_ids)
+        self._tracker = RequestTracker()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -109,7 +108,6 @@ class LLMEngine:
                 f"`request_id` {request.request_id!r} is already in use by an unfinished request"
             )
         check_supported(request.params)
-        self._check_vocab(request.prompt_token_ids)
         internal_id = self._tracker.next_id()
         self.scheduler.add_request(
             internal_id,
@@ -142,8 +140,9 @@ class LLMEngine:
         """Requests added and not yet finished."""
         return len(self._tracker)
 
-    def step(self) -> list[RequestOutput]:
-        """Advance every scheduled request by one step; outputs for those that changed.
+    def step(self) -> list[RequestOutput | RequestFailure]:
+        """Advance every scheduled request by one step; outputs for those that changed, and a
+        `RequestFailure` for each request that failed alone (its batch-mates go on).
 
         Raises StepError, with the step's requests aborted, if the model or sampling fails.
         """
@@ -151,20 +150,11 @@ class LLMEngine:
         plan = self.scheduler.schedule(started)
         try:
             logits = self.runner.run(plan)
-            out = self.scheduler.update(plan, logits.numpy())
+            out = self.scheduler.update_with_logits(plan, logits.numpy())
         except Exception as e:
             raise self._fail_step(plan, e) from e
         step = StepInfo(started, time.perf_counter(), plan.num_rows)
         return self._tracker.deliver(plan, out, step)
-
-    def _check_vocab(self, token_ids: npt.NDArray[np.uint32]) -> None:
-        vocab_size = self.model_config.vocab_size
-        bad = token_ids[token_ids >= vocab_size]
-        if bad.size:
-            raise ValueError(
-                f"`prompt_token_ids` must be in [0, {vocab_size}) (the model's vocabulary); "
-                f"got {int(bad[0])}"
-            )
 
     def _fail_step(self, plan: StepPlan, error: Exception) -> StepError:
         in_step = np.concatenate([plan.req_ids, plan.finished_req_ids])
@@ -192,7 +182,7 @@ def _build_scheduler(
 ) -> Scheduler:
     if config.max_num_batched_tokens is None:
         raise ValueError("the scheduler needs EngineConfig.for_platform(platform) first")
-    return Scheduler(
+    scheduler_config = SchedulerConfig(
         num_blocks=kv_plan.num_blocks,
         block_size=config.block_size,
         max_num_seqs=config.max_num_seqs,
@@ -202,6 +192,8 @@ def _build_scheduler(
         enable_prefix_caching=config.enable_prefix_caching,
         priority_aging_s=config.priority_aging_s,
         eos_token_ids=model_config.eos_token_ids,
-        tokenizer=tokenizer.detokenizer,
         logprobs_mode=config.logprobs_mode,
+        vocab_size=model_config.vocab_size,
+        seed=config.seed,
     )
+    return Scheduler(scheduler_config, tokenizer.detokenizer)

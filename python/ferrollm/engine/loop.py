@@ -18,19 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ferrollm.engine.engine import LLMEngine, StepError
-from ferrollm.engine.outputs import RequestOutput
+from ferrollm.engine.outputs import RequestFailure, RequestOutput
 from ferrollm.engine.request import EngineRequest
 
 logger = logging.getLogger("ferrollm.engine")
-
-
-@dataclass(frozen=True)
-class RequestFailure:
-    """A request ended by an error instead of finishing; its stream raises ``error``."""
-
-    request_id: str
-    error: Exception
-
 
 #: What the event loop receives: each step's outputs and failures, in order.
 Delivery = RequestOutput | RequestFailure
@@ -142,7 +133,7 @@ class EngineLoop:
 
     def _step(self) -> list[Delivery]:
         try:
-            return list(self.engine.step())
+            return self.engine.step()
         except StepError as e:  # logged by the engine
             return [RequestFailure(request_id, e) for request_id in e.request_ids]
         except Exception as e:

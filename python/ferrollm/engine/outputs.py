@@ -10,7 +10,7 @@ lengths, and its cumulative ``token_ids``/``text``/``logprobs`` never change aft
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import count
 from typing import TYPE_CHECKING, Any
@@ -104,6 +104,14 @@ class CompletionOutput:
         )
 
 
+@dataclass(frozen=True)
+class RequestFailure:
+    """A request ended by an error instead of finishing; its stream raises ``error``."""
+
+    request_id: str
+    error: Exception
+
+
 @dataclass(frozen=True, slots=True)
 class StepInfo:
     """The engine step an output came from: when it ran (``time.perf_counter()`` seconds,
@@ -183,6 +191,7 @@ class _Columns:
     finish_reasons: list[int]
     text_offsets: list[int]
     stop_str_indices: list[int]
+    stop_token_ids: list[int]
     logprobs: list[float]
     top_token_ids: list[list[int]]
     top_logprobs: list[list[float]]
@@ -196,6 +205,7 @@ class _Columns:
             out.finish_reasons.tolist(),
             out.text_offsets.tolist(),
             out.stop_str_indices.tolist(),
+            out.stop_token_ids.tolist(),
             out.logprobs.tolist(),
             out.top_token_ids.tolist(),
             out.top_logprobs.tolist(),
@@ -205,8 +215,7 @@ class _Columns:
 class RequestTracker:
     """Maps string request ids to the scheduler's integer ids and accumulates their outputs."""
 
-    def __init__(self, eos_token_ids: Sequence[int]) -> None:
-        self._eos = frozenset(eos_token_ids)
+    def __init__(self) -> None:
         self._next_id = count()
         self._ids: dict[str, int] = {}
         self._states: dict[int, _RequestState] = {}
@@ -257,8 +266,12 @@ class RequestTracker:
 
     def deliver(
         self, plan: StepPlan, out: StepOutput, step: StepInfo | None = None
-    ) -> list[RequestOutput]:
-        """One output per request that changed in the step of ``plan``; finished ones end."""
+    ) -> list[RequestOutput | RequestFailure]:
+        """One output per request that changed in the step of ``plan``; finished ones end.
+
+        A request that failed alone in the step (``out.failed_req_ids``) gets a
+        `RequestFailure` (a ValueError with the scheduler's message) and is forgotten.
+        """
         if step is not None:
             self._note_scheduled(plan, step.started)
         touched: dict[int, _RequestState] = {}
@@ -268,10 +281,24 @@ class RequestTracker:
         if len(out):
             self._append(_Columns.of(out), out.text, touched)
         finished = {*ended, *out.finished_req_ids.tolist()}
-        outputs = [_snapshot(state, i in finished, step) for i, state in touched.items()]
+        outputs: list[RequestOutput | RequestFailure] = [
+            _snapshot(state, i in finished, step) for i, state in touched.items()
+        ]
         for internal_id in finished & touched.keys():
             self.remove(touched[internal_id].request_id)
+        outputs += self._failures(out)
         return outputs
+
+    def _failures(self, out: StepOutput) -> list[RequestFailure]:
+        failures = []
+        for internal_id, message in zip(
+            out.failed_req_ids.tolist(), out.failed_messages, strict=True
+        ):
+            state = self._states.get(internal_id)
+            if state is not None:
+                failures.append(RequestFailure(state.request_id, ValueError(message)))
+                self.remove(state.request_id)
+        return failures
 
     def _note_scheduled(self, plan: StepPlan, started: float) -> None:
         for internal_id in dict.fromkeys(plan.req_ids.tolist()):
@@ -309,19 +336,18 @@ class RequestTracker:
                 seq.logprobs.append(TokenLogprob(token, cols.logprobs[i], alternatives))
             if cols.finish_reasons[i]:
                 seq.finish_reason = FINISH_REASON_NAMES[cols.finish_reasons[i]]
-                seq.stop_reason = self._stop_reason(state, token, cols.stop_str_indices[i])
+                seq.stop_reason = _stop_reason(
+                    state, cols.stop_str_indices[i], cols.stop_token_ids[i]
+                )
             num_new, new_text = state.new.get(seq.index, (0, ""))
             state.new[seq.index] = (num_new + 1, new_text + piece)
 
-    def _stop_reason(
-        self, state: _RequestState, token: int, stop_str_index: int
-    ) -> str | int | None:
-        # vLLM's convention: the stop string, else a stop token id; None for EOS (or length).
-        if stop_str_index >= 0:
-            return state.stop[stop_str_index]
-        params = state.params
-        is_eos = token in self._eos and not params.ignore_eos
-        return token if token in params.stop_token_ids and not is_eos else None
+
+def _stop_reason(state: _RequestState, stop_str_index: int, stop_token_id: int) -> str | int | None:
+    # vLLM's convention: the stop string, else the stop token id; None for EOS (or length).
+    if stop_str_index >= 0:
+        return state.stop[stop_str_index]
+    return stop_token_id if stop_token_id >= 0 else None
 
 
 def _snapshot(state: _RequestState, finished: bool, step: StepInfo | None) -> RequestOutput:

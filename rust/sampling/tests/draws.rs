@@ -4,14 +4,21 @@ use super::naive;
 use super::{random_ids, random_row, req};
 use crate::error::CoreError;
 use crate::params::SamplingParams;
-use crate::sampling::{sample, uniform, LogprobsMode, SampleRequest, Sampled, SamplerConfig};
+use crate::sampling::{
+    sample, uniform, LogprobsMode, SampleRequest, SampleResult, Sampled, SamplerConfig,
+};
+
+/// Every sample's draw; panics on a per-sample failure.
+fn drawn(out: Vec<SampleResult>) -> Vec<Sampled> {
+    out.into_iter().map(Result::unwrap).collect()
+}
 
 fn one(raw: &[f32], r: &SampleRequest<'_>, mode: LogprobsMode) -> Sampled {
     let cfg = SamplerConfig {
         logprobs_mode: mode,
     };
     let mut out = sample(raw, raw.len(), std::slice::from_ref(r), &cfg).unwrap();
-    out.pop().unwrap()
+    out.pop().unwrap().unwrap()
 }
 
 #[test]
@@ -135,14 +142,14 @@ fn seeded_draws_do_not_depend_on_the_batch_its_order_or_threads() {
     let hist: Vec<Vec<u32>> = (0..8).map(|i| random_ids(i * 5, vocab, i as u64)).collect();
     let reqs = batch(&params, &hist);
     let cfg = SamplerConfig::default();
-    let all = sample(&logits, vocab, &reqs, &cfg).unwrap();
+    let all = drawn(sample(&logits, vocab, &reqs, &cfg).unwrap());
     let mut reversed: Vec<SampleRequest<'_>> = reqs.clone();
     reversed.reverse();
-    let mut back = sample(&logits, vocab, &reversed, &cfg).unwrap();
+    let mut back = drawn(sample(&logits, vocab, &reversed, &cfg).unwrap());
     back.reverse();
     assert_eq!(all, back);
     for (r, want) in reqs.iter().zip(&all) {
-        let alone = sample(&logits, vocab, std::slice::from_ref(r), &cfg).unwrap();
+        let alone = drawn(sample(&logits, vocab, std::slice::from_ref(r), &cfg).unwrap());
         assert_eq!(&alone[0], want);
     }
     let pool = rayon::ThreadPoolBuilder::new()
@@ -150,8 +157,10 @@ fn seeded_draws_do_not_depend_on_the_batch_its_order_or_threads() {
         .build()
         .unwrap();
     assert_eq!(
-        pool.install(|| sample(&logits, vocab, &reqs, &cfg))
-            .unwrap(),
+        drawn(
+            pool.install(|| sample(&logits, vocab, &reqs, &cfg))
+                .unwrap()
+        ),
         all
     );
 }
@@ -196,14 +205,17 @@ fn forks_sharing_a_row_draw_like_separate_samples() {
     let cfg = SamplerConfig {
         logprobs_mode: LogprobsMode::Processed,
     };
-    let together = sample(&raw, 500, &forks, &cfg).unwrap();
+    let together = drawn(sample(&raw, 500, &forks, &cfg).unwrap());
     let copies: Vec<Vec<u32>> = (0..4).map(|_| prompt.clone()).collect();
     for (i, f) in forks.iter().enumerate() {
         let apart = SampleRequest {
             prompt: &copies[i],
             ..*f
         };
-        assert_eq!(sample(&raw, 500, &[apart], &cfg).unwrap()[0], together[i]);
+        assert_eq!(
+            drawn(sample(&raw, 500, &[apart], &cfg).unwrap())[0],
+            together[i]
+        );
     }
     let distinct: std::collections::BTreeSet<u32> = together.iter().map(|s| s.token).collect();
     assert!(distinct.len() > 1, "four forks drew {distinct:?}");
@@ -217,7 +229,7 @@ fn param_of(err: CoreError) -> String {
 }
 
 #[test]
-fn bad_shapes_and_parameters_are_errors_naming_the_field() {
+fn bad_shapes_fail_the_call_and_bad_parameters_their_sample() {
     let p = SamplingParams::default();
     let r = req(&p, &[], &[]);
     let cfg = SamplerConfig::default();
@@ -242,14 +254,14 @@ fn bad_shapes_and_parameters_are_errors_naming_the_field() {
         params: &too_many,
         ..r
     };
-    assert_eq!(
-        param_of(sample(&[0.0; 8], 4, &[r2], &cfg).unwrap_err()),
-        "logprobs"
-    );
+    // A parameter the row cannot serve fails that sample alone, not the call.
+    let out = sample(&[0.0; 8], 4, &[r, r2], &cfg).unwrap();
+    assert!(out[0].is_ok());
+    assert_eq!(param_of(out[1].clone().unwrap_err()), "logprobs");
 }
 
 #[test]
-fn a_row_left_without_a_finite_logit_is_an_error_naming_it() {
+fn a_row_left_without_a_finite_logit_fails_its_sample_alone() {
     let p = SamplingParams::default();
     let r = req(&p, &[], &[]);
     let cfg = SamplerConfig::default();
@@ -266,10 +278,9 @@ fn a_row_left_without_a_finite_logit_is_an_error_naming_it() {
             ..r
         };
         let dead = SampleRequest { row: 2, ..ok };
-        assert_eq!(
-            param_of(sample(&rows, 2, &[ok, dead], &cfg).unwrap_err()),
-            "logits[2]"
-        );
+        let out = sample(&rows, 2, &[ok, dead, ok], &cfg).unwrap();
+        assert!(out[0].is_ok() && out[2].is_ok(), "batch-mates still draw");
+        assert_eq!(param_of(out[1].clone().unwrap_err()), "logits[2]");
     }
     let banned = SamplingParams {
         allowed_token_ids: Some(vec![1]),
@@ -282,7 +293,12 @@ fn a_row_left_without_a_finite_logit_is_an_error_naming_it() {
         ..r
     };
     assert_eq!(
-        param_of(sample(&rows, 2, &[r1], &cfg).unwrap_err()),
+        param_of(
+            sample(&rows, 2, &[r1], &cfg)
+                .unwrap()
+                .remove(0)
+                .unwrap_err()
+        ),
         "logits[0]"
     );
 }

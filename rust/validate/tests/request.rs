@@ -11,7 +11,11 @@ fn request(route: Route, body: &str) -> crate::validate::ValidRequest {
 
 fn unsupported_param(result: Result<(), CoreError>) -> String {
     match result {
-        Err(CoreError::Invalid { param, code, .. }) if code == "unsupported" => param,
+        Err(CoreError::Invalid {
+            param,
+            code: "unsupported",
+            ..
+        }) => param,
         other => panic!("expected an unsupported error, got {other:?}"),
     }
 }

@@ -1,11 +1,7 @@
 //! Scheduler tests: behaviour of each rule, then seeded randomized workloads checked against the
 //! invariants and a shadow KV cache that plays the model runner.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 
 use super::*;
 use crate::error::CoreError;
@@ -23,6 +19,7 @@ fn cfg(num_blocks: usize, block_size: usize, budget: usize, max_seqs: usize) -> 
         enable_prefix_caching: true,
         priority_aging_s: 0.0,
         eos_token_ids: vec![0],
+        ..SchedulerConfig::default()
     }
 }
 
@@ -30,9 +27,24 @@ fn params(n: u32, max_tokens: u32) -> Arc<SamplingParams> {
     Arc::new(SamplingParams::new(n.into(), Some(max_tokens.into()), 0, false, vec![]).unwrap())
 }
 
-fn add(s: &mut Scheduler, id: u64, prompt: Vec<u32>, p: Arc<SamplingParams>, priority: u8, t: f64) {
-    s.add_request(RequestId(id), prompt, p, priority, t, None, None)
-        .unwrap();
+/// A request with a priority and an arrival time.
+fn req(id: u64, prompt: Vec<u32>, p: Arc<SamplingParams>, priority: i64, t: f64) -> NewRequest {
+    NewRequest {
+        priority: Some(priority),
+        arrival_time: t,
+        ..NewRequest::new(id, prompt, p)
+    }
+}
+
+fn add(
+    s: &mut Scheduler,
+    id: u64,
+    prompt: Vec<u32>,
+    p: Arc<SamplingParams>,
+    priority: i64,
+    t: f64,
+) {
+    s.add_request(req(id, prompt, p, priority, t)).unwrap();
 }
 
 /// Runs one step, sampling `token` for every sample.
@@ -139,15 +151,10 @@ fn prefix_cache_reuses_full_blocks_but_always_computes_the_last_token() {
     let (plan, _) = step(&mut s, 2.0, 3);
     assert_eq!(plan.positions, vec![4, 5, 6, 7]);
     // A different cache salt (extra key) shares nothing.
-    s.add_request(
-        RequestId(4),
-        prompt.clone(),
-        params(1, 1),
-        5,
-        3.0,
-        None,
-        Some("tenant-b".into()),
-    )
+    s.add_request(NewRequest {
+        cache_salt: Some("tenant-b".into()),
+        ..req(4, prompt.clone(), params(1, 1), 5, 3.0)
+    })
     .unwrap();
     let (plan, _) = step(&mut s, 3.0, 3);
     assert_eq!(plan.num_scheduled_tokens(), 10);
@@ -289,15 +296,10 @@ fn fork_shares_prompt_blocks_and_copies_the_partial_block_on_write() {
 fn abort_and_deadline_end_requests_at_the_next_schedule_and_free_blocks() {
     let mut s = Scheduler::new(cfg(32, 4, 64, 8)).unwrap();
     add(&mut s, 1, vec![1, 2, 3], params(1, 30), 5, 0.0);
-    s.add_request(
-        RequestId(2),
-        vec![1, 2, 3],
-        params(1, 30),
-        5,
-        0.0,
-        Some(5.0),
-        None,
-    )
+    s.add_request(NewRequest {
+        deadline: Some(5.0),
+        ..req(2, vec![1, 2, 3], params(1, 30), 5, 0.0)
+    })
     .unwrap();
     step(&mut s, 0.0, 9);
     assert!(s.abort_request(RequestId(1)));
@@ -329,44 +331,39 @@ fn rejects_bad_requests_a_full_queue_and_stale_plans() {
         other => panic!("{other:?}"),
     };
     assert_eq!(
-        err(s.add_request(RequestId(1), vec![], p.clone(), 5, 0.0, None, None)),
+        err(s.add_request(req(1, vec![], p.clone(), 5, 0.0))),
         "prompt_token_ids"
     );
     assert_eq!(
-        err(s.add_request(RequestId(1), vec![1; 64], p.clone(), 5, 0.0, None, None)),
+        err(s.add_request(req(1, vec![1; 64], p.clone(), 5, 0.0))),
         "prompt_token_ids"
     );
     assert_eq!(
-        err(s.add_request(RequestId(1), vec![1], p.clone(), 0, 0.0, None, None)),
+        err(s.add_request(req(1, vec![1], p.clone(), 0, 0.0))),
         "priority"
     );
     assert_eq!(
-        err(s.add_request(RequestId(1), vec![1], p.clone(), 6, 0.0, None, None)),
+        err(s.add_request(req(1, vec![1], p.clone(), 6, 0.0))),
         "priority"
     );
     assert_eq!(
-        err(s.add_request(RequestId(1), vec![1], params(3, 1), 5, 0.0, None, None)),
+        err(s.add_request(req(1, vec![1], params(3, 1), 5, 0.0))),
         "n"
     );
     assert_eq!(
-        err(s.add_request(
-            RequestId(1),
-            vec![1],
-            p.clone(),
-            5,
-            0.0,
-            Some(f64::NAN),
-            None
-        )),
+        err(s.add_request(NewRequest {
+            deadline: Some(f64::NAN),
+            ..req(1, vec![1], p.clone(), 5, 0.0)
+        })),
         "deadline"
     );
     add(&mut s, 1, vec![1], p.clone(), 5, 0.0);
     assert_eq!(
-        err(s.add_request(RequestId(1), vec![1], p.clone(), 5, 0.0, None, None)),
+        err(s.add_request(req(1, vec![1], p.clone(), 5, 0.0))),
         "request_id"
     );
     assert_eq!(
-        s.add_request(RequestId(2), vec![1], p.clone(), 5, 0.0, None, None),
+        s.add_request(req(2, vec![1], p.clone(), 5, 0.0)),
         Err(CoreError::QueueFull { max_num_waiting: 1 })
     );
     let plan = s.schedule(0.0);
@@ -393,247 +390,5 @@ fn rejects_bad_requests_a_full_queue_and_stale_plans() {
     );
 }
 
-/// Plays the model: the KV value at a slot is a hash of the token and the value at the previous
-/// position, read through the row's block table, so it equals `prefix_value(tokens[..=pos])` only
-/// if every earlier position was computed from the right tokens into the right slots.
-struct ShadowKv {
-    slots: Vec<u64>,
-    block_size: usize,
-}
-
-fn mix(prev: u64, token: i64, pos: i64) -> u64 {
-    (prev ^ (token as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
-        .rotate_left(23)
-        .wrapping_add(pos as u64 + 1)
-}
-
-fn prefix_value(tokens: &[u32]) -> u64 {
-    tokens
-        .iter()
-        .enumerate()
-        .fold(0, |v, (p, &t)| mix(v, i64::from(t), p as i64))
-}
-
-impl ShadowKv {
-    fn run(&mut self, plan: &StepPlan) -> Vec<u64> {
-        let bs = self.block_size;
-        for c in plan.block_copies.chunks(2) {
-            let (src, dst) = (c[0] as usize * bs, c[1] as usize * bs);
-            self.slots.copy_within(src..src + bs, dst);
-        }
-        let mut last = Vec::new();
-        for r in 0..plan.num_rows() {
-            let table = &plan.block_tables[r * plan.max_num_blocks..(r + 1) * plan.max_num_blocks];
-            let slot = |pos: i64| table[pos as usize / bs] as usize * bs + pos as usize % bs;
-            for i in plan.cu_seqlens_q[r] as usize..plan.cu_seqlens_q[r + 1] as usize {
-                let pos = plan.positions[i];
-                assert_eq!(
-                    slot(pos) as i64,
-                    plan.slot_mapping[i],
-                    "slot_mapping agrees with the block table"
-                );
-                let prev = if pos == 0 {
-                    0
-                } else {
-                    self.slots[slot(pos - 1)]
-                };
-                self.slots[slot(pos)] = mix(prev, plan.input_ids[i], pos);
-            }
-            last.push(self.slots[slot(i64::from(plan.context_lens[r]) - 1)]);
-        }
-        last
-    }
-}
-
-/// Runs one seeded workload to completion; returns [preemptions, block copies, prefix-hit blocks,
-/// aborts, timeouts] so the caller can check that the rules were exercised.
-fn random_workload(seed: u64) -> [u64; 5] {
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let bs = rng.random_range(1..=6);
-    let max_model_len = 48;
-    let cfg = SchedulerConfig {
-        num_blocks: max_model_len / bs + 2 + rng.random_range(0..40),
-        block_size: bs,
-        max_num_seqs: rng.random_range(1..=8),
-        max_num_batched_tokens: rng.random_range(1..=40),
-        max_model_len,
-        max_num_waiting: 1000,
-        enable_prefix_caching: rng.random_bool(0.8),
-        priority_aging_s: if rng.random_bool(0.5) { 0.0 } else { 5.0 },
-        eos_token_ids: vec![0],
-    };
-    let mut s = Scheduler::new(cfg.clone()).unwrap();
-    let mut kv = ShadowKv {
-        slots: vec![0; cfg.num_blocks * bs],
-        block_size: bs,
-    };
-    let prefixes: Vec<Vec<u32>> = (0..3)
-        .map(|_| {
-            (0..rng.random_range(1..20))
-                .map(|_| rng.random_range(1..6))
-                .collect()
-        })
-        .collect();
-    let mut next_id = 0u64;
-    let mut now = 0.0;
-    let mut num_finished = 0;
-    let mut seen = [0u64; 5];
-    let mut step_no = 0;
-    while step_no < 100 || s.has_unfinished_requests() {
-        assert!(
-            step_no < 20_000,
-            "seed {seed}: no progress: {:?}",
-            s.stats()
-        );
-        step_no += 1;
-        now += 1.0;
-        let adding = step_no < 100;
-        for _ in 0..rng.random_range(0..3) {
-            if !adding {
-                break;
-            }
-            let mut prompt = prefixes[rng.random_range(0..3)].clone();
-            prompt.extend((0..rng.random_range(0..12)).map(|_| rng.random_range(1..6)));
-            prompt.truncate(max_model_len - 2);
-            let n = if rng.random_bool(0.2) {
-                rng.random_range(2..=cfg.max_num_seqs.max(2) as u32)
-                    .min(cfg.max_num_seqs as u32)
-            } else {
-                1
-            };
-            let max_tokens: i64 = rng.random_range(1..20);
-            let p = SamplingParams::new(
-                n.into(),
-                Some(max_tokens),
-                rng.random_range(0..3).min(max_tokens),
-                rng.random_bool(0.3),
-                vec![],
-            )
-            .unwrap();
-            let deadline = rng
-                .random_bool(0.1)
-                .then(|| now + rng.random_range(1.0..30.0));
-            s.add_request(
-                RequestId(next_id),
-                prompt,
-                Arc::new(p),
-                rng.random_range(1..=5),
-                now,
-                deadline,
-                None,
-            )
-            .unwrap();
-            next_id += 1;
-        }
-        if rng.random_bool(0.05) && next_id > 0 {
-            s.abort_request(RequestId(rng.random_range(0..next_id)));
-        }
-        let before: HashMap<(u64, u32), SeqStatus> = s
-            .sequences()
-            .iter()
-            .map(|v| ((v.req_id.0, v.seq_index), v.status))
-            .collect();
-        let plan = s.schedule(now);
-        s.check_invariants()
-            .unwrap_or_else(|e| panic!("seed {seed} step {step_no}: {e}"));
-        assert!(plan.num_scheduled_tokens() <= cfg.max_num_batched_tokens);
-        assert!(plan.num_rows() <= cfg.max_num_seqs && plan.num_samples() <= cfg.max_num_seqs);
-        let views: HashMap<(u64, u32), SeqView> = s
-            .sequences()
-            .into_iter()
-            .map(|v| ((v.req_id.0, v.seq_index), v))
-            .collect();
-        // Priority order: no waiting sequence outranks one admitted in this step.
-        let rank = |v: &SeqView| {
-            (
-                super::request::effective_priority(
-                    v.priority,
-                    v.arrival,
-                    now,
-                    cfg.priority_aging_s,
-                ),
-                v.arrival,
-                v.req_id.0,
-                v.seq_index,
-            )
-        };
-        let admitted = views.values().filter(|v| {
-            v.status == SeqStatus::Running
-                && before.get(&(v.req_id.0, v.seq_index)) != Some(&SeqStatus::Running)
-        });
-        let best_waiting = views
-            .values()
-            .filter(|v| v.status != SeqStatus::Running)
-            .map(rank)
-            .min_by(|a, b| a.partial_cmp(b).unwrap());
-        for v in admitted {
-            if let Some(w) = best_waiting {
-                assert!(
-                    rank(v) < w,
-                    "seed {seed}: admitted {:?} while a better {:?} waits",
-                    rank(v),
-                    w
-                );
-            }
-        }
-        // The shadow model reads exactly each row's tokens, whatever was reused or copied.
-        let last = kv.run(&plan);
-        for r in 0..plan.num_rows() {
-            let v = &views[&(plan.req_ids[r], plan.seq_indices[r])];
-            assert_eq!(
-                last[r],
-                prefix_value(&v.tokens[..plan.context_lens[r] as usize]),
-                "seed {seed} step {step_no} row {r}"
-            );
-        }
-        let sampled: Vec<u32> = (0..plan.num_samples())
-            .map(|_| rng.random_range(0..8))
-            .collect();
-        let out = s.update(plan.step_id, &sampled).unwrap();
-        s.check_invariants()
-            .unwrap_or_else(|e| panic!("seed {seed} step {step_no} after update: {e}"));
-        num_finished += out.finished_req_ids.len() + plan.finished_req_ids.len();
-        seen[1] += plan.block_copies.len() as u64 / 2;
-        for &r in &plan.finished_reasons {
-            seen[if r == FinishReason::Abort as u8 { 3 } else { 4 }] += 1;
-        }
-    }
-    assert!(
-        !s.has_unfinished_requests(),
-        "seed {seed}: everything drains: {:?} {:?} {:?}",
-        s.stats(),
-        cfg,
-        s.sequences()
-            .iter()
-            .map(|v| (
-                v.status,
-                v.tokens.len(),
-                v.num_computed_tokens,
-                v.block_table.len()
-            ))
-            .collect::<Vec<_>>()
-    );
-    assert_eq!(num_finished as u64, next_id);
-    assert_eq!(
-        s.pool().num_free(),
-        cfg.num_blocks - 1,
-        "seed {seed}: every block is free at the end"
-    );
-    seen[0] = s.stats().num_preemptions;
-    seen[2] = s.stats().num_prefix_hit_blocks;
-    seen
-}
-
-#[test]
-fn randomized_workloads_keep_every_invariant() {
-    let mut total = [0u64; 5];
-    for seed in 0..300 {
-        for (t, x) in total.iter_mut().zip(random_workload(seed)) {
-            *t += x;
-        }
-    }
-    assert!(
-        total.iter().all(|&x| x > 0),
-        "[preemptions, copies, hits, aborts, timeouts] = {total:?}"
-    );
-}
+mod failures;
+mod workload;

@@ -1,0 +1,94 @@
+//! How requests end outside `update()`'s token path: aborts and deadlines (at the next
+//! `schedule()`), failures of one request's sample, and the bookkeeping every end shares
+//! (`finish_seq` frees blocks and seats, `drop_finished` clears the slab and the queues).
+
+use super::plan::StepPlan;
+use super::rank::SeqKey;
+use super::scheduler::Scheduler;
+use crate::types::{FinishReason, RequestId, SeqStatus};
+
+impl Scheduler {
+    /// Ends aborted requests and those past their deadline, freeing their blocks.
+    pub(crate) fn end_aborted_and_expired(&mut self, now: f64, plan: &mut StepPlan) {
+        let mut ended: Vec<(RequestId, FinishReason)> = self
+            .pending_aborts
+            .drain(..)
+            .map(|id| (id, FinishReason::Abort))
+            .collect();
+        if self.num_deadlines > 0 {
+            for (&id, req) in &self.requests {
+                if req.deadline.is_some_and(|d| d <= now) && !ended.iter().any(|e| e.0 == id) {
+                    ended.push((id, FinishReason::Timeout));
+                }
+            }
+        }
+        if ended.is_empty() {
+            return;
+        }
+        for &(id, reason) in &ended {
+            let keys = self.requests[&id].seqs.clone();
+            for key in keys {
+                self.finish_seq(key, reason);
+            }
+            plan.push_finished(id, reason);
+        }
+        self.drop_finished();
+    }
+
+    /// Ends one sequence: frees its blocks and seats. `drop_finished` then clears it out.
+    pub(crate) fn finish_seq(&mut self, key: SeqKey, reason: FinishReason) {
+        let s = self.seqs[key as usize].as_mut().expect("live");
+        if s.status == SeqStatus::Running {
+            self.num_running_seats -= s.seats;
+        }
+        self.pool.free(&s.block_table);
+        s.block_table.clear();
+        s.status = SeqStatus::Finished;
+        s.finish = Some(reason);
+        self.just_finished.push(key);
+    }
+
+    /// Removes the sequences ended since the last call from the queues and the slab, and the
+    /// requests left with none. Returns those requests.
+    pub(crate) fn drop_finished(&mut self) -> Vec<RequestId> {
+        let mut done = Vec::new();
+        if self.just_finished.is_empty() {
+            return done;
+        }
+        let seqs = &self.seqs;
+        let live = |k: SeqKey| {
+            seqs[k as usize]
+                .as_ref()
+                .is_some_and(|s| s.status != SeqStatus::Finished)
+        };
+        self.running.retain(|&k| live(k));
+        self.waiting.retain(live);
+        for k in std::mem::take(&mut self.just_finished) {
+            let s = self.seqs[k as usize]
+                .take()
+                .expect("finished sequence is in the slab");
+            self.free_slots.push(k);
+            let req = self
+                .requests
+                .get_mut(&s.req_id)
+                .expect("request of a live seq");
+            req.seqs.retain(|&x| x != k);
+            if req.seqs.is_empty() {
+                let req = self.requests.remove(&s.req_id).expect("present");
+                self.num_deadlines -= usize::from(req.deadline.is_some());
+                self.pending_aborts.retain(|&id| id != s.req_id);
+                done.push(s.req_id);
+            }
+        }
+        done
+    }
+
+    /// Ends every sequence of `req_id` with [`FinishReason::Error`], freeing its blocks;
+    /// `drop_finished` then clears it out.
+    pub(crate) fn fail_request(&mut self, req_id: RequestId) {
+        let keys = self.requests[&req_id].seqs.clone();
+        for key in keys {
+            self.finish_seq(key, FinishReason::Error);
+        }
+    }
+}

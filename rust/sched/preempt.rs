@@ -1,0 +1,67 @@
+//! Preemption by recompute: the victim frees its blocks, leaves this step's rows (its budget
+//! refunded) and goes back to the front of its priority's queue.
+
+use super::plan::StepPlan;
+use super::rank::{Rank, SeqKey};
+use super::schedule::Row;
+use super::scheduler::Scheduler;
+use crate::types::SeqStatus;
+
+impl Scheduler {
+    /// Preempts a running sequence by recompute: frees its blocks, drops its row from this step
+    /// if it had one (refunding the budget), and queues it at the front of its priority.
+    pub(crate) fn preempt(
+        &mut self,
+        key: SeqKey,
+        rows: &mut Vec<Row>,
+        budget: &mut usize,
+        plan: &mut StepPlan,
+    ) {
+        let pos = self
+            .running
+            .iter()
+            .rposition(|&k| k == key)
+            .expect("victim is running");
+        self.running.remove(pos);
+        if let Some(r) = rows.iter().rposition(|row| row.key == key) {
+            *budget += rows.remove(r).num_tokens;
+        }
+        let s = self.seqs[key as usize].as_mut().expect("live");
+        self.pool.free(&s.block_table);
+        s.block_table.clear();
+        s.num_computed_tokens = 0;
+        s.num_cached_blocks = 0;
+        s.status = SeqStatus::Preempted;
+        self.num_running_seats -= s.seats;
+        self.waiting
+            .push_front(key, s.priority, s.arrival, s.req_id.0, s.seq_index);
+        plan.preempted_req_ids.push(s.req_id.0);
+        plan.preempted_seq_indices.push(s.seq_index);
+        self.num_preemptions += 1;
+    }
+
+    /// Preempts the worst-ranked running sequence if its effective priority is strictly worse
+    /// than `rank`'s. Returns whether it did.
+    pub(crate) fn preempt_worse_than(
+        &mut self,
+        rank: Rank,
+        now: f64,
+        rows: &mut Vec<Row>,
+        budget: &mut usize,
+        plan: &mut StepPlan,
+    ) -> bool {
+        let aging = self.cfg.priority_aging_s;
+        let worst = self
+            .running
+            .iter()
+            .map(|&k| (k, self.seq(k).rank(now, aging)))
+            .max_by(|a, b| a.1.cmp(&b.1));
+        match worst {
+            Some((victim, victim_rank)) if victim_rank.priority > rank.priority => {
+                self.preempt(victim, rows, budget, plan);
+                true
+            }
+            _ => false,
+        }
+    }
+}
