@@ -22,14 +22,17 @@ __all__ = [
     "StepOutput",
     "StepPlan",
     "StopMatcher",
+    "ValidRequest",
     "ValidationError",
     "__version__",
+    "check_supported",
     "truncate_at_stop",
     "validate",
 ]
 
 __version__: Final[str]
-#: Finish-reason names by code: 0 = not finished, 1 = stop, 2 = length, 3 = abort, 4 = timeout.
+#: Finish-reason names by code: 0 = not finished, 1 = stop, 2 = length, 3 = abort, 4 = timeout,
+#: 5 = error (the request failed alone in a step).
 FINISH_REASON_NAMES: Final[tuple[str, str, str, str, str, str]]
 
 _TokenIds = Sequence[int] | npt.NDArray[np.integer[Any]]
