@@ -407,6 +407,14 @@ class StepOutput:
     def top_logprobs(self) -> npt.NDArray[np.float32]:
         """``[samples, k]`` logprobs of ``top_token_ids``, padded with -inf."""
     @property
+    def logprob_bytes(self) -> bytes:
+        """The bytes each logprob entry's token stands for, concatenated: per sample the chosen
+        token, then its ``k`` alternatives (empty for padding and for samples without
+        logprobs); see ``logprob_byte_offsets``."""
+    @property
+    def logprob_byte_offsets(self) -> npt.NDArray[np.uint32]:
+        """``samples * (1 + k) + 1`` boundaries of the entries in ``logprob_bytes``."""
+    @property
     def finished_req_ids(self) -> npt.NDArray[np.uint64]:
         """Requests whose every sequence has now finished (failed ones are not among them)."""
     @property

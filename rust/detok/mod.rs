@@ -42,7 +42,7 @@ mod utf8;
 mod window;
 
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;
 #[cfg(test)]
 mod tests;
 

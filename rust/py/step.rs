@@ -3,7 +3,7 @@
 
 use numpy::PyUntypedArrayMethods;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyString};
+use pyo3::types::{PyBytes, PyList, PyString};
 
 use super::arrays::{arr, arr2, arr_shaped, Arr};
 use crate::sched::{StepOutput, StepPlan};
@@ -92,6 +92,8 @@ pub struct PyStepOutput {
     logprobs: Arr<f32>,
     top_token_ids: Py<PyAny>,
     top_logprobs: Py<PyAny>,
+    logprob_bytes: Py<PyBytes>,
+    logprob_byte_offsets: Arr<u32>,
     finished_req_ids: Arr<u64>,
     failed_req_ids: Arr<u64>,
     failed_messages: Py<PyList>,
@@ -104,6 +106,8 @@ impl PyStepOutput {
             top_token_ids: arr_shaped(py, o.top_token_ids, [n, o.num_top_logprobs])?,
             top_logprobs: arr_shaped(py, o.top_logprobs, [n, o.num_top_logprobs])?,
             text: PyString::new(py, &o.text).unbind(),
+            logprob_bytes: PyBytes::new(py, &o.logprob_bytes).unbind(),
+            logprob_byte_offsets: arr(py, o.logprob_byte_offsets),
             text_offsets: arr(py, o.text_offsets),
             stop_str_indices: arr(py, o.stop_str_indices),
             stop_token_ids: arr(py, o.stop_token_ids),

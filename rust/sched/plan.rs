@@ -175,6 +175,13 @@ pub struct StepOutput {
     pub top_token_ids: Vec<i32>,
     /// The logprobs of `top_token_ids`, same shape.
     pub top_logprobs: Vec<f32>,
+    /// The bytes each logprob entry's token stands for (OpenAI's `bytes`; its text is their
+    /// lossy UTF-8 decoding): per sample, the chosen token, then its `num_top_logprobs`
+    /// alternatives; entries are empty for padding, for samples without logprobs and when the
+    /// scheduler has no detokenizer.
+    pub logprob_bytes: Vec<u8>,
+    /// Entry boundaries in `logprob_bytes`: `num_samples * (1 + num_top_logprobs) + 1` offsets.
+    pub logprob_byte_offsets: Vec<u32>,
     /// Requests whose every sequence has now finished (their state is gone). Failed requests
     /// are not among them.
     pub finished_req_ids: Vec<u64>,

@@ -9,6 +9,7 @@ use super::rank::SeqKey;
 use super::request::Sequence;
 use super::schedule::PlanRecord;
 use super::scheduler::Scheduler;
+use crate::detok::Detokenizer;
 use crate::error::{CoreError, CoreResult};
 use crate::sampling::{self, SampleRequest, SampleResult, Sampled};
 use crate::types::{FinishReason, RequestId, SeqStatus, TokenId};
@@ -158,6 +159,7 @@ impl Scheduler {
         let mut out = StepOutput {
             num_top_logprobs: samples.num_top_logprobs(),
             text_offsets: vec![0],
+            logprob_byte_offsets: vec![0],
             ..StepOutput::default()
         };
         let failed = self.failed_requests(rec, samples);
@@ -283,7 +285,8 @@ impl Scheduler {
         out.seq_indices.push(s.seq_index);
         out.token_ids.push(token);
         out.finish_reasons.push(finish.map_or(0, |f| f as u8));
-        push_logprobs(out, drawn.filter(|_| s.params.logprobs.is_some()));
+        let drawn = drawn.filter(|_| s.params.logprobs.is_some());
+        push_logprobs(out, drawn, self.detok.as_deref());
         if let Some(reason) = finish {
             self.finish_seq(key, reason);
         }
@@ -291,19 +294,33 @@ impl Scheduler {
 }
 
 /// The logprob columns of one sample (`drawn` is None when the request asked for none, or the
-/// caller sampled): NaN and padding then.
-fn push_logprobs(out: &mut StepOutput, drawn: Option<&Sampled>) {
+/// caller sampled): NaN and padding then. With a detokenizer, the bytes of the chosen token and
+/// of each alternative go with them (empty for padding), so that logprob entries reach Python
+/// with their token texts in the step that made them.
+fn push_logprobs(out: &mut StepOutput, drawn: Option<&Sampled>, detok: Option<&Detokenizer>) {
     let width = out.num_top_logprobs;
     let top = drawn.map_or(&[][..], |d| &d.top_logprobs[..]);
     out.logprobs
         .push(drawn.and_then(|d| d.logprob).unwrap_or(f32::NAN));
+    push_token_bytes(out, detok, drawn.map(|d| d.token));
     for k in 0..width {
         let (id, lp) = top
             .get(k)
             .map_or((-1, f32::NEG_INFINITY), |&(t, l)| (t as i32, l));
         out.top_token_ids.push(id);
         out.top_logprobs.push(lp);
+        push_token_bytes(out, detok, u32::try_from(id).ok());
     }
+}
+
+/// Appends the bytes `token` stands for (nothing for `None` or without a detokenizer) as the
+/// next entry of the logprob byte columns.
+fn push_token_bytes(out: &mut StepOutput, detok: Option<&Detokenizer>, token: Option<TokenId>) {
+    if let (Some(d), Some(t)) = (detok, token) {
+        out.logprob_bytes.extend_from_slice(&d.token_bytes(t));
+    }
+    let end = u32::try_from(out.logprob_bytes.len()).expect("a step's logprob bytes fit u32");
+    out.logprob_byte_offsets.push(end);
 }
 
 /// Offers `s`'s computed full blocks past `num_cached_blocks` to the prefix cache.

@@ -70,3 +70,13 @@ def test_streamed_logprobs_come_with_the_text_of_their_tokens(llm: LLM) -> None:
     released = [e for c in steps for e in (c.new_logprobs or [])]
     assert released == steps[-1].logprobs
     assert [e.token_id for e in released] == tokens
+    # Each entry came with its token's bytes and text, and its alternatives'.
+    detok = llm.engine.tokenizer.detokenizer
+    for e in released:
+        assert (e.token_bytes, e.text) == (
+            detok.token_bytes(e.token_id),
+            detok.token_text(e.token_id),
+        )
+        assert len(e.top) == 2
+        assert e.top_texts == tuple(detok.token_text(t) for t, _ in e.top)
+        assert e.top_bytes == tuple(detok.token_bytes(t) for t, _ in e.top)

@@ -9,6 +9,7 @@ lengths, and its cumulative ``token_ids``/``text``/``logprobs`` never change aft
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,11 +26,27 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
-    """The logprob of one generated token and its best alternatives (best first)."""
+    """The logprob of one generated token and its best alternatives (best first), with the
+    bytes each token stands for (from the step that made them)."""
 
     token_id: int
     logprob: float
+    #: ``(token id, logprob)`` of each alternative.
     top: tuple[tuple[int, float], ...] = ()
+    #: The bytes the token stands for (OpenAI's ``bytes``).
+    token_bytes: bytes = b""
+    #: The bytes of each alternative in ``top``, in order.
+    top_bytes: tuple[bytes, ...] = ()
+
+    @property
+    def text(self) -> str:
+        """The token's text: its bytes decoded, a partial character as U+FFFD."""
+        return self.token_bytes.decode("utf-8", "replace")
+
+    @property
+    def top_texts(self) -> tuple[str, ...]:
+        """The text of each alternative in ``top``."""
+        return tuple(b.decode("utf-8", "replace") for b in self.top_bytes)
 
 
 class CompletionOutput:
@@ -195,6 +212,8 @@ class _Columns:
     logprobs: list[float]
     top_token_ids: list[list[int]]
     top_logprobs: list[list[float]]
+    logprob_bytes: bytes
+    logprob_byte_offsets: list[int]
 
     @classmethod
     def of(cls, out: StepOutput) -> _Columns:
@@ -209,6 +228,23 @@ class _Columns:
             out.logprobs.tolist(),
             out.top_token_ids.tolist(),
             out.top_logprobs.tolist(),
+            out.logprob_bytes,
+            out.logprob_byte_offsets.tolist(),
+        )
+
+    def token_logprob(self, i: int) -> TokenLogprob:
+        """Sample ``i``'s logprob entry: the chosen token and its alternatives, with bytes."""
+        top = self.top_token_ids[i]
+        width = len(top)
+        offsets = self.logprob_byte_offsets[i * (1 + width) : (i + 1) * (1 + width) + 1]
+        pieces = [self.logprob_bytes[a:b] for a, b in itertools.pairwise(offsets)]
+        kept = [k for k, t in enumerate(top) if t >= 0]
+        return TokenLogprob(
+            self.token_ids[i],
+            self.logprobs[i],
+            tuple((top[k], self.top_logprobs[i][k]) for k in kept),
+            pieces[0],
+            tuple(pieces[1 + k] for k in kept),
         )
 
 
@@ -331,9 +367,7 @@ class RequestTracker:
             if piece:
                 seq.text_pieces.append(piece)
             if seq.logprobs is not None:
-                top = zip(cols.top_token_ids[i], cols.top_logprobs[i], strict=True)
-                alternatives = tuple((t, lp) for t, lp in top if t >= 0)
-                seq.logprobs.append(TokenLogprob(token, cols.logprobs[i], alternatives))
+                seq.logprobs.append(cols.token_logprob(i))
             if cols.finish_reasons[i]:
                 seq.finish_reason = FINISH_REASON_NAMES[cols.finish_reasons[i]]
                 seq.stop_reason = _stop_reason(

@@ -391,4 +391,5 @@ fn rejects_bad_requests_a_full_queue_and_stale_plans() {
 }
 
 mod failures;
+mod logprob_bytes;
 mod workload;

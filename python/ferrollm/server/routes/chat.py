@@ -94,12 +94,11 @@ async def serve_chat(
 
 
 def _response(chat: _Chat, out: RequestOutput, timing: Timing) -> ChatCompletion:
-    detok = chat.ctx.tokenizer.detokenizer
     choices = [
         ChatChoice(
             c.index,
             ResponseMessage(c.text),
-            None if c.logprobs is None else chat_logprobs(detok, c.logprobs),
+            None if c.logprobs is None else chat_logprobs(c.logprobs),
             openai_finish_reason(c.finish_reason),
             c.stop_reason,
         )
@@ -154,7 +153,7 @@ def _chunk(chat: _Chat, c: CompletionOutput, done: set[int]) -> ChatCompletionCh
         return None
     logprobs = None
     if c.new_logprobs is not None:
-        logprobs = chat_logprobs(chat.ctx.tokenizer.detokenizer, c.new_logprobs)
+        logprobs = chat_logprobs(c.new_logprobs)
     content = c.text if chat.full_text else c.new_text
     choice = ChatChunkChoice(
         c.index, Delta(content), logprobs, openai_finish_reason(c.finish_reason)

@@ -111,9 +111,7 @@ def _choice(
     entries = c.logprobs if whole else c.new_logprobs
     if entries is not None:
         start = batch.offsets.get(index, 0)
-        logprobs, batch.offsets[index] = completion_logprobs(
-            batch.ctx.tokenizer.detokenizer, entries, start
-        )
+        logprobs, batch.offsets[index] = completion_logprobs(entries, start)
     else:
         batch.offsets.setdefault(index, 0)
     stop_reason = c.stop_reason

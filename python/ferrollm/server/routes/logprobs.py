@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ferrollm._core import Detokenizer
 from ferrollm.engine import TokenLogprob
 from ferrollm.server.protocol.openai import (
     ChatLogprobs,
@@ -14,19 +13,18 @@ from ferrollm.server.protocol.openai import (
 )
 
 
-def chat_logprobs(detok: Detokenizer, entries: Sequence[TokenLogprob]) -> ChatLogprobs:
+def chat_logprobs(entries: Sequence[TokenLogprob]) -> ChatLogprobs:
     """One ``content`` entry per token: its text, bytes, logprob and the top alternatives."""
-
-    def top(token_id: int, logprob: float) -> TopLogprob:
-        return TopLogprob(detok.token_text(token_id), logprob, list(detok.token_bytes(token_id)))
-
     return ChatLogprobs(
         [
             ChatTokenLogprob(
-                detok.token_text(e.token_id),
+                e.text,
                 e.logprob,
-                list(detok.token_bytes(e.token_id)),
-                [top(t, lp) for t, lp in e.top],
+                list(e.token_bytes),
+                [
+                    TopLogprob(text, lp, list(raw))
+                    for (_, lp), text, raw in zip(e.top, e.top_texts, e.top_bytes, strict=True)
+                ],
             )
             for e in entries
         ]
@@ -34,7 +32,7 @@ def chat_logprobs(detok: Detokenizer, entries: Sequence[TokenLogprob]) -> ChatLo
 
 
 def completion_logprobs(
-    detok: Detokenizer, entries: Sequence[TokenLogprob], offset: int
+    entries: Sequence[TokenLogprob], offset: int
 ) -> tuple[CompletionLogprobs, int]:
     """Completions logprobs for ``entries``, whose text starts at character ``offset`` (per
     choice from 0, →A-52); also the offset after them (for the next chunk of a stream).
@@ -47,7 +45,7 @@ def completion_logprobs(
     token_logprobs: list[float] = []
     tops: list[dict[str, float]] = []
     for e in entries:
-        text = detok.token_text(e.token_id)
+        text = e.text
         tokens.append(text)
         offsets.append(offset)
         offset += len(text)
@@ -55,8 +53,8 @@ def completion_logprobs(
         # Keyed by text, so tokens that share one (bytes that are each half a character) share
         # an entry: the most probable keeps it, and the chosen token's is its own logprob.
         top: dict[str, float] = {}
-        for t, lp in e.top:
-            top.setdefault(detok.token_text(t), lp)
+        for (_, lp), alt in zip(e.top, e.top_texts, strict=True):
+            top.setdefault(alt, lp)
         top[text] = e.logprob
         tops.append(top)
     return CompletionLogprobs(offsets, token_logprobs, tokens, tops), offset
