@@ -38,6 +38,7 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--max-iter-times": ("max_iter_times", int, "generated tokens at most (maxIterTimes)"),
     "--max-body-bytes": ("max_body_bytes", str, "largest request body (default 16MiB)"),
     "--full-text": ("full_text", None, "stream cumulative text (MindIE fullTextEnabled)"),
+    "--seed": ("seed", int, "base seed of requests that give none (reproducible sampling)"),
 }
 
 

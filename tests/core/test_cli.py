@@ -1,0 +1,30 @@
+"""`ferrollm serve` options: flags become engine and server config, checked before any
+process starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ferrollm.cli import build_parser, serve_options
+from ferrollm.config import EngineConfigError, split_options
+
+
+def options(*argv: str) -> dict[str, object]:
+    return serve_options(build_parser().parse_args(["serve", *argv]))
+
+
+def test_seed_and_flags_reach_the_engine_config(tmp_path: Path) -> None:
+    config_file = tmp_path / "serve.json"
+    config_file.write_text(json.dumps({"seed": 3, "max-num-seqs": 8, "port": 9001}))
+    got = options("--config", str(config_file), "--seed", "7")
+    engine, server = split_options(got)
+    assert (engine.seed, engine.max_num_seqs, server.port) == (7, 8, 9001)
+    assert split_options(options("--config", str(config_file)))[0].seed == 3
+
+
+def test_a_bad_seed_is_refused_by_name() -> None:
+    with pytest.raises(EngineConfigError, match="seed"):
+        options("--seed", "-1")
