@@ -337,12 +337,10 @@ pub(crate) fn validate(
     body: &Bound<'_, PyAny>,
     limits: Option<PyRef<'_, PyLimits>>,
 ) -> PyResult<PyValidRequest> {
-    let route_name = Route::parse(route).map(|_| route.to_owned())?;
+    let parsed = Route::parse(route)?;
     let raw = body_to_raw(body)?;
     let limits = limits_or_default(limits);
-    let inner = guard("validate", || {
-        validate_request(Route::parse(route)?, &raw, &limits)
-    })??;
+    let inner = guard("validate", || validate_request(parsed, &raw, &limits))??;
     let params = Py::new(
         body.py(),
         PySamplingParams {
@@ -350,7 +348,7 @@ pub(crate) fn validate(
         },
     )?;
     Ok(PyValidRequest {
-        route: route_name,
+        route: route.to_owned(),
         inner,
         limits,
         body: body.clone().unbind(),

@@ -107,19 +107,14 @@ impl ValidRequest {
         limits: &Limits,
     ) -> CoreResult<SamplingParams> {
         let mut p = self.params.clone();
-        // Databricks truncation: the prompt is cut to the limit, and the cap is for the cut.
-        let max = max_prompt_tokens(limits);
-        let num_prompt_tokens = match num_prompt_tokens {
-            Some(n) if self.switches.truncate => Some(n.min(max)),
-            n => n,
-        };
+        // The cap is for the prompt as the engine gets it: cut, under truncation.
+        let num_prompt_tokens = num_prompt_tokens.map(|n| self.kept_tokens(n, limits));
         match (&self.cap, num_prompt_tokens) {
             (_, None) | (OutputCap::Applied, _) => {}
-            (OutputCap::Route { requested, .. }, n) => {
-                let field = self.prompt_param(index);
-                apply_output_cap(&mut p, *requested, n, &field, limits)?;
-            }
-            (OutputCap::WithCountOnly { requested }, n) => {
+            (
+                OutputCap::Route { requested, .. } | OutputCap::WithCountOnly { requested },
+                n @ Some(_),
+            ) => {
                 let field = self.prompt_param(index);
                 apply_output_cap(&mut p, *requested, n, &field, limits)?;
             }
@@ -140,13 +135,19 @@ impl ValidRequest {
         index: Option<usize>,
         limits: &Limits,
     ) -> CoreResult<(usize, SamplingParams)> {
-        let max = max_prompt_tokens(limits) as usize;
-        let drop = match self.switches.truncate {
-            true if num_tokens > max => num_tokens - max,
-            _ => 0,
-        };
-        let kept = u32::try_from(num_tokens - drop).unwrap_or(u32::MAX);
+        let num = u32::try_from(num_tokens).unwrap_or(u32::MAX);
+        let kept = self.kept_tokens(num, limits);
+        let drop = num_tokens - kept as usize;
         Ok((drop, self.with_prompt_tokens(Some(kept), index, limits)?))
+    }
+
+    /// How many of a prompt's `num_tokens` tokens the engine gets: all of them, or under
+    /// `error_behavior: "truncate"` at most [`max_prompt_tokens`] (the last ones, →A-62).
+    fn kept_tokens(&self, num_tokens: u32, limits: &Limits) -> u32 {
+        match self.switches.truncate {
+            true => num_tokens.min(max_prompt_tokens(limits)),
+            false => num_tokens,
+        }
     }
 
     /// The prompt field as errors name it: `prompt`, or `prompt[i]` in a batch.

@@ -69,5 +69,5 @@ def token_id_array(token_ids: Sequence[int] | npt.NDArray[np.integer]) -> npt.ND
         raise ValueError("`prompt_token_ids` must contain at least 1 token")
     bad = ids[(ids < 0) | (ids > np.iinfo(np.uint32).max)]
     if bad.size:
-        raise ValueError(f"`prompt_token_ids` must be token ids >= 0; got {int(bad[0])}")
+        raise ValueError(f"`prompt_token_ids` must be token ids in [0, 2^32); got {int(bad[0])}")
     return ids.astype(np.uint32, copy=False)
