@@ -146,8 +146,9 @@ GGUF_FAMILIES = {
 }
 
 
-def write_tiny_gguf(hf_dir: Path, path: Path, arch: str) -> Path:
-    """Convert a tiny saved model to an all-F32 GGUF, as llama.cpp's converter would."""
+def write_tiny_gguf(hf_dir: Path, path: Path, arch: str, quant_type: str | None = None) -> Path:
+    """Convert a tiny saved model to a GGUF, as llama.cpp's converter would: all F32, or with
+    every weight matrix (embeddings included) in ``quant_type`` ("Q4_1", "Q8_0", ...)."""
     import gguf
 
     config = json.loads((hf_dir / "config.json").read_text())
@@ -168,7 +169,7 @@ def write_tiny_gguf(hf_dir: Path, path: Path, arch: str) -> Path:
     else:
         writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
     _write_gguf_tokenizer(writer, hf_dir, config["vocab_size"])
-    _write_gguf_tensors(writer, hf_dir, config, arch)
+    _write_gguf_tensors(writer, hf_dir, config, arch, quant_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -197,7 +198,9 @@ def _write_gguf_tokenizer(writer: Any, hf_dir: Path, vocab_size: int) -> None:
     writer.add_chat_template(CHATML_TEMPLATE)
 
 
-def _write_gguf_tensors(writer: Any, hf_dir: Path, config: dict[str, Any], arch: str) -> None:
+def _write_gguf_tensors(
+    writer: Any, hf_dir: Path, config: dict[str, Any], arch: str, quant_type: str | None
+) -> None:
     import gguf
     from safetensors.torch import load_file
 
@@ -209,7 +212,12 @@ def _write_gguf_tensors(writer: Any, hf_dir: Path, config: dict[str, Any], arch:
             array = _llama_cpp_permute(array, heads)
         if arch == "llama" and ".k_proj." in hf_name:
             array = _llama_cpp_permute(array, kv_heads)
-        writer.add_tensor(names.get_name(hf_name, try_suffixes=(".weight", ".bias")), array)
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if quant_type is not None and array.ndim == 2:
+            kind = gguf.GGMLQuantizationType[quant_type]
+            writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(name, array)
 
 
 def _llama_cpp_permute(array: Any, num_heads: int) -> Any:

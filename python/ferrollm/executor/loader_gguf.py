@@ -11,14 +11,17 @@ import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
+from ferrollm.executor.gguf_quant import GGML_TYPE_NAMES, decode_blocks
 from ferrollm.executor.gguf_reader import GGUFFile
 from ferrollm.executor.gguf_tokenizer import add_bos_token, build_tokenizer_json, special_token
 from ferrollm.executor.source import ModelSource, SpecialTokens, progress_bar
+from ferrollm.layers.linear import Weight
+from ferrollm.layers.quant import GroupQuantized, quantize_rtn
 from ferrollm.models.config import ModelConfig, UnsupportedModelError
 
 logger = logging.getLogger(__name__)
@@ -48,6 +51,10 @@ _LAYER_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+#: Types stored as plain floats (no quantization to keep).
+_DENSE_TYPES = frozenset(["F32", "F16", "BF16", "F64"])
+#: A tensor's rows: a dense array, or a quantized tensor (whose rows reorder the same way).
+_Rows = TypeVar("_Rows", np.ndarray[Any, Any], GroupQuantized)
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 #: Tensors with no transformers counterpart: llama.cpp's precomputed llama3 rope factors.
 _IGNORED_TENSORS = frozenset(["rope_freqs.weight"])
@@ -75,28 +82,64 @@ class GGUFCheckpoint(ModelSource):
             special_tokens=_special_tokens(meta),
         )
 
-    def iter_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-        """See `ModelSource.iter_weights`; each tensor is dequantized to float32 first."""
+    @property
+    def is_quantized(self) -> bool:
+        """Whether any weight matrix is stored in a quantized ggml type."""
+        from gguf import GGMLQuantizationType
+
+        return any(
+            len(t.shape) == 2 and GGMLQuantizationType(t.ggml_type).name not in _DENSE_TYPES
+            for t in self._file.tensors
+        )
+
+    def iter_weights(
+        self, dtype: torch.dtype, keep_quantized: bool = False
+    ) -> Iterator[tuple[str, Weight]]:
+        """See `ModelSource.iter_weights`.
+
+        Dense: each tensor is dequantized to float32, then cast. ``keep_quantized``: Q4_0,
+        Q4_1 and Q8_0 matrices come as their own blocks (`gguf_quant.decode_blocks`); other
+        quantized types are dequantized and re-quantized to the nearest scheme the kernels run
+        (int4 for up to 4.5 bits per weight, else int8), said once in the log.
+        """
         try:
-            from gguf import GGMLQuantizationType, dequantize
+            from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize
         except ImportError as err:  # optional: only GGUF files need it
             raise ImportError("loading .gguf weights needs the `gguf` package") from err
 
         tensors = self._file.tensors
-        with progress_bar(len(tensors), "Dequantizing weights") as tick:
+        requantized: dict[str, str] = {}
+        with progress_bar(len(tensors), "Loading weights") as tick:
             for tensor in tensors:
                 tick()
                 name = hf_tensor_name(tensor.name)
                 if name is None:  # known and unused (warned about at open where it matters)
                     continue
                 data = self._file.data(tensor)
-                array = dequantize(data, GGMLQuantizationType(tensor.ggml_type))
+                kind = GGMLQuantizationType(tensor.ggml_type)
+                if keep_quantized and tensor.ggml_type in GGML_TYPE_NAMES:
+                    yield name, self._unpermuted(tensor.name, decode_blocks(data, tensor.ggml_type))
+                    continue
+                array = dequantize(data, kind)
                 array = self._unpermuted(tensor.name, array)
                 if not array.flags.writeable:  # F32 comes back as a view of the memory map
                     array = array.copy()
-                yield name, torch.from_numpy(array).to(dtype)
+                weight = torch.from_numpy(array)
+                if keep_quantized and kind.name not in _DENSE_TYPES and weight.dim() == 2:
+                    block, size = GGML_QUANT_SIZES[kind]
+                    scheme = "int4" if size * 8 / block <= 4.5 else "int8"
+                    requantized[kind.name] = scheme
+                    yield name, quantize_rtn(weight, scheme)
+                    continue
+                yield name, weight.to(dtype)
+        for kind_name, scheme in requantized.items():
+            logger.info(
+                "GGUF %s tensors have no matching kernel: dequantized and re-quantized to %s",
+                kind_name,
+                scheme,
+            )
 
-    def _unpermuted(self, gguf_name: str, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    def _unpermuted(self, gguf_name: str, array: _Rows) -> _Rows:
         # llama.cpp's converter interleaves the rotary halves of Llama's q/k rows (it uses
         # GPT-J-style rope there); transformers uses NeoX-style halves, so undo it. Qwen files
         # are written unpermuted.
@@ -125,11 +168,14 @@ def hf_tensor_name(gguf_name: str) -> str | None:
     return f"model.layers.{match[1]}.{_LAYER_TENSORS[match[2]]}.{match[3]}"
 
 
-def _reverse_permute(array: np.ndarray[Any, Any], num_heads: int) -> np.ndarray[Any, Any]:
-    half = array.shape[0] // num_heads // 2
-    grouped = array.reshape(num_heads, half, 2, *array.shape[1:])
-    unpermuted: np.ndarray[Any, Any] = grouped.swapaxes(2, 1).reshape(array.shape)
-    return unpermuted
+def _reverse_permute(array: _Rows, num_heads: int) -> _Rows:
+    """Undo llama.cpp's rotary row interleave, on a dense array or a quantized tensor's rows."""
+    rows = array.shape[0]
+    half = rows // num_heads // 2
+    order = np.arange(rows).reshape(num_heads, half, 2).swapaxes(2, 1).reshape(-1)
+    if isinstance(array, GroupQuantized):
+        return array.rows(torch.from_numpy(order))  # type: ignore[return-value]
+    return array[order]  # type: ignore[no-any-return]
 
 
 def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: Sequence[str]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from safetensors import safe_open
 from tokenizers import Tokenizer
 
 from ferrollm.executor.source import ModelSource, SpecialTokens, progress_bar
+from ferrollm.layers.linear import Weight
 from ferrollm.models.config import ModelConfig
 
 _INDEX = "model.safetensors.index.json"
@@ -44,8 +45,11 @@ class HFCheckpoint(ModelSource):
             special_tokens=_special_tokens(directory, tokenizer_json, tokenizer_config),
         )
 
-    def iter_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-        """See `ModelSource.iter_weights`; shards are opened one after another."""
+    def iter_weights(
+        self, dtype: torch.dtype, keep_quantized: bool = False
+    ) -> Iterator[tuple[str, Weight]]:
+        """See `ModelSource.iter_weights`; shards are opened one after another (safetensors
+        checkpoints are dense, so ``keep_quantized`` changes nothing)."""
         names_by_shard: dict[str, list[str]] = {}
         for name, shard in self.weight_map.items():
             names_by_shard.setdefault(shard, []).append(name)

@@ -61,10 +61,6 @@ class ModelRunner:
         dtype: torch.dtype,
         backend: AttentionBackend | None = None,
     ) -> None:
-        if kv_cache.spec.dtype != dtype:
-            raise ValueError(
-                f"KV cache dtype {kv_cache.spec.dtype} differs from model dtype {dtype}"
-            )
         self.model = model
         self.kv_cache = kv_cache
         self.device = device
@@ -77,14 +73,19 @@ class ModelRunner:
             self.kv_cache.copy_blocks(plan.block_copies)
             if len(plan.input_ids) == 0:
                 return torch.empty((0, self.model.vocab_size), dtype=torch.float32)
-            hidden = self.model(
-                self._to_device(plan.input_ids),
-                self._to_device(plan.positions),
-                self._context(plan),
-            )
+            hidden = self.hidden_states(plan)
             sampled = hidden.index_select(0, self._to_device(plan.logits_indices))
             logits = self.model.compute_logits(sampled)
             return logits.to("cpu", torch.float32).contiguous()
+
+    def hidden_states(self, plan: StepInputs) -> torch.Tensor:
+        """The model's final hidden states ``[T, hidden]`` for every token of ``plan``
+        (writing their K/V to the cache); call under ``torch.inference_mode()``."""
+        return self.model(
+            self._to_device(plan.input_ids),
+            self._to_device(plan.positions),
+            self._context(plan),
+        )
 
     def _context(self, plan: StepInputs) -> AttentionContext:
         metadata = self.backend.prepare(
@@ -137,3 +138,44 @@ def profile_run(
         block_copies=np.zeros((0, 2), dtype=np.int32),
     )
     ModelRunner(model, KVCache(spec, 2, device), device, spec.dtype, backend).run(plan)
+
+
+def teacher_forced_scores(
+    model: CausalLM,
+    token_ids: npt.NDArray[np.int64],
+    spec: KVCacheSpec,
+    device: torch.device,
+    backend: AttentionBackend | None = None,
+    chunk: int = 256,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Score a text token by token, as a language-model evaluation does.
+
+    One prefill of ``token_ids [n]`` into a fresh cache; returns float32 ``logprobs [n - 1]``
+    (of token ``i + 1`` given the tokens before it) and the model's greedy choice
+    ``top1 [n - 1]`` at each position. Logits are made ``chunk`` rows at a time.
+    """
+    n = len(token_ids)
+    positions = np.arange(n, dtype=np.int64)
+    num_blocks = -(-n // spec.block_size)
+    plan = _DummyPlan(
+        input_ids=token_ids.astype(np.int64),
+        positions=positions,
+        slot_mapping=spec.block_size + positions,
+        cu_seqlens_q=np.array([0, n], dtype=np.int32),
+        context_lens=np.array([n], dtype=np.int32),
+        block_tables=np.arange(1, num_blocks + 1, dtype=np.int32)[None, :],
+        logits_indices=positions,
+        block_copies=np.zeros((0, 2), dtype=np.int32),
+    )
+    runner = ModelRunner(model, KVCache(spec, num_blocks + 1, device), device, spec.dtype, backend)
+    targets = torch.from_numpy(token_ids[1:].astype(np.int64))
+    logprobs, top1 = [], []
+    with torch.inference_mode():
+        hidden = runner.hidden_states(plan)
+        for start in range(0, n - 1, chunk):
+            rows = hidden[start : min(start + chunk, n - 1)]
+            logits = model.compute_logits(rows).float().cpu().log_softmax(-1)
+            want = targets[start : start + len(rows)]
+            logprobs.append(logits.gather(1, want[:, None])[:, 0])
+            top1.append(logits.argmax(-1))
+    return torch.cat(logprobs), torch.cat(top1)

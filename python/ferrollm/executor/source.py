@@ -20,6 +20,8 @@ from ferrollm.models.config import ModelConfig
 if TYPE_CHECKING:
     import torch
 
+    from ferrollm.layers.linear import Weight
+
 
 @dataclass(frozen=True)
 class SpecialTokens:
@@ -57,13 +59,22 @@ class ModelSource(abc.ABC):
         self.chat_template = chat_template
         self.special_tokens = special_tokens
 
+    @property
+    def is_quantized(self) -> bool:
+        """Whether the file stores weight matrices quantized (a GGUF Q4_1, say)."""
+        return False
+
     @abc.abstractmethod
-    def iter_weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_weights(
+        self, dtype: torch.dtype, keep_quantized: bool = False
+    ) -> Iterator[tuple[str, Weight]]:
         """Yield ``(hf_name, tensor)`` one at a time, each converted to ``dtype`` on the CPU.
 
         Names are transformers' (``model.layers.0.self_attn.q_proj.weight``). A tied model
         yields no ``lm_head.weight``: it reuses ``model.embed_tokens.weight``. Each tensor is
-        fresh memory the caller may keep or drop; nothing else holds the weights.
+        fresh memory the caller may keep or drop; nothing else holds the weights. With
+        ``keep_quantized``, a tensor the file stores quantized comes as a `GroupQuantized`
+        instead (never dequantized whole); formats that only store dense tensors ignore it.
         """
 
     def __repr__(self) -> str:

@@ -168,8 +168,9 @@ class TorchSDPABackend:
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
         k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
         v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
-        k_flat.index_copy_(0, metadata.slot_mapping, k)
-        v_flat.index_copy_(0, metadata.slot_mapping, v)
+        # The cache may be stored narrower than the compute dtype (--kv-cache-dtype).
+        k_flat.index_copy_(0, metadata.slot_mapping, k.to(k_flat.dtype))
+        v_flat.index_copy_(0, metadata.slot_mapping, v.to(v_flat.dtype))
         gqa = q.shape[1] != num_kv_heads
         if len(metadata.groups) == 1 and metadata.groups[0].is_identity:
             return _attend(q, k_flat, v_flat, metadata.groups[0], scale, gqa)
@@ -194,8 +195,8 @@ def _attend(
         qg = q.view(num_rows, max_q, q.shape[1], q.shape[2]).transpose(1, 2)
     else:
         qg = q[group.q_index].transpose(1, 2)
-    kg = k_flat[group.kv_slots].transpose(1, 2)
-    vg = v_flat[group.kv_slots].transpose(1, 2)
+    kg = k_flat[group.kv_slots].transpose(1, 2).to(q.dtype)
+    vg = v_flat[group.kv_slots].transpose(1, 2).to(q.dtype)
     o = F.scaled_dot_product_attention(
         qg, kg, vg, attn_mask=group.mask, is_causal=group.is_causal, scale=scale, enable_gqa=gqa
     )

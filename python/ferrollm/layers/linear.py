@@ -1,8 +1,14 @@
-"""A linear layer whose output stacks several checkpoint projections (q/k/v, gate/up).
+"""Linear layers whose weight is dense or quantized, and whose output may stack projections.
 
-One matmul instead of three (or two) per layer: on CPU at small batch the per-call overhead of
-separate projections is a real share of the step, and on accelerators fewer, larger GEMMs run
-closer to peak.
+`Linear`'s output rows are one or more checkpoint projections ("shards"): q/k/v become one
+``qkv_proj``, gate/up one ``gate_up_proj``. One matmul instead of three (or two) per layer: on
+CPU at small batch the per-call overhead of separate projections is a real share of the step,
+and torch's weight-only kernels parallelise over output columns, so wider is better.
+
+A layer built with a quantization ``scheme`` holds no float weight: its shards are collected as
+they load (each a dense tensor or a `GroupQuantized` from the file) and packed once all have
+arrived (`QuantizedWeight`). `Embedding` is the same idea for the token table: a quantized table
+is looked up row by row, never dequantized whole.
 """
 
 from __future__ import annotations
@@ -10,31 +16,165 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from ferrollm.layers.quant import GroupQuantized, QuantizedWeight, native_scheme, quantize_rtn
 
-class MergedLinear(nn.Linear):
-    """``nn.Linear`` whose output rows are the named shards, in order.
+#: What a checkpoint gives for one tensor: dense, or group-quantized as the file stores it.
+Weight = torch.Tensor | GroupQuantized
+#: A layer's quantization: None (dense), "native" (what the file has, else dense), "int4", "int8".
+QUANT_MODES = (None, "native", "int4", "int8")
 
-    ``shards`` maps each checkpoint projection (``"q"``, ``"k"``, ``"v"``) to its output size;
-    ``load_shard`` copies one checkpoint tensor into its rows.
+
+class Linear(nn.Module):
+    """``y = x @ W.T + b`` where ``W``'s rows are the named ``shards`` in order.
+
+    ``shards`` maps each checkpoint projection (``"q_proj"``) to its output size. ``scheme``:
+    None keeps a dense ``weight`` parameter; "int4"/"int8" quantize every shard to that kernel
+    (round-to-nearest when the checkpoint is dense); "native" keeps each shard as the file has
+    it (quantized shards on their nearest kernel, dense ones dense).
     """
 
-    def __init__(self, in_features: int, shards: Sequence[tuple[str, int]], *, bias: bool) -> None:
-        super().__init__(in_features, sum(size for _, size in shards), bias=bias)
+    def __init__(
+        self,
+        in_features: int,
+        shards: Sequence[tuple[str, int]],
+        *,
+        bias: bool,
+        scheme: str | None = None,
+    ) -> None:
+        super().__init__()
+        if scheme not in QUANT_MODES:
+            raise ValueError(f"unknown quantization scheme {scheme!r}")
+        self.in_features = in_features
+        self.out_features = sum(size for _, size in shards)
+        self.scheme = scheme
         self.shard_slices: dict[str, slice] = {}
         start = 0
         for name, size in shards:
             self.shard_slices[name] = slice(start, start + size)
             start += size
+        dense = scheme is None
+        self.weight = nn.Parameter(torch.empty(self.out_features, in_features)) if dense else None
+        self.bias = nn.Parameter(torch.empty(self.out_features)) if bias else None
+        #: The packed weight once a quantized layer has loaded every shard.
+        self.quantized: QuantizedWeight | None = None
+        #: The activations' dtype: the quantized kernels want their scales in it.
+        self.compute_dtype = torch.float32
+        self._pending: dict[str, Weight] = {}
 
-    def load_shard(self, shard: str, kind: str, tensor: torch.Tensor) -> None:
-        """Copy checkpoint ``tensor`` into shard ``shard``'s rows of ``kind`` (weight or bias)."""
-        param = self.weight if kind == "weight" else self.bias
-        if param is None:
-            raise ValueError(f"checkpoint has a {shard} bias but the layer was built without one")
-        target = param.data[self.shard_slices[shard]]
-        copy_checked(target, tensor, f"{shard}.{kind}")
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [T, in]`` -> ``[T, out]``."""
+        if self.quantized is None:
+            return F.linear(x, self.weight, self.bias)  # type: ignore[arg-type]
+        out = self.quantized.matmul(x)
+        return out if self.bias is None else out + self.bias
+
+    @property
+    def is_loaded(self) -> bool:
+        """Whether the weight is in place (always, for a dense layer once filled)."""
+        return self.weight is not None or self.quantized is not None
+
+    def load_shard(self, shard: str, kind: str, tensor: Weight) -> None:
+        """Load checkpoint ``tensor`` as shard ``shard``'s ``kind`` ("weight" or "bias")."""
+        rows = self.shard_slices[shard]
+        expected = (rows.stop - rows.start, self.in_features)
+        if kind == "bias":
+            if self.bias is None:
+                raise ValueError(f"checkpoint has a {shard} bias but the layer has none")
+            copy_checked(self.bias.data[rows], _dense(tensor, self.bias.dtype), f"{shard}.bias")
+            return
+        if tuple(tensor.shape) != expected:
+            raise ValueError(
+                f"checkpoint tensor `{shard}.weight` has shape {tuple(tensor.shape)}; "
+                f"the model expects {expected}"
+            )
+        if self.scheme is None:
+            assert self.weight is not None
+            copy_checked(self.weight.data[rows], _dense(tensor, self.weight.dtype), shard)
+            return
+        self._pending[shard] = tensor
+        if len(self._pending) == len(self.shard_slices):
+            self._finish()
+
+    def _finish(self) -> None:
+        """Every shard is here: pack them into one quantized weight (or one dense weight)."""
+        dtype = self.compute_dtype
+        parts = [self._pending.pop(name) for name in self.shard_slices]
+        quantized = [p for p in parts if isinstance(p, GroupQuantized)]
+        if self.scheme == "native" and not quantized:  # a dense tensor in a quantized file
+            dense = torch.cat([_dense(p, dtype) for p in parts])
+            self.weight = nn.Parameter(dense, requires_grad=False)
+            return
+        if self.scheme == "native":
+            schemes = {native_scheme(p) for p in quantized}
+            scheme = "int4" if schemes == {"int4"} else "int8"
+        else:
+            assert self.scheme is not None
+            scheme = self.scheme
+        groups = [p if isinstance(p, GroupQuantized) else quantize_rtn(p, scheme) for p in parts]
+        self.quantized = QuantizedWeight.from_group(_stack(groups, scheme), scheme, dtype)
+
+
+class Embedding(nn.Module):
+    """The token table: dense, or group-quantized and dequantized only for the rows looked up."""
+
+    def __init__(self, num_embeddings: int, dim: int, *, quantized: bool) -> None:
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.dim = dim
+        self.weight = None if quantized else nn.Parameter(torch.empty(num_embeddings, dim))
+        self.table: GroupQuantized | None = None
+        #: The dtype rows come out in.
+        self.compute_dtype = torch.float32
+
+    def load(self, tensor: Weight) -> None:
+        """Fill the table from a checkpoint tensor ``[num_embeddings, dim]``."""
+        expected = (self.num_embeddings, self.dim)
+        if tuple(tensor.shape) != expected:
+            raise ValueError(
+                f"checkpoint tensor `model.embed_tokens.weight` has shape "
+                f"{tuple(tensor.shape)}; the model expects {expected}"
+            )
+        if self.weight is not None:
+            copy_checked(self.weight.data, _dense(tensor, self.weight.dtype), "embed_tokens")
+        elif isinstance(tensor, GroupQuantized):
+            self.table = tensor
+        else:
+            self.weight = nn.Parameter(tensor.to(self.compute_dtype), requires_grad=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids [T]`` -> ``[T, dim]``."""
+        if self.table is None:
+            return F.embedding(ids, self.weight)  # type: ignore[arg-type]
+        t = self.table
+        rows = t.q[ids].float()
+        g = t.group_size
+        rows = rows.view(len(ids), -1, g) * t.scale[ids][..., None]
+        if t.zero is not None:
+            rows = rows + t.zero[ids][..., None]
+        return rows.view(len(ids), self.dim).to(self.compute_dtype)
+
+    @property
+    def is_loaded(self) -> bool:
+        """Whether a table is in place."""
+        return self.weight is not None or self.table is not None
+
+
+def _stack(groups: list[GroupQuantized], scheme: str) -> GroupQuantized:
+    """One group-quantized tensor of every shard's rows; shards of differing formats are
+    re-quantized to ``scheme`` first."""
+    if len(groups) == 1:
+        return groups[0]
+    formats = {(g.bits, g.group_size, g.zero is None) for g in groups}
+    if len(formats) > 1:
+        groups = [quantize_rtn(g.dequantize(), scheme) for g in groups]
+    return GroupQuantized.cat(groups)
+
+
+def _dense(tensor: Weight, dtype: torch.dtype) -> torch.Tensor:
+    return tensor.dequantize(dtype) if isinstance(tensor, GroupQuantized) else tensor.to(dtype)
 
 
 def copy_checked(target: torch.Tensor, tensor: torch.Tensor, name: str) -> None:

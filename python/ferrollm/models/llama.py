@@ -11,6 +11,8 @@ ends (through ``AttentionContext``).
 
 Parameter names follow Hugging Face checkpoints except that q/k/v and gate/up projections are
 stored merged (``qkv_proj``, ``gate_up_proj``); ``load_weights`` takes HF names and routes them.
+With a ``quantization`` scheme the linear layers (the LM head too, tied or not) hold packed
+weight-only kernels instead of float weights (``ferrollm.layers.linear``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ferrollm.layers.attention import AttentionContext, PagedAttention
-from ferrollm.layers.linear import MergedLinear, copy_checked
+from ferrollm.layers.linear import Embedding, Linear, Weight, copy_checked
 from ferrollm.layers.norm import RMSNorm
 from ferrollm.layers.rotary import RotaryEmbedding, apply_rotary
 
@@ -65,20 +67,10 @@ class LlamaConfigLike(Protocol):
     def sliding_window(self) -> int | None: ...
 
 
-# (checkpoint projection, merged parameter, shard): how HF names map onto merged linears.
-_STACKED = (
-    ("q_proj", "qkv_proj", "q"),
-    ("k_proj", "qkv_proj", "k"),
-    ("v_proj", "qkv_proj", "v"),
-    ("gate_proj", "gate_up_proj", "gate"),
-    ("up_proj", "gate_up_proj", "up"),
-)
-
-
 class LlamaAttention(nn.Module):
     """Self-attention with GQA, optional q/k/v and o_proj biases and optional q/k norm."""
 
-    def __init__(self, config: LlamaConfigLike, layer_idx: int) -> None:
+    def __init__(self, config: LlamaConfigLike, layer_idx: int, scheme: str | None) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -86,9 +78,13 @@ class LlamaAttention(nn.Module):
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         self.qk_v_sizes = [q_size + kv_size, kv_size]
-        shards = [("q", q_size), ("k", kv_size), ("v", kv_size)]
-        self.qkv_proj = MergedLinear(config.hidden_size, shards, bias=config.attention_bias)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
+        shards = [("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)]
+        self.qkv_proj = Linear(
+            config.hidden_size, shards, bias=config.attention_bias, scheme=scheme
+        )
+        self.o_proj = Linear(
+            q_size, [("o_proj", config.hidden_size)], bias=config.o_proj_bias, scheme=scheme
+        )
         norm = config.qk_norm
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if norm else None
@@ -115,12 +111,13 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
 
-    def __init__(self, config: LlamaConfigLike) -> None:
+    def __init__(self, config: LlamaConfigLike, scheme: str | None) -> None:
         super().__init__()
         size = config.intermediate_size
-        shards = [("gate", size), ("up", size)]
-        self.gate_up_proj = MergedLinear(config.hidden_size, shards, bias=config.mlp_bias)
-        self.down_proj = nn.Linear(size, config.hidden_size, bias=config.mlp_bias)
+        shards = [("gate_proj", size), ("up_proj", size)]
+        bias = config.mlp_bias
+        self.gate_up_proj = Linear(config.hidden_size, shards, bias=bias, scheme=scheme)
+        self.down_proj = Linear(size, [("down_proj", config.hidden_size)], bias=bias, scheme=scheme)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, hidden]`` -> ``[T, hidden]``."""
@@ -132,10 +129,10 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention and MLP blocks, each with a residual connection."""
 
-    def __init__(self, config: LlamaConfigLike, layer_idx: int) -> None:
+    def __init__(self, config: LlamaConfigLike, layer_idx: int, scheme: str | None) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx)
-        self.mlp = LlamaMLP(config)
+        self.self_attn = LlamaAttention(config, layer_idx, scheme)
+        self.mlp = LlamaMLP(config, scheme)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -151,11 +148,14 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embeddings, decoder layers and the final norm (HF's ``model.`` prefix)."""
 
-    def __init__(self, config: LlamaConfigLike) -> None:
+    def __init__(self, config: LlamaConfigLike, scheme: str | None) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        quantized_table = scheme is not None
+        self.embed_tokens = Embedding(
+            config.vocab_size, config.hidden_size, quantized=quantized_table
+        )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i, scheme) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -168,14 +168,24 @@ class LlamaForCausalLM(nn.Module):
     runs on this class; what differs is read from ``config``.
     """
 
-    def __init__(self, config: LlamaConfigLike) -> None:
+    def __init__(self, config: LlamaConfigLike, quantization: str | None = None) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config)
+        #: The linear layers' scheme (see ``ferrollm.layers.linear.Linear``); None = dense.
+        self.quantization = quantization
+        self.model = LlamaModel(config, quantization)
+        # A dense tied head reads the embedding table itself; a quantized one packs its own
+        # copy of it (the head is a fifth of a small model's weights: worth the kernel).
+        tied_dense = config.tie_word_embeddings and quantization is None
         self.lm_head = (
             None
-            if config.tie_word_embeddings
-            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            if tied_dense
+            else Linear(
+                config.hidden_size,
+                [("lm_head", config.vocab_size)],
+                bias=False,
+                scheme=quantization,
+            )
         )
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
         #: Mistral-style uniform sliding window (keys within the last ``w`` positions), or None.
@@ -198,21 +208,30 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[rows, vocab]`` (model dtype) for hidden states ``[rows, hidden]``."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight)
+        if self.lm_head is None:
+            return F.linear(hidden, self.model.embed_tokens.weight)  # type: ignore[arg-type]
+        return self.lm_head(hidden)  # type: ignore[no-any-return]
+
+    def set_compute_dtype(self, dtype: torch.dtype) -> None:
+        """The activations' dtype, which quantized layers pack their scales in (call before
+        loading)."""
+        for module in self.modules():
+            if isinstance(module, (Linear, Embedding)):
+                module.compute_dtype = dtype
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named checkpoint tensors into the model, one at a time.
+    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
+        """Copy HF-named checkpoint tensors (dense or group-quantized) into the model.
 
         Raises ValueError on an unknown name, a shape mismatch or a missing tensor, naming it.
         """
+        routes = self._routes()
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         for name, tensor in weights:
             if self._ignored(name):
                 continue
-            self._load_one(params, name, tensor)
+            self._load_one(routes, params, name, tensor)
             loaded.add(name)
         missing = sorted(set(self.checkpoint_names()) - loaded)
         if missing:
@@ -221,26 +240,62 @@ class LlamaForCausalLM(nn.Module):
 
     def checkpoint_names(self) -> list[str]:
         """The HF tensor names a checkpoint of this model must provide."""
-        names = []
-        for name, _ in self.named_parameters():
-            merged = [(hf, ours) for hf, ours, _ in _STACKED if f".{ours}." in name]
-            names += [name.replace(f".{ours}.", f".{hf}.") for hf, ours in merged] or [name]
+        names = [
+            f"{path}.{kind}"
+            for path, (layer, _) in self._routes().items()
+            for kind in (("weight", "bias") if layer.bias is not None else ("weight",))
+        ]
+        if self.lm_head is not None and self.config.tie_word_embeddings:
+            names.remove("lm_head.weight")  # loaded from the embedding table
+        names.append("model.embed_tokens.weight")
+        linear_params = {
+            f"{path}.{kind}"
+            for path, m in self.named_modules()
+            if isinstance(m, Linear)
+            for kind in ("weight", "bias")
+        }
+        names += [
+            n
+            for n, _ in self.named_parameters()
+            if n not in linear_params and n != "model.embed_tokens.weight"
+        ]
         return names
+
+    def _routes(self) -> dict[str, tuple[Linear, str]]:
+        """HF projection path (``model.layers.0.self_attn.q_proj``) -> (layer, shard)."""
+        routes = {}
+        for path, module in self.named_modules():
+            if isinstance(module, Linear):
+                parent = path.rpartition(".")[0]
+                for shard in module.shard_slices:
+                    routes[f"{parent}.{shard}" if parent else shard] = (module, shard)
+        return routes
 
     def _ignored(self, name: str) -> bool:
         # Old checkpoints carry the RoPE table; tied models sometimes also save lm_head.
         return name.endswith("rotary_emb.inv_freq") or (
-            self.lm_head is None and name == "lm_head.weight"
+            self.config.tie_word_embeddings and name == "lm_head.weight"
         )
 
-    def _load_one(self, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> None:
-        for hf, ours, shard in _STACKED:
-            if f".{hf}." in name:
-                module_path, kind = name.replace(f".{hf}.", f".{ours}.").rsplit(".", 1)
-                module = self.get_submodule(module_path)
-                if isinstance(module, MergedLinear):
-                    module.load_shard(shard, kind, tensor)
-                    return
+    def _load_one(
+        self,
+        routes: dict[str, tuple[Linear, str]],
+        params: dict[str, nn.Parameter],
+        name: str,
+        tensor: Weight,
+    ) -> None:
+        if name == "model.embed_tokens.weight":
+            self.model.embed_tokens.load(tensor)
+            if self.lm_head is not None and self.config.tie_word_embeddings:
+                self.lm_head.load_shard("lm_head", "weight", tensor)
+            return
+        path, _, kind = name.rpartition(".")
+        if path in routes:
+            layer, shard = routes[path]
+            layer.load_shard(shard, kind, tensor)
+            return
         if name not in params:
             raise ValueError(f"checkpoint tensor `{name}` does not belong to this model")
+        if not isinstance(tensor, torch.Tensor):
+            tensor = tensor.dequantize(params[name].dtype)
         copy_checked(params[name].data, tensor, name)

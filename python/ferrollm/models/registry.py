@@ -35,17 +35,23 @@ class ModelConfigLike(LlamaConfigLike, Protocol):
 
 
 def build_model(
-    config: ModelConfigLike, device: torch.device, dtype: torch.dtype
+    config: ModelConfigLike,
+    device: torch.device,
+    dtype: torch.dtype,
+    quantization: str | None = None,
 ) -> LlamaForCausalLM:
     """An uninitialized model for ``config.architecture`` on ``device`` in ``dtype``.
+
+    ``quantization`` is the linear layers' scheme (``ferrollm.layers.linear.QUANT_MODES``).
 
     Built on the meta device and then allocated once in the target dtype, so no random init
     runs and no float32 copy of a bfloat16 model is ever made. Load weights next.
     """
     cls = resolve_model_class(config.architecture)
     with torch.device("meta"):
-        model = cls(config)
+        model = cls(config, quantization)
     model = model.to(dtype=dtype).to_empty(device=device)
+    model.set_compute_dtype(dtype)
     model.eval()
     model.requires_grad_(False)
     return model
