@@ -32,6 +32,8 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--max-num-batched-tokens": ("max_num_batched_tokens", int, "tokens per step at most"),
     "--kv-cache-memory": ("kv_cache_memory", str, "KV-cache budget, e.g. 2GiB"),
     "--dtype": ("dtype", str, "auto, float32, bfloat16 or float16"),
+    "--quantization": ("quantization", str, "weights: auto (keep the file's), none, int8, int4"),
+    "--kv-cache-dtype": ("kv_cache_dtype", str, "auto (the compute dtype), float32, bfloat16"),
     "--device": ("device", str, "cpu, cuda or npu (default: detected)"),
     "--block-size": ("block_size", int, "tokens per KV-cache block"),
     "--max-input-tokens": ("max_input_tokens", int, "prompt tokens at most (maxInputTokenLen)"),

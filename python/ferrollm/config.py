@@ -41,6 +41,9 @@ _DTYPE_ALIASES = {
     "half": "float16",
 }
 LOGPROBS_MODES = ("raw", "processed")
+#: Weight quantization: "auto" keeps what the checkpoint has (where the compute dtype allows),
+#: "none" runs dense weights (dequantizing a quantized file), "int8"/"int4" quantize at load.
+QUANTIZATION_NAMES = ("auto", "none", "int8", "int4")
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(|b|[kmgt]i?b?)\s*$", re.IGNORECASE)
 # Binary multiples for KiB/K, decimal for KB, as `free`, docker and vLLM read them.
@@ -65,9 +68,14 @@ class EngineConfig:
 
     #: A Hugging Face model directory or a ``.gguf`` file; None = the default model.
     model: str | None = None
-    #: "auto" (bfloat16 on accelerators, the measured-faster one on CPU), "float32",
-    #: "bfloat16" or "float16".
+    #: "auto" (bfloat16 on accelerators and on CPUs with bfloat16 units, else float32),
+    #: "float32", "bfloat16" or "float16".
     dtype: str = "auto"
+    #: Weights: "auto" (a quantized GGUF stays quantized), "none", "int8" or "int4".
+    #: ``dtype="float32", quantization="none"`` is the exact-parity mode.
+    quantization: str = "auto"
+    #: KV-cache dtype: "auto" (the compute dtype), "float32", "bfloat16" or "float16".
+    kv_cache_dtype: str = "auto"
     #: "cpu", "cuda" or "npu"; None = detected (npu, then cuda, then cpu).
     device: str | None = None
     #: Tokens per KV-cache block.
@@ -83,7 +91,8 @@ class EngineConfig:
     #: Waiting requests at most; more are refused with QueueFullError (HTTP 503).
     max_num_waiting: int = 4096
     #: KV-cache budget: bytes, or a size like "4GiB" / "512MB"; None = 90% of free memory
-    #: (after a profiling pass) on accelerators, 2 GiB on CPU.
+    #: (after a profiling pass) on accelerators; on CPU what ``max_model_len`` needs (see
+    #: ``ferrollm.executor.sizing.default_kv_cache_memory``).
     kv_cache_memory: int | str | None = None
     enable_prefix_caching: bool = True
     #: Seconds after which a waiting request gains one priority level.
@@ -102,6 +111,9 @@ class EngineConfig:
                 )
             object.__setattr__(self, "model", os.fspath(self.model))
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        object.__setattr__(
+            self, "kv_cache_dtype", dtype_name(self.kv_cache_dtype, "kv_cache_dtype")
+        )
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_bytes(self.kv_cache_memory))
 
@@ -175,12 +187,13 @@ def _bad_size(value: object) -> EngineConfigError:
     )
 
 
-def dtype_name(value: str) -> str:
-    """The canonical name of a dtype option ("bf16" -> "bfloat16"); raises EngineConfigError."""
+def dtype_name(value: str, field: str = "dtype") -> str:
+    """The canonical name of a dtype option ("bf16" -> "bfloat16"); raises EngineConfigError
+    naming ``field``."""
     name = _DTYPE_ALIASES.get(str(value).lower(), str(value).lower())
     if name not in DTYPE_NAMES:
         raise EngineConfigError(
-            "dtype", f"`dtype` must be one of {', '.join(DTYPE_NAMES)}; got {value!r}"
+            field, f"`{field}` must be one of {', '.join(DTYPE_NAMES)}; got {value!r}"
         )
     return name
 
@@ -204,6 +217,12 @@ def _check_fields(config: EngineConfig) -> None:
     if isinstance(aging, bool) or not isinstance(aging, (int, float)) or not aging > 0:
         raise EngineConfigError(
             "priority_aging_s", f"`priority_aging_s` must be a positive number; got {aging!r}"
+        )
+    if config.quantization not in QUANTIZATION_NAMES:
+        raise EngineConfigError(
+            "quantization",
+            f"`quantization` must be one of {', '.join(QUANTIZATION_NAMES)}; "
+            f"got {config.quantization!r}",
         )
     if config.logprobs_mode not in LOGPROBS_MODES:
         raise EngineConfigError(

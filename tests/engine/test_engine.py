@@ -33,6 +33,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=NUM_NEW_TOKENS, ignore_eos=Tru
 #: A step budget, seat count and KV cache small enough that prompts prefill in chunks, seats
 #: run out and sequences are preempted (16 blocks of 4 tokens; 2 KiB a block).
 BUSY = {
+    "dtype": "float32",  # the parity mode: transformers is the oracle
     "max_num_batched_tokens": 8,
     "block_size": 4,
     "max_num_seqs": 4,

@@ -17,11 +17,17 @@ from ferrollm.config import (
     parse_bytes,
 )
 from ferrollm.executor.kv_cache import KVCacheSpec
-from ferrollm.executor.sizing import default_kv_cache_memory, plan_kv_cache, resolve_dtype
+from ferrollm.executor.sizing import (
+    CPU_KV_SEQUENCES,
+    default_kv_cache_memory,
+    plan_kv_cache,
+    resolve_dtype,
+)
 from ferrollm.models.config import ModelConfig
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.registry import build_model
 from ferrollm.platforms import MemoryInfo
+from ferrollm.platforms import cpu as cpu_platform
 from ferrollm.platforms.cpu import CpuPlatform
 from ferrollm.platforms.npu import NpuPlatform
 
@@ -142,7 +148,6 @@ def test_for_platform_fills_device_defaults() -> None:
 @pytest.mark.parametrize(
     ("platform", "requested", "expected"),
     [
-        (CpuPlatform(), "auto", torch.float32),
         (FakeAccelerator(), "auto", torch.bfloat16),
         (NpuPlatform(), "auto", torch.bfloat16),
         (CpuPlatform(), "bf16", torch.bfloat16),
@@ -152,6 +157,46 @@ def test_for_platform_fills_device_defaults() -> None:
 )
 def test_resolve_dtype(platform: Any, requested: str, expected: torch.dtype) -> None:
     assert resolve_dtype(platform, requested) == expected
+
+
+@pytest.mark.parametrize(
+    ("fast_bf16", "expected"), [(True, torch.bfloat16), (False, torch.float32)]
+)
+def test_auto_dtype_on_cpu_is_bfloat16_only_where_it_is_fast(
+    monkeypatch: pytest.MonkeyPatch, fast_bf16: bool, expected: torch.dtype
+) -> None:
+    monkeypatch.setattr(cpu_platform, "has_fast_bfloat16", lambda: fast_bf16)
+    assert resolve_dtype(CpuPlatform(), "auto") == expected
+
+
+def test_a_cpu_without_bfloat16_flags_is_not_probed(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu_platform.has_fast_bfloat16.cache_clear()
+    monkeypatch.setattr(cpu_platform, "cpu_flags", lambda: frozenset(["avx2", "fma"]))
+    monkeypatch.setattr(cpu_platform, "_time_linear", lambda dtype: pytest.fail("probed"))
+    try:
+        assert not cpu_platform.has_fast_bfloat16()
+    finally:
+        cpu_platform.has_fast_bfloat16.cache_clear()
+
+
+def test_the_bfloat16_probe_wants_a_real_speedup(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu_platform.has_fast_bfloat16.cache_clear()
+    monkeypatch.setattr(cpu_platform, "cpu_flags", lambda: frozenset(["avx512_bf16"]))
+    timings = {torch.float32: 1.0, torch.bfloat16: 0.9}  # flags, but no faster: float32
+    monkeypatch.setattr(cpu_platform, "_time_linear", timings.__getitem__)
+    try:
+        assert not cpu_platform.has_fast_bfloat16()
+        cpu_platform.has_fast_bfloat16.cache_clear()
+        timings[torch.bfloat16] = 0.4
+        assert cpu_platform.has_fast_bfloat16()
+    finally:
+        cpu_platform.has_fast_bfloat16.cache_clear()
+
+
+def test_kv_cache_dtype_errors_name_their_field() -> None:
+    with pytest.raises(EngineConfigError, match="`kv_cache_dtype` float32 is not supported") as e:
+        resolve_dtype(NpuPlatform(), "float32", "kv_cache_dtype")
+    assert e.value.field == "kv_cache_dtype"
 
 
 def test_resolve_dtype_errors_name_the_field() -> None:
@@ -239,10 +284,17 @@ def test_impossible_sizes_are_clear_errors(
 
 
 def test_default_budgets() -> None:
-    assert default_kv_cache_memory(FixedMemoryCpu()) == DEFAULT_CPU_KV_CACHE_MEMORY
-    assert default_kv_cache_memory(FakeAccelerator()) == int(0.9 * 64 * GiB)
-    small = type("SmallCpu", (FixedMemoryCpu,), {"free": GiB})
-    assert default_kv_cache_memory(small()) == int(0.9 * GiB)
+    spec = KVCacheSpec(30, 3, 64, 16, torch.bfloat16)  # SmolLM2-135M: 368,640 bytes a block
+    # CPU: two sequences of max_model_len, not a fixed size.
+    needed = (CPU_KV_SEQUENCES * 8192 // 16 + 1) * spec.bytes_per_block
+    assert default_kv_cache_memory(FixedMemoryCpu(), spec, 8192) == needed
+    assert needed < 400 * 2**20
+    # Capped by the old fixed budget, and by available memory.
+    huge = 10**6
+    assert default_kv_cache_memory(FixedMemoryCpu(), spec, huge) == DEFAULT_CPU_KV_CACHE_MEMORY
+    small = type("SmallCpu", (FixedMemoryCpu,), {"free": 256 * 2**20})
+    assert default_kv_cache_memory(small(), spec, 8192) == int(0.9 * 256 * 2**20)
+    assert default_kv_cache_memory(FakeAccelerator(), spec, 8192) == int(0.9 * 64 * GiB)
 
 
 def test_default_budget_applies_when_none_given(tiny: Any) -> None:

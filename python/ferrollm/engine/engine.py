@@ -23,7 +23,12 @@ from ferrollm.engine.request import EngineRequest
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.loader import ModelSource, load_model_source
 from ferrollm.executor.runner import ModelRunner
-from ferrollm.executor.sizing import KVCachePlan, plan_kv_cache, resolve_dtype
+from ferrollm.executor.sizing import (
+    KVCachePlan,
+    plan_kv_cache,
+    resolve_dtype,
+    resolve_quantization,
+)
 from ferrollm.models.config import ModelConfig
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.registry import build_model
@@ -71,13 +76,21 @@ class LLMEngine:
         config = config.for_platform(platform)
         source = load_model_source(config.model or default_model_path())
         dtype = resolve_dtype(platform, config.dtype)
-        model = load_model(source, platform.device, dtype)
+        quantization = resolve_quantization(
+            platform, config.quantization, dtype, source.is_quantized
+        )
+        kv_dtype = (
+            dtype
+            if config.kv_cache_dtype == "auto"
+            else resolve_dtype(platform, config.kv_cache_dtype, "kv_cache_dtype")
+        )
+        model = load_model(source, platform.device, dtype, quantization)
         spec = KVCacheSpec(
             source.config.num_hidden_layers,
             source.config.num_key_value_heads,
             source.config.head_dim,
             config.block_size,
-            dtype,
+            kv_dtype,
         )
         kv_plan = plan_kv_cache(
             model, spec, platform, config, source.config.max_position_embeddings
@@ -87,10 +100,12 @@ class LLMEngine:
         tokenizer = Tokenizer.from_source(source)
         scheduler = _build_scheduler(config, kv_plan, source.config, tokenizer)
         logger.info(
-            "engine ready: model %s on %s in %s; %d KV blocks of %d tokens, max_model_len %d",
+            "engine ready: model %s on %s in %s, weights %s; %d KV blocks of %d tokens, "
+            "max_model_len %d",
             source.path,
             platform.name,
             str(dtype).removeprefix("torch."),
+            quantization or "dense",
             kv_plan.num_blocks,
             config.block_size,
             kv_plan.max_model_len,
@@ -170,10 +185,19 @@ class LLMEngine:
         )
 
 
-def load_model(source: ModelSource, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
-    """Build the model for ``source`` on ``device`` and stream its weights in, one at a time."""
-    model = build_model(source.config, device, dtype)
-    model.load_weights(source.iter_weights(dtype))
+def load_model(
+    source: ModelSource,
+    device: torch.device,
+    dtype: torch.dtype,
+    quantization: str | None = None,
+) -> LlamaForCausalLM:
+    """Build the model for ``source`` on ``device`` and stream its weights in, one at a time.
+
+    ``quantization`` is the linear layers' scheme (None = dense); a quantized file's tensors
+    then arrive quantized and are packed without a float copy of the model.
+    """
+    model = build_model(source.config, device, dtype, quantization)
+    model.load_weights(source.iter_weights(dtype, keep_quantized=quantization is not None))
     return model
 
 

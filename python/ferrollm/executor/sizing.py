@@ -1,6 +1,7 @@
 """Deciding what the device can hold: the model dtype, the context length and the KV blocks.
 
-``resolve_dtype`` turns ``EngineConfig.dtype`` into a torch dtype for a platform.
+``resolve_dtype`` turns ``EngineConfig.dtype`` (and ``kv_cache_dtype``) into a torch dtype for a
+platform; ``resolve_quantization`` decides whether the weights run on quantized kernels.
 ``plan_kv_cache`` runs one worst-case step (``profile_run``) so activation memory is accounted
 for, takes the KV budget (``kv_cache_memory``, or the platform's default), and returns how many
 blocks to allocate and the ``max_model_len`` they can serve; the block count is logged.
@@ -26,14 +27,17 @@ from ferrollm.platforms import Platform
 
 logger = logging.getLogger(__name__)
 
+#: Full-length sequences the default CPU KV cache holds.
+CPU_KV_SEQUENCES = 2
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_dtype(platform: Platform, requested: str) -> torch.dtype:
+def resolve_dtype(platform: Platform, requested: str, field: str = "dtype") -> torch.dtype:
     """The model dtype for ``requested`` (an ``EngineConfig.dtype``) on ``platform``.
 
-    "auto" is the platform's ``preferred_dtype``: bfloat16 on accelerators, float32 on CPU.
-    Raises EngineConfigError for an unknown name or a dtype the device's kernels do not run.
+    "auto" is the platform's ``auto_dtype()``: bfloat16 on accelerators and on CPUs with
+    bfloat16 units, float32 on other CPUs. Raises EngineConfigError (naming ``field``) for an
+    unknown name or a dtype the device's kernels do not run.
     """
     # Why float32 on CPU, measured on the default model (SmolLM2-135M, greedy decode through
     # ModelRunner + Scheduler, best of 3 interleaved runs of 32 tokens; a shared 2-core AMD EPYC
@@ -43,15 +47,47 @@ def resolve_dtype(platform: Platform, requested: str) -> torch.dtype:
     #     bfloat16   31.4   56.3   60.7  tok/s
     # bfloat16 wins only the memory-bound batch of 1 and loses 1.3x / 3.1x at 8 / 32, and it
     # does not keep greedy parity: its tokens equal float32's (= transformers') in only 0/1,
-    # 6/8 and 23/32 sequences. float32 keeps parity and is faster where batching happens.
-    name = dtype_name(requested)
-    dtype = platform.preferred_dtype if name == "auto" else _TORCH_DTYPES[name]
+    # 6/8 and 23/32 sequences. On a CPU with AVX512-BF16, bfloat16 `linear` is 2-4x faster
+    # than float32 at every batch (benches/linear.py), hence `auto_dtype`'s probe.
+    name = dtype_name(requested, field)
+    dtype = platform.auto_dtype() if name == "auto" else _TORCH_DTYPES[name]
     if dtype not in platform.supported_dtypes:
         supported = ", ".join(str(d).removeprefix("torch.") for d in platform.supported_dtypes)
         raise EngineConfigError(
-            "dtype", f"`dtype` {name} is not supported on {platform.name}; use one of {supported}"
+            field, f"`{field}` {name} is not supported on {platform.name}; use one of {supported}"
         )
     return dtype
+
+
+def resolve_quantization(
+    platform: Platform, requested: str, dtype: torch.dtype, source_is_quantized: bool
+) -> str | None:
+    """The linear layers' scheme (``ferrollm.layers.linear.QUANT_MODES``) for the request.
+
+    torch's weight-only int4/int8 kernels are CPU ops vectorized for bfloat16 activations (with
+    float32 ones they are 10-25x slower than a float32 ``linear``), so: "auto" keeps a
+    quantized file quantized ("native") on CPU in bfloat16 and dequantizes it otherwise (said in
+    the log); "int4"/"int8" need exactly that and raise EngineConfigError otherwise.
+    """
+    if requested == "none":
+        return None
+    usable = platform.name == "cpu" and dtype == torch.bfloat16
+    if requested == "auto":
+        if source_is_quantized and not usable:
+            logger.info(
+                "quantized checkpoint dequantized: weight-only kernels need bfloat16 compute "
+                "on CPU (here %s on %s)",
+                str(dtype).removeprefix("torch."),
+                platform.name,
+            )
+        return "native" if source_is_quantized and usable else None
+    if not usable:
+        raise EngineConfigError(
+            "quantization",
+            f"`quantization` {requested} runs on CPU with dtype bfloat16 (torch's weight-only "
+            f"kernels); got dtype {str(dtype).removeprefix('torch.')} on {platform.name}",
+        )
+    return requested
 
 
 @dataclass(frozen=True)
@@ -90,7 +126,7 @@ def plan_kv_cache(
         backend=platform.attention_backend(),
     )
     platform.synchronize()
-    budget = config.kv_cache_bytes or default_kv_cache_memory(platform)
+    budget = config.kv_cache_bytes or default_kv_cache_memory(platform, spec, max_model_len)
     # Never more than every sequence at full length can use (block 0 is the null block).
     usable = config.max_num_seqs * _cdiv(max_model_len, spec.block_size) + 1
     num_blocks = min(spec.num_blocks_for(budget), usable)
@@ -109,15 +145,19 @@ def plan_kv_cache(
     return KVCachePlan(num_blocks=num_blocks, max_model_len=max_model_len, budget_bytes=budget)
 
 
-def default_kv_cache_memory(platform: Platform) -> int:
+def default_kv_cache_memory(platform: Platform, spec: KVCacheSpec, max_model_len: int) -> int:
     """The KV budget when none is given, read after the model and a profiling pass are in memory.
 
-    Accelerators: 90% of free device memory. CPU: a fixed 2 GiB, or 90% of available host
-    memory when less is available.
+    Accelerators: 90% of free device memory. CPU: what the model needs rather than a fixed
+    size: ``CPU_KV_SEQUENCES`` sequences of ``max_model_len`` tokens (a full-length one with
+    room for many short ones beside it), at most 2 GiB and 90% of available host memory.
     """
     free = platform.memory_info().free
     fraction = int(free * DEFAULT_ACCELERATOR_MEMORY_FRACTION)
-    return fraction if platform.is_accelerator else min(DEFAULT_CPU_KV_CACHE_MEMORY, fraction)
+    if platform.is_accelerator:
+        return fraction
+    blocks = CPU_KV_SEQUENCES * _cdiv(max_model_len, spec.block_size) + 1
+    return min(blocks * spec.bytes_per_block, DEFAULT_CPU_KV_CACHE_MEMORY, fraction)
 
 
 def _requested_max_model_len(requested: int | None, model_max_len: int) -> int:

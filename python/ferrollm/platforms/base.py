@@ -42,6 +42,10 @@ class Platform(ABC):
         torch.float16,
     )
 
+    def auto_dtype(self) -> torch.dtype:
+        """What ``dtype="auto"`` resolves to; ``preferred_dtype`` unless the device says more."""
+        return self.preferred_dtype
+
     @classmethod
     @abstractmethod
     def available(cls) -> bool:
