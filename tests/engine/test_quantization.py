@@ -17,6 +17,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from gguf import quants
 
 from ferrollm.config import EngineConfig, EngineConfigError
@@ -26,8 +27,9 @@ from ferrollm.executor.kv_cache import KVCacheSpec
 from ferrollm.executor.loader import load_model_source
 from ferrollm.executor.runner import teacher_forced_scores
 from ferrollm.executor.sizing import resolve_quantization
-from ferrollm.layers.linear import Linear
+from ferrollm.layers.linear import QUANTIZED_MAX_ROWS, Linear
 from ferrollm.layers.quant import QuantizedWeight, quantize_rtn
+from ferrollm.models import registry
 from ferrollm.platforms import get_platform
 from ferrollm.tokenizer import Tokenizer
 from tiny_models import write_tiny_gguf
@@ -146,9 +148,19 @@ def linears(model: torch.nn.Module) -> list[Linear]:
     return [m for m in model.modules() if isinstance(m, Linear)]
 
 
+@pytest.fixture
+def no_dense_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quantized layers run their packed kernels at every row count."""
+    monkeypatch.setattr(registry, "DENSE_COPY_BUDGET", 0)
+
+
 @pytest.mark.parametrize(("kind", "scheme"), [("Q4_1", "int4"), ("Q4_0", "int4"), ("Q8_0", "int8")])
 def test_a_quantized_gguf_stays_quantized_and_matches_its_dequantized_model(
-    tiny_model_factory: Callable[..., Path], tmp_path: Path, kind: str, scheme: str
+    tiny_model_factory: Callable[..., Path],
+    tmp_path: Path,
+    kind: str,
+    scheme: str,
+    no_dense_copies: None,
 ) -> None:
     path = write_tiny_gguf(tiny_model_factory("tied"), tmp_path / "t.gguf", "llama", kind)
     assert load_model_source(path).is_quantized
@@ -158,11 +170,28 @@ def test_a_quantized_gguf_stays_quantized_and_matches_its_dequantized_model(
     layers = linears(quantized)
     assert len(layers) == 2 * 4 + 1  # qkv, o, gate_up, down per layer, and the tied head
     assert all(layer.weight is None and layer.quantized is not None for layer in layers)
+    assert not any(p.dtype == torch.float32 and p.dim() == 2 for p in quantized.parameters())
     assert {layer.quantized.scheme for layer in layers if layer.quantized} == {scheme}
     assert quantized.model.embed_tokens.weight is None  # rows looked up from the blocks
     # Logits come out in bfloat16 (8 bits of mantissa): compare relative to their size.
     assert ((lp_q - lp_d).abs() <= 0.02 * lp_d.abs() + 0.05).all()
     assert (top_q == top_d).float().mean() >= 0.9
+
+
+def test_small_models_keep_a_dense_copy_for_many_rows(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path
+) -> None:
+    path = write_tiny_gguf(tiny_model_factory("tied"), tmp_path / "t.gguf", "llama", "Q4_1")
+    model = load_model(load_model_source(path), CPU, torch.bfloat16, "native")
+    layer = model.model.layers[0].mlp.gate_up_proj
+    assert layer.quantized is not None and layer.weight is not None
+    assert layer.weight.dtype == torch.bfloat16
+    many = torch.randn(QUANTIZED_MAX_ROWS + 1, layer.in_features).bfloat16()
+    assert torch.equal(layer(many), F.linear(many, layer.weight))
+    few = many[:QUANTIZED_MAX_ROWS]
+    assert torch.equal(layer(few), layer.quantized.matmul(few))
+    # The copy is the packed weight's own dequantization: the two paths agree.
+    assert ((layer(few).float() - F.linear(few, layer.weight).float()).abs() < 0.05).all()
 
 
 def test_other_gguf_types_are_requantized_to_the_nearest_kernel(
@@ -176,7 +205,7 @@ def test_other_gguf_types_are_requantized_to_the_nearest_kernel(
 
 @pytest.mark.parametrize("scheme", ["int4", "int8"])
 def test_hf_checkpoint_quantized_at_load(
-    tiny_model_factory: Callable[..., Path], scheme: str
+    tiny_model_factory: Callable[..., Path], scheme: str, no_dense_copies: None
 ) -> None:
     path = tiny_model_factory("llama-bias")  # biases added after the quantized matmul
     ids = np.random.default_rng(1).integers(0, 300, 48)

@@ -212,12 +212,18 @@ class LlamaForCausalLM(nn.Module):
             return F.linear(hidden, self.model.embed_tokens.weight)  # type: ignore[arg-type]
         return self.lm_head(hidden)  # type: ignore[no-any-return]
 
-    def set_compute_dtype(self, dtype: torch.dtype) -> None:
-        """The activations' dtype, which quantized layers pack their scales in (call before
-        loading)."""
+    def set_compute_dtype(self, dtype: torch.dtype, dense_copy_budget: int = 0) -> None:
+        """The activations' dtype, which quantized layers pack their scales in; quantized
+        layers also keep a dense copy for many-row calls when all the copies fit in
+        ``dense_copy_budget`` bytes (see ``QUANTIZED_MAX_ROWS``). Call before loading."""
+        layers = [m for m in self.modules() if isinstance(m, Linear)]
+        copies = sum(m.out_features * m.in_features for m in layers if m.scheme is not None)
+        keep_dense = 0 < copies * torch.empty((), dtype=dtype).element_size() <= dense_copy_budget
         for module in self.modules():
             if isinstance(module, (Linear, Embedding)):
                 module.compute_dtype = dtype
+            if isinstance(module, Linear):
+                module.keep_dense = keep_dense
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:

@@ -34,6 +34,12 @@ class ModelConfigLike(LlamaConfigLike, Protocol):
     def architecture(self) -> str: ...
 
 
+#: Bytes of dense copies a quantized model may keep for batched steps (``QUANTIZED_MAX_ROWS``):
+#: a small model keeps them all (SmolLM2-135M: 270 MB in bfloat16); a large one, whose point
+#: in quantizing is memory, keeps none.
+DENSE_COPY_BUDGET = 1024**3
+
+
 def build_model(
     config: ModelConfigLike,
     device: torch.device,
@@ -42,7 +48,8 @@ def build_model(
 ) -> LlamaForCausalLM:
     """An uninitialized model for ``config.architecture`` on ``device`` in ``dtype``.
 
-    ``quantization`` is the linear layers' scheme (``ferrollm.layers.linear.QUANT_MODES``).
+    ``quantization`` is the linear layers' scheme (``ferrollm.layers.linear.QUANT_MODES``);
+    quantized layers keep dense copies within ``DENSE_COPY_BUDGET``.
 
     Built on the meta device and then allocated once in the target dtype, so no random init
     runs and no float32 copy of a bfloat16 model is ever made. Load weights next.
@@ -51,7 +58,7 @@ def build_model(
     with torch.device("meta"):
         model = cls(config, quantization)
     model = model.to(dtype=dtype).to_empty(device=device)
-    model.set_compute_dtype(dtype)
+    model.set_compute_dtype(dtype, DENSE_COPY_BUDGET)
     model.eval()
     model.requires_grad_(False)
     return model
