@@ -78,7 +78,13 @@ def full_text_server(launched: dict[str, Server]) -> Iterator[Server]:
 @pytest.fixture(scope="package")
 def llm(launched: dict[str, Server]) -> LLM:
     """The offline engine on the default model (loaded while the servers start)."""
-    return LLM(max_model_len=2048, kv_cache_memory="128MiB", max_num_batched_tokens=256)
+    return LLM(
+        max_model_len=2048,
+        kv_cache_memory="128MiB",
+        max_num_batched_tokens=256,
+        dtype="float32",
+        quantization="none",
+    )
 
 
 @pytest.fixture(scope="package")

@@ -36,8 +36,14 @@ from ferrollm.tokenizer import Tokenizer
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 
 #: Flags of every test server: the brief's size limits, plus a small step budget so that the
-#: start-up profiling pass stays cheap on a 2-core CI machine (prompts here are short).
+#: start-up profiling pass stays cheap on a 2-core CI machine (prompts here are short). The
+#: servers run the parity mode (float32, dense weights), like the offline oracle: its results
+#: do not depend on how requests were batched together, which bfloat16 kernels do not promise.
 SERVER_FLAGS = (
+    "--dtype",
+    "float32",
+    "--quantization",
+    "none",
     "--max-model-len",
     "2048",
     "--kv-cache-memory",

