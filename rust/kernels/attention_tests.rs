@@ -211,7 +211,7 @@ fn every_simd_variant_agrees() {
         scale: 0.2,
         token_row: layout.check(&c.dims).unwrap(),
     };
-    let chunk = c.dims.group() * c.dims.head_dim;
+    let chunk = c.dims.num_heads * c.dims.head_dim;
     let run = |item: ItemFn<f32, f32>| {
         let mut out = vec![0f32; c.q.len()];
         for (i, o) in out.chunks_mut(chunk).enumerate() {
