@@ -1,4 +1,4 @@
-"""The CPU platform: torch SDPA over gathered KV blocks; memory is the host's."""
+"""The CPU platform: the paged-attention kernel reading KV blocks in place; memory is the host's."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import os
 
 import torch
 
-from ferrollm.layers.attention import AttentionBackend, TorchSDPABackend
+from ferrollm.layers.attention import AttentionBackend
+from ferrollm.layers.paged_attention import PagedKernelBackend
 from ferrollm.platforms.base import MemoryInfo, Platform
 
 
@@ -27,8 +28,8 @@ class CpuPlatform(Platform):
         return True
 
     def attention_backend(self) -> AttentionBackend:
-        """Plain-torch paged attention (gather, then SDPA)."""
-        return TorchSDPABackend()
+        """The Rust paged-attention kernel (no per-step gather; see ``benches/attention.py``)."""
+        return PagedKernelBackend()
 
     def synchronize(self) -> None:
         """CPU ops are synchronous: nothing to wait for."""
