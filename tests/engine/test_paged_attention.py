@@ -177,6 +177,7 @@ def test_backend_matches_reference_and_sdpa_backend(
         metadata = backend.prepare(step, BLOCK, torch.device("cpu"), window)
         # A fresh prefill longer than the window needs the window's mask: the kernel takes it.
         assert bool(metadata.fresh) == (window != 3), "every random step has a fresh prefill"
+        assert metadata.gathered is not None, "and a chunked prefill over a cached prefix"
         out = backend.forward(
             step.q, step.k, step.v, (step.k_cache, step.v_cache), metadata, HEAD_DIM**-0.5
         )
@@ -197,6 +198,7 @@ def test_decode_only_step_uses_only_the_kernel() -> None:
     step = make_step(rng, [(1, 17), (1, 0), (1, 40)], 4, torch.float32, torch.float32)
     metadata = PagedKernelBackend().prepare(step, BLOCK, torch.device("cpu"))
     assert metadata.fresh == ()
+    assert metadata.gathered is None
     assert metadata.kernel_rows.tolist() == [0, 1, 2]
 
 
