@@ -26,6 +26,7 @@ __all__ = [
     "ValidationError",
     "__version__",
     "check_supported",
+    "paged_attention",
     "truncate_at_stop",
     "validate",
 ]
@@ -707,3 +708,31 @@ class Sampler:
         processed_row: npt.NDArray[np.float32], params: SamplingParams
     ) -> npt.NDArray[np.float32]:
         """The exact distribution a draw uses over a processed row (zeros for removed tokens)."""
+
+def paged_attention(
+    q: tuple[int, int],
+    k: tuple[int, int],
+    v: tuple[int, int],
+    out: int,
+    k_cache: int,
+    v_cache: int,
+    dims: tuple[int, int, int, int, int, int],
+    bf16: tuple[bool, bool],
+    slot_mapping: int,
+    positions: int,
+    cu_seqlens_q: int,
+    context_lens: int,
+    block_tables: tuple[int, int, int],
+    rows: tuple[int, int],
+    scale: float,
+    sliding_window: int | None,
+    parallel: bool,
+) -> None:
+    """Private to ``ferrollm.layers.paged_attention`` (call the ``ferrollm::paged_attention``
+    torch op instead): tensors arrive as data pointers that op has checked.
+
+    ``q, k, v`` are ``(data_ptr, token_stride)``; ``dims`` is ``(num_tokens, num_heads,
+    num_kv_heads, head_dim, num_blocks, block_size)``; ``bf16`` says whether the activations and
+    the cache are bfloat16 (else float32); ``block_tables`` is ``(data_ptr, rows, max_blocks)``
+    and ``rows`` ``(data_ptr, len)``. Writes K/V at ``slot_mapping``, then attends ``rows``
+    into ``out``. Slots, block ids, positions and row bounds are checked (ValidationError)."""

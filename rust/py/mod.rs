@@ -3,6 +3,7 @@
 //! converts the result; every core error is mapped to Python once, in `errors.rs`.
 
 mod arrays;
+mod attention;
 mod detok;
 mod errors;
 mod params;
@@ -44,6 +45,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<detok::PyDecodeStream>()?;
     m.add_class::<stop::PyStopMatcher>()?;
     m.add_function(wrap_pyfunction!(stop::py_truncate_at_stop, m)?)?;
+    m.add_function(wrap_pyfunction!(attention::paged_attention, m)?)?;
     m.add_class::<sampling::PySampler>()?;
     m.add_class::<sampling::PySampleResult>()?;
     m.add("ValidationError", py.get_type::<errors::ValidationError>())?;

@@ -23,6 +23,7 @@ from ferrollm.executor.runner import ModelRunner, profile_run
 from ferrollm.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, UnsupportedModelError
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.registry import MODEL_REGISTRY, build_model, resolve_model_class
+from ferrollm.platforms.cpu import CpuPlatform
 
 BLOCK_SIZE = 4
 NUM_NEW_TOKENS = 8
@@ -134,7 +135,9 @@ def make_runner(family: Family, num_blocks: int, dtype: torch.dtype) -> ModelRun
     spec = KVCacheSpec(
         cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, BLOCK_SIZE, dtype
     )
-    return ModelRunner(family.model(dtype), KVCache(spec, num_blocks, cpu), cpu, dtype)
+    # The CPU platform's attention (the paged kernel), the backend a CPU engine runs.
+    backend = CpuPlatform().attention_backend()
+    return ModelRunner(family.model(dtype), KVCache(spec, num_blocks, cpu), cpu, dtype, backend)
 
 
 def run_ours(

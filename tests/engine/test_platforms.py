@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ferrollm import SamplingParams, Scheduler, SchedulerConfig
 from ferrollm.layers.attention import TorchSDPABackend
+from ferrollm.layers.paged_attention import PagedKernelBackend
 from ferrollm.platforms import (
     DEVICE_NAMES,
     MemoryInfo,
@@ -100,7 +101,7 @@ def test_cpu_memory_and_sync() -> None:
     assert isinstance(info, MemoryInfo)
     assert 0 < info.free <= info.total
     platform.synchronize()
-    assert isinstance(platform.attention_backend(), TorchSDPABackend)
+    assert isinstance(platform.attention_backend(), PagedKernelBackend)
     assert platform.preferred_dtype == torch.float32
 
 

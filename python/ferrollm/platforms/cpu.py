@@ -1,4 +1,4 @@
-"""The CPU platform: torch SDPA over gathered KV blocks; memory is the host's.
+"""The CPU platform: the paged-attention kernel reading KV blocks in place; memory is the host's.
 
 The compute dtype "auto" is bfloat16 when the CPU really has bfloat16 units and float32
 otherwise (`has_fast_bfloat16`): flags alone are not trusted (a CPU may advertise AMX that a
@@ -14,7 +14,8 @@ import time
 
 import torch
 
-from ferrollm.layers.attention import AttentionBackend, TorchSDPABackend
+from ferrollm.layers.attention import AttentionBackend
+from ferrollm.layers.paged_attention import PagedKernelBackend
 from ferrollm.platforms.base import MemoryInfo, Platform
 
 logger = logging.getLogger(__name__)
@@ -46,8 +47,8 @@ class CpuPlatform(Platform):
         return True
 
     def attention_backend(self) -> AttentionBackend:
-        """Plain-torch paged attention (gather, then SDPA)."""
-        return TorchSDPABackend()
+        """The Rust paged-attention kernel (no per-step gather; see ``benches/attention.py``)."""
+        return PagedKernelBackend()
 
     def synchronize(self) -> None:
         """CPU ops are synchronous: nothing to wait for."""
