@@ -234,7 +234,15 @@ def test_quantization_needs_bfloat16_on_cpu() -> None:
     assert bad_kv.value.field == "kv_cache_dtype"
 
 
-def test_default_model_quality_quantized_vs_float32(smollm2_gguf: Path) -> None:
+@pytest.mark.parametrize("dense_copies", [False, True], ids=["kernels", "dense-copies"])
+def test_default_model_quality_quantized_vs_float32(
+    smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch, dense_copies: bool
+) -> None:
+    """Measured (2,048 tokens): float32 perplexity 7.810; packed kernels 7.809 with 96.7%
+    top-1 agreement; bfloat16 dense copies 7.837 with 98.1%. (An int4 LM head instead of
+    the int8 one measured 8.129 and 89.5%: why the Q8_0 head stays 8-bit.)"""
+    if not dense_copies:
+        monkeypatch.setattr(registry, "DENSE_COPY_BUDGET", 0)
     source = load_model_source(smollm2_gguf)
     ids = np.asarray(Tokenizer.from_source(source).encode(TEXT.read_text())[:2048])
     assert len(ids) == 2048
