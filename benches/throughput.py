@@ -1,13 +1,15 @@
 """Offline generation throughput on the default model: ferrollm's `LLM` against transformers.
 
 Both sides get the same token ids (ferrollm's tokenizer), the same weights (the SmolLM2-135M
-Q4_1 GGUF, dequantized by each), the same dtype and the same torch threads, in one process;
+Q4_1 GGUF, each loading it its own way: `--quantization` says ferrollm's), the same dtype and
+the same torch threads, in one process;
 each batch generates `--max-tokens` tokens per prompt with greedy decoding and no early stop
 (`ignore_eos` / `min_new_tokens`). transformers runs `generate` on the left-padded batch.
 One line per batch size: output tokens/s (best of `--repeats`) for both, and the ratio.
 
 Usage: python benches/throughput.py [--batches 1 8 32] [--max-tokens 128] [--repeats 1]
-                                    [--device cpu] [--dtype auto] [--no-transformers]
+                                    [--device cpu] [--dtype auto] [--quantization auto]
+                                    [--no-transformers]
 """
 
 from __future__ import annotations
@@ -99,7 +101,12 @@ def transformers_rate(
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    llm = LLM(device=args.device, dtype=args.dtype, max_num_seqs=max(args.batches))
+    llm = LLM(
+        device=args.device,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        max_num_seqs=max(args.batches),
+    )
     runner = llm.engine.runner
     hf = (
         None
@@ -107,8 +114,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         else load_transformers(default_model_path(), runner.dtype, runner.device)
     )
     pad_id = llm.engine.model_config.pad_token_id or 0
+    weights = runner.model.quantization or "dense"
     print(
-        f"SmolLM2-135M-Instruct Q4_1 (dequantized), {runner.device.type}, "
+        f"SmolLM2-135M-Instruct Q4_1 (ferrollm weights: {weights}), {runner.device.type}, "
         f"{str(runner.dtype).removeprefix('torch.')}, {torch.get_num_threads()} torch threads, "
         f"{args.max_tokens} new tokens per prompt, greedy, ignore_eos"
     )
@@ -133,6 +141,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--device", default=None, help="cpu, cuda or npu (default: detected)")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantization", default="auto")
     parser.add_argument("--no-transformers", action="store_true", help="ferrollm only")
     return parser.parse_args(argv)
 
