@@ -87,7 +87,9 @@ class Linear(nn.Module):
         if kind == "bias":
             if self.bias is None:
                 raise ValueError(f"checkpoint has a {shard} bias but the layer has none")
-            copy_checked(self.bias.data[rows], _dense(tensor, self.bias.dtype), f"{shard}.bias")
+            copy_checked(
+                self.bias.data[rows], dense_tensor(tensor, self.bias.dtype), f"{shard}.bias"
+            )
             return
         if tuple(tensor.shape) != expected:
             raise ValueError(
@@ -96,7 +98,7 @@ class Linear(nn.Module):
             )
         if self.scheme is None:
             assert self.weight is not None
-            copy_checked(self.weight.data[rows], _dense(tensor, self.weight.dtype), shard)
+            copy_checked(self.weight.data[rows], dense_tensor(tensor, self.weight.dtype), shard)
             return
         self._pending[shard] = tensor
         if len(self._pending) == len(self.shard_slices):
@@ -108,7 +110,7 @@ class Linear(nn.Module):
         parts = [self._pending.pop(name) for name in self.shard_slices]
         quantized = [p for p in parts if isinstance(p, GroupQuantized)]
         if self.scheme == "native" and not quantized:  # a dense tensor in a quantized file
-            dense = torch.cat([_dense(p, dtype) for p in parts])
+            dense = torch.cat([dense_tensor(p, dtype) for p in parts])
             self.weight = nn.Parameter(dense, requires_grad=False)
             return
         if self.scheme == "native":
@@ -145,7 +147,7 @@ class Embedding(nn.Module):
                 f"{tuple(tensor.shape)}; the model expects {expected}"
             )
         if self.weight is not None:
-            copy_checked(self.weight.data, _dense(tensor, self.weight.dtype), "embed_tokens")
+            copy_checked(self.weight.data, dense_tensor(tensor, self.weight.dtype), "embed_tokens")
         elif isinstance(tensor, GroupQuantized):
             self.table = tensor
         else:
@@ -175,7 +177,8 @@ def _stack(groups: list[GroupQuantized], scheme: str) -> GroupQuantized:
     return GroupQuantized.cat(groups)
 
 
-def _dense(tensor: Weight, dtype: torch.dtype) -> torch.Tensor:
+def dense_tensor(tensor: Weight, dtype: torch.dtype) -> torch.Tensor:
+    """A checkpoint tensor as a dense one in ``dtype`` (dequantizing a `GroupQuantized`)."""
     return tensor.dequantize(dtype) if isinstance(tensor, GroupQuantized) else tensor.to(dtype)
 
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ferrollm.layers.attention import AttentionContext, PagedAttention
-from ferrollm.layers.linear import Embedding, Linear, Weight, copy_checked
+from ferrollm.layers.linear import Embedding, Linear, Weight, copy_checked, dense_tensor
 from ferrollm.layers.norm import RMSNorm
 from ferrollm.layers.rotary import RotaryEmbedding, apply_rotary
 
@@ -302,6 +302,4 @@ class LlamaForCausalLM(nn.Module):
             return
         if name not in params:
             raise ValueError(f"checkpoint tensor `{name}` does not belong to this model")
-        if not isinstance(tensor, torch.Tensor):
-            tensor = tensor.dequantize(params[name].dtype)
-        copy_checked(params[name].data, tensor, name)
+        copy_checked(params[name].data, dense_tensor(tensor, params[name].dtype), name)
