@@ -150,8 +150,8 @@ class TorchSDPABackend:
         groups = []
         for rows in (np.flatnonzero(q_lens == 1), np.flatnonzero(q_lens > 1)):
             if len(rows) > 0:
-                group = _plan_group(batch, rows, cu, q_lens, block_size, sliding_window)
-                groups.append(_to_device(group, num_tokens, device))
+                group = plan_group(batch, rows, cu, q_lens, block_size, sliding_window)
+                groups.append(group_to_device(group, num_tokens, device))
         slots = torch.from_numpy(batch.slot_mapping).to(device, non_blocking=True)
         return SDPAMetadata(slot_mapping=slots, groups=tuple(groups))
 
@@ -173,15 +173,15 @@ class TorchSDPABackend:
         v_flat.index_copy_(0, metadata.slot_mapping, v.to(v_flat.dtype))
         gqa = q.shape[1] != num_kv_heads
         if len(metadata.groups) == 1 and metadata.groups[0].is_identity:
-            return _attend(q, k_flat, v_flat, metadata.groups[0], scale, gqa)
+            return attend_group(q, k_flat, v_flat, metadata.groups[0], scale, gqa)
         out = torch.empty_like(q)
         for group in metadata.groups:
-            o = _attend(q, k_flat, v_flat, group, scale, gqa)
+            o = attend_group(q, k_flat, v_flat, group, scale, gqa)
             out.index_copy_(0, group.out_dst, o.index_select(0, group.out_src))
         return out
 
 
-def _attend(
+def attend_group(
     q: torch.Tensor,
     k_flat: torch.Tensor,
     v_flat: torch.Tensor,
@@ -203,7 +203,7 @@ def _attend(
     return o.transpose(1, 2).reshape(num_rows * max_q, q.shape[1], q.shape[2])
 
 
-def _plan_group(
+def plan_group(
     batch: PagedBatch,
     rows: _Int,
     cu: _Int,
@@ -237,7 +237,7 @@ def _plan_group(
     }
 
 
-def _to_device(
+def group_to_device(
     group: dict[str, npt.NDArray[Any]], num_tokens: int, device: torch.device
 ) -> RowGroup:
     """Move a planned group to ``device``, dropping the mask and scatter when not needed.

@@ -26,7 +26,13 @@ import torch
 import torch.nn.functional as F
 
 from ferrollm import _core
-from ferrollm.layers.attention import PagedBatch, RowGroup, _plan_group, _to_device
+from ferrollm.layers.attention import (
+    PagedBatch,
+    RowGroup,
+    attend_group,
+    group_to_device,
+    plan_group,
+)
 
 _DTYPES = (torch.float32, torch.bfloat16)
 
@@ -210,10 +216,10 @@ class PagedKernelBackend:
         gathered = None
         if len(gathered_rows) > 0:
             cu64 = cu.astype(np.int64)
-            group = _plan_group(
+            group = plan_group(
                 batch, gathered_rows, cu64, q_lens.astype(np.int64), block_size, sliding_window
             )
-            gathered = _to_device(group, int(cu[-1]), device)
+            gathered = group_to_device(group, int(cu[-1]), device)
 
         def tensor(a: np.ndarray, dtype: type) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
@@ -272,33 +278,9 @@ class PagedKernelBackend:
                 qs, ks, vs, is_causal=True, scale=scale, enable_gqa=gqa
             )
             out[start:end] = o.transpose(0, 1)
-        if m.gathered is not None:
-            _attend_gathered(q, kv_cache, m.gathered, scale, out)
+        if m.gathered is not None:  # gather + SDPA, as TorchSDPABackend does (cast to q's dtype)
+            group = m.gathered
+            k_flat, v_flat = (c.view(-1, c.shape[2], c.shape[3]) for c in kv_cache)
+            o = attend_group(q, k_flat, v_flat, group, scale, gqa)
+            out.index_copy_(0, group.out_dst, o.index_select(0, group.out_src))
         return out
-
-
-def _attend_gathered(
-    q: torch.Tensor,
-    kv_cache: tuple[torch.Tensor, torch.Tensor],
-    group: RowGroup,
-    scale: float,
-    out: torch.Tensor,
-) -> None:
-    """Gather ``group``'s context from the cache (cast to q's dtype), one SDPA call, scatter."""
-    num_rows, max_q = group.q_index.shape
-    heads, head_dim = q.shape[1], q.shape[2]
-    k_flat, v_flat = (c.view(-1, c.shape[2], head_dim) for c in kv_cache)
-    qg = q[group.q_index].transpose(1, 2)
-    kg = k_flat[group.kv_slots].to(q.dtype).transpose(1, 2)
-    vg = v_flat[group.kv_slots].to(q.dtype).transpose(1, 2)
-    o = F.scaled_dot_product_attention(
-        qg,
-        kg,
-        vg,
-        attn_mask=group.mask,
-        is_causal=group.is_causal,
-        scale=scale,
-        enable_gqa=heads != kg.shape[1],
-    )
-    o = o.transpose(1, 2).reshape(num_rows * max_q, heads, head_dim)
-    out.index_copy_(0, group.out_dst, o.index_select(0, group.out_src))
