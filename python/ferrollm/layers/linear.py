@@ -91,14 +91,10 @@ class Linear(nn.Module):
                 self.bias.data[rows], dense_tensor(tensor, self.bias.dtype), f"{shard}.bias"
             )
             return
-        if tuple(tensor.shape) != expected:
-            raise ValueError(
-                f"checkpoint tensor `{shard}.weight` has shape {tuple(tensor.shape)}; "
-                f"the model expects {expected}"
-            )
+        check_shape(tensor, expected, f"{shard}.weight")
         if self.scheme is None:
             assert self.weight is not None
-            copy_checked(self.weight.data[rows], dense_tensor(tensor, self.weight.dtype), shard)
+            self.weight.data[rows].copy_(dense_tensor(tensor, self.weight.dtype))
             return
         self._pending[shard] = tensor
         if len(self._pending) == len(self.shard_slices):
@@ -140,14 +136,9 @@ class Embedding(nn.Module):
 
     def load(self, tensor: Weight) -> None:
         """Fill the table from a checkpoint tensor ``[num_embeddings, dim]``."""
-        expected = (self.num_embeddings, self.dim)
-        if tuple(tensor.shape) != expected:
-            raise ValueError(
-                f"checkpoint tensor `model.embed_tokens.weight` has shape "
-                f"{tuple(tensor.shape)}; the model expects {expected}"
-            )
+        check_shape(tensor, (self.num_embeddings, self.dim), "model.embed_tokens.weight")
         if self.weight is not None:
-            copy_checked(self.weight.data, dense_tensor(tensor, self.weight.dtype), "embed_tokens")
+            self.weight.data.copy_(dense_tensor(tensor, self.weight.dtype))
         elif isinstance(tensor, GroupQuantized):
             self.table = tensor
         else:
@@ -184,9 +175,14 @@ def dense_tensor(tensor: Weight, dtype: torch.dtype) -> torch.Tensor:
 
 def copy_checked(target: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
     """``target.copy_(tensor)`` after checking shapes, naming the tensor when they differ."""
-    if tuple(target.shape) != tuple(tensor.shape):
+    check_shape(tensor, tuple(target.shape), name)
+    target.copy_(tensor)
+
+
+def check_shape(tensor: Weight, expected: tuple[int, ...], name: str) -> None:
+    """Raise ValueError naming checkpoint tensor ``name`` unless its shape is ``expected``."""
+    if tuple(tensor.shape) != tuple(expected):
         raise ValueError(
             f"checkpoint tensor `{name}` has shape {tuple(tensor.shape)}; "
-            f"the model expects {tuple(target.shape)}"
+            f"the model expects {tuple(expected)}"
         )
-    target.copy_(tensor)
