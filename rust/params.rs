@@ -25,8 +25,13 @@ pub struct SamplingParams {
     /// Number of candidate sequences generated (>= n); the best `n` by cumulative logprob are
     /// returned. With `use_beam_search` it is the beam width.
     pub best_of: u32,
-    /// Beam search instead of sampling (validated; the engine rejects it until it is built).
+    /// Beam search instead of sampling: `best_of` beams, the best `n` hypotheses returned.
     pub use_beam_search: bool,
+    /// Beam search: a finished hypothesis scores `sum_logprobs / generated_len^length_penalty`
+    /// (HF transformers; > 0 favours longer hypotheses, < 0 shorter ones).
+    pub length_penalty: f32,
+    /// Beam search: when the search ends (HF `early_stopping`).
+    pub early_stopping: EarlyStopping,
     /// Cap on generated tokens per sequence; `None` = until `max_model_len`.
     pub max_tokens: Option<u32>,
     /// EOS, stop token ids and stop strings do not end a sequence before this many tokens.
@@ -97,6 +102,8 @@ impl Default for SamplingParams {
             n: 1,
             best_of: 1,
             use_beam_search: false,
+            length_penalty: 1.0,
+            early_stopping: EarlyStopping::Heuristic,
             max_tokens: None,
             min_tokens: 0,
             ignore_eos: false,
@@ -123,6 +130,31 @@ impl Default for SamplingParams {
             typical_p: 1.0,
             seed: None,
             logprobs: None,
+        }
+    }
+}
+
+/// When a beam search ends, as HF transformers' `early_stopping` (`False`, `True`, `"never"`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EarlyStopping {
+    /// `False`: once `best_of` hypotheses are finished and the best running beam, at its current
+    /// length, can no longer beat the worst of them.
+    #[default]
+    Heuristic,
+    /// `True`: as soon as `best_of` hypotheses are finished.
+    Finished,
+    /// `"never"`: only when no running beam could beat the worst finished hypothesis even at
+    /// the longest length it may reach (the canonical beam search).
+    Never,
+}
+
+impl EarlyStopping {
+    /// Python's spelling: `False`, `True` or `"never"`.
+    pub fn as_py(self) -> &'static str {
+        match self {
+            EarlyStopping::Heuristic => "False",
+            EarlyStopping::Finished => "True",
+            EarlyStopping::Never => "'never'",
         }
     }
 }

@@ -2,7 +2,7 @@
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, final
+from typing import Any, Final, Literal, final
 
 import numpy as np
 import numpy.typing as npt
@@ -71,6 +71,8 @@ class SamplingParams:
         n: int = 1,
         best_of: int | None = None,
         use_beam_search: bool = False,
+        length_penalty: float = 1.0,
+        early_stopping: bool | Literal["never"] = False,
         max_tokens: int | None = None,
         min_tokens: int = 0,
         ignore_eos: bool = False,
@@ -106,6 +108,10 @@ class SamplingParams:
         """Candidate sequences generated (>= n); the beam width under beam search."""
     @property
     def use_beam_search(self) -> bool: ...
+    @property
+    def length_penalty(self) -> float: ...
+    @property
+    def early_stopping(self) -> bool | Literal["never"]: ...
     @property
     def max_tokens(self) -> int | None:
         """Cap on generated tokens per sequence; None = until ``max_model_len``."""
@@ -401,6 +407,10 @@ class StepOutput:
     @property
     def logprobs(self) -> npt.NDArray[np.float32]:
         """Logprob of each appended token; NaN when the request asked for none."""
+    @property
+    def sequence_scores(self) -> npt.NDArray[np.float32]:
+        """Beam search: on the last token of each emitted hypothesis its score
+        (``sum_logprobs / generated_len ** length_penalty``); else NaN."""
     @property
     def top_token_ids(self) -> npt.NDArray[np.int32]:
         """``[samples, k]`` best alternatives, best first, padded with -1."""

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt};
 
 use super::validate::member_to_raw;
-use crate::params::SamplingParams;
+use crate::params::{EarlyStopping, SamplingParams};
 use crate::types::TokenId;
 use crate::validate::{validate, Limits, Raw, Route, OFFLINE_FIELDS};
 
@@ -52,7 +52,7 @@ impl PySamplingParams {
     #[new]
     // Keyword arguments go through the core's offline route, so Python and HTTP requests share
     // one set of rules; None for any of them means its default.
-    #[pyo3(signature = (**kwargs), text_signature = "(*, n=1, best_of=None, use_beam_search=False, max_tokens=None, min_tokens=0, ignore_eos=False, stop_token_ids=None, priority=5, timeout_s=None, stop=None, stop_token_sequences=None, include_stop_str_in_output=False, skip_special_tokens=True, spaces_between_special_tokens=True, logit_bias=None, embedding_bias=None, allowed_token_ids=None, bad_words=None, no_repeat_ngram_size=0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, seed=None, logprobs=None)")]
+    #[pyo3(signature = (**kwargs), text_signature = "(*, n=1, best_of=None, use_beam_search=False, length_penalty=1.0, early_stopping=False, max_tokens=None, min_tokens=0, ignore_eos=False, stop_token_ids=None, priority=5, timeout_s=None, stop=None, stop_token_sequences=None, include_stop_str_in_output=False, skip_special_tokens=True, spaces_between_special_tokens=True, logit_bias=None, embedding_bias=None, allowed_token_ids=None, bad_words=None, no_repeat_ngram_size=0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, seed=None, logprobs=None)")]
     fn new(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let mut entries = Vec::new();
         if let Some(kwargs) = kwargs {
@@ -89,6 +89,19 @@ impl PySamplingParams {
     #[getter]
     fn use_beam_search(&self) -> bool {
         self.inner.use_beam_search
+    }
+    #[getter]
+    fn length_penalty(&self) -> f32 {
+        self.inner.length_penalty
+    }
+    /// `False`, `True` or `"never"`, as HF transformers spells it.
+    #[getter]
+    fn early_stopping<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(match self.inner.early_stopping {
+            EarlyStopping::Heuristic => PyBool::new(py, false).to_owned().into_any(),
+            EarlyStopping::Finished => PyBool::new(py, true).to_owned().into_any(),
+            EarlyStopping::Never => "never".into_pyobject(py)?.into_any(),
+        })
     }
     #[getter]
     fn max_tokens(&self) -> Option<u32> {
@@ -208,10 +221,12 @@ impl PySamplingParams {
             .iter()
             .map(|(id, bias)| format!("{id}: {bias:?}"))
             .collect();
-        let fields: [(&str, String); 29] = [
+        let fields: [(&str, String); 31] = [
             ("n", p.n.to_string()),
             ("best_of", p.best_of.to_string()),
             ("use_beam_search", py_bool(p.use_beam_search).into()),
+            ("length_penalty", debug(&p.length_penalty)),
+            ("early_stopping", p.early_stopping.as_py().into()),
             ("max_tokens", py_opt(p.max_tokens)),
             ("min_tokens", p.min_tokens.to_string()),
             ("ignore_eos", py_bool(p.ignore_eos).into()),

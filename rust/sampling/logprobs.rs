@@ -58,6 +58,15 @@ impl LogSoftmax {
     }
 }
 
+/// The `k` highest entries of a row that already holds logprobs, padded like
+/// [`LogSoftmax::top`].
+pub(crate) fn top_logprobs(row: &[f32], k: usize, buf: &mut Vec<Cand>) -> Vec<(TokenId, f32)> {
+    top_by_value(row, Unit, k, buf);
+    let mut top: Vec<(TokenId, f32)> = buf.iter().map(|c| (c.id, c.w)).collect();
+    pad_with_lowest_ids(&mut top, k, row.len());
+    top
+}
+
 /// Appends `(id, -inf)` for the lowest ids not yet in `top` until it holds `min(k, vocab)`.
 fn pad_with_lowest_ids(top: &mut Vec<(TokenId, f32)>, k: usize, vocab: usize) {
     let want = k.min(vocab);

@@ -43,6 +43,7 @@
 //! descending logprob, ties by id, padded with the lowest remaining ids at `-inf` when fewer
 //! than `k` tokens are possible. [`LogprobsMode`] chooses which distribution they describe.
 
+mod beam;
 mod filters;
 mod kernels;
 mod logprobs;
@@ -56,6 +57,7 @@ mod select;
 #[cfg(test)]
 mod tests;
 
+pub use beam::{beam_candidates, BeamCandidate, BeamRow};
 pub use processors::check_fits_vocab;
 pub use rng::uniform;
 pub use run::{filtered_probs, process_logits, sample, SampleResult};

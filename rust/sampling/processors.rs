@@ -103,6 +103,13 @@ pub(crate) fn process_in_place(row: &mut [f32], req: &SampleRequest<'_>, s: &mut
     apply_temperature(row, req.params);
 }
 
+/// Steps 1-7 in place (NaN -> `-inf` first), without the temperature: what beam search applies
+/// to each beam's log-softmax, as HF transformers' logits processors do.
+pub(crate) fn process_steps(row: &mut [f32], req: &SampleRequest<'_>, s: &mut ProcScratch) {
+    sanitize(row);
+    apply_steps(row, req, s);
+}
+
 /// Step 8: divides by the temperature when it is positive and not 1 (0 means greedy: the argmax
 /// of steps 1-7, which a division could only blur by creating ties).
 pub(crate) fn apply_temperature(row: &mut [f32], p: &SamplingParams) {

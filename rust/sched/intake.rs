@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use super::beam::BeamGroup;
 use super::request::{Request, Sequence};
 use super::scheduler::Scheduler;
 use super::text::text_state_for;
@@ -92,7 +93,21 @@ impl Scheduler {
     /// waiting queue (`QueueFull`).
     pub fn add_request(&mut self, req: NewRequest) -> CoreResult<()> {
         let r = self.check_new_request(&req)?;
-        let (text, token_stops) = text_state_for(self.detok.as_deref(), &req.params)?;
+        let (mut text, token_stops) = text_state_for(self.detok.as_deref(), &req.params)?;
+        let beam = req.params.use_beam_search.then(|| {
+            let num_prompt = req.prompt_token_ids.len();
+            let room = self.cfg.max_model_len - num_prompt;
+            let max_new = req.params.max_tokens.map_or(room, |m| room.min(m as usize));
+            Box::new(BeamGroup::new(
+                &req.params,
+                &self.cfg.eos_token_ids,
+                max_new,
+            ))
+        });
+        if beam.is_some() {
+            // A beam's text is decoded once its hypothesis is chosen (`beam::emit_hypothesis`).
+            text = None;
+        }
         self.num_added += 1;
         let seed = req
             .params
@@ -109,7 +124,7 @@ impl Scheduler {
             block_table: Vec::new(),
             block_hashes: Vec::new(),
             num_cached_blocks: 0,
-            seats: req.params.n as usize,
+            seats: req.params.best_of as usize,
             extra_key: r.extra_key,
             params: req.params,
             status: SeqStatus::Waiting,
@@ -117,6 +132,7 @@ impl Scheduler {
             seed,
             text,
             token_stops,
+            beam: None,
         });
         self.waiting
             .push_back(key, r.priority, req.arrival_time, req.id.0, 0);
@@ -124,6 +140,7 @@ impl Scheduler {
         let request = Request {
             deadline: r.deadline,
             seqs: vec![key],
+            beam,
         };
         self.requests.insert(req.id, request);
         Ok(())
@@ -149,6 +166,9 @@ impl Scheduler {
             return Err(not_finite("deadline"));
         }
         self.check_params(&req.params)?;
+        if req.params.use_beam_search {
+            self.check_beam_fits(&req.params, req.prompt_token_ids.len())?;
+        }
         if self.waiting.len() >= self.cfg.max_num_waiting {
             return Err(CoreError::QueueFull {
                 max_num_waiting: self.cfg.max_num_waiting,
@@ -193,12 +213,17 @@ impl Scheduler {
     }
 
     fn check_params(&self, params: &SamplingParams) -> CoreResult<()> {
-        if params.n as usize > self.cfg.max_num_seqs {
+        if params.best_of as usize > self.cfg.max_num_seqs {
+            let field = if params.best_of > params.n {
+                "best_of"
+            } else {
+                "n"
+            };
             let msg = format!(
-                "`n` must be <= max_num_seqs ({}); got {}",
-                self.cfg.max_num_seqs, params.n
+                "`{field}` must be <= max_num_seqs ({}); got {}",
+                self.cfg.max_num_seqs, params.best_of
             );
-            return Err(CoreError::invalid("n", "out_of_range", msg));
+            return Err(CoreError::invalid(field, "out_of_range", msg));
         }
         if self.cfg.vocab_size > 0 {
             check_fits_vocab(params, self.cfg.vocab_size)?;

@@ -20,6 +20,7 @@
 //! columns) stands alone; the `Scheduler` is split by concept over `scheduler` (state, queries),
 //! `intake`, `schedule`, `preempt`, `finish` and `update`, which use the modules above.
 
+mod beam;
 mod config;
 mod finish;
 mod intake;

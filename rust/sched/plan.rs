@@ -169,6 +169,9 @@ pub struct StepOutput {
     pub stop_token_ids: Vec<i64>,
     /// Logprob of each appended token; NaN when the request asked for no logprobs.
     pub logprobs: Vec<f32>,
+    /// Beam search: on the last token of each emitted hypothesis, its score
+    /// (`sum_logprobs / generated_len^length_penalty`, HF's `sequences_scores`); else NaN.
+    pub sequence_scores: Vec<f32>,
     /// Columns of `top_token_ids` / `top_logprobs`: the most alternatives any sample asked for.
     pub num_top_logprobs: usize,
     /// Row-major `[samples, num_top_logprobs]`, best first, padded with -1 / -inf.

@@ -9,8 +9,29 @@ use crate::types::SeqStatus;
 
 impl Scheduler {
     /// Preempts a running sequence by recompute: frees its blocks, drops its row from this step
-    /// if it had one (refunding the budget), and queues it at the front of its priority.
+    /// if it had one (refunding the budget), and queues it at the front of its priority. A beam
+    /// takes its whole group with it (a group samples all its beams together or not at all).
     pub(crate) fn preempt(
+        &mut self,
+        key: SeqKey,
+        rows: &mut Vec<Row>,
+        budget: &mut usize,
+        plan: &mut StepPlan,
+    ) {
+        if self.seq(key).beam.is_none() {
+            return self.preempt_one(key, rows, budget, plan);
+        }
+        let req_id = self.seq(key).req_id;
+        let mut group: Vec<SeqKey> = self.requests[&req_id].seqs.clone();
+        group.retain(|&k| self.seq(k).status == SeqStatus::Running);
+        // Queued from the last beam to the first, so the first ends up in front.
+        group.sort_by_key(|&k| std::cmp::Reverse(self.seq(k).seq_index));
+        for k in group {
+            self.preempt_one(k, rows, budget, plan);
+        }
+    }
+
+    fn preempt_one(
         &mut self,
         key: SeqKey,
         rows: &mut Vec<Row>,

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::beam::{Beam, BeamGroup};
 use super::rank::{effective_priority, Rank, SeqKey};
 use super::text::TextState;
 use crate::kv::{block_hash, root_hash};
@@ -41,6 +42,8 @@ pub(crate) struct Sequence {
     pub text: Option<Box<TextState>>,
     /// Multi-token stop sequences of the request (shared by its sequences).
     pub token_stops: Option<Arc<TokenStops>>,
+    /// Beam search: this is one live beam of its request's group (see `beam`).
+    pub beam: Option<Box<Beam>>,
 }
 
 impl Sequence {
@@ -77,6 +80,13 @@ impl Sequence {
     pub fn will_fork(&self) -> bool {
         self.seats > 1
     }
+
+    /// Tokens this sequence computes on its own. A live beam stops one short of its end (it
+    /// gets there only after a preemption): its last token is computed in the step where its
+    /// whole group samples together (`schedule_beam_group`).
+    pub fn compute_target(&self) -> usize {
+        self.tokens.len() - usize::from(self.beam.is_some())
+    }
 }
 
 /// What the scheduler keeps per request.
@@ -85,4 +95,6 @@ pub(crate) struct Request {
     pub deadline: Option<f64>,
     /// Live sequences of this request.
     pub seqs: Vec<SeqKey>,
+    /// Beam search: the group's finished hypotheses and stopping state.
+    pub beam: Option<Box<BeamGroup>>,
 }

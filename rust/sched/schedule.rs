@@ -59,7 +59,11 @@ impl Scheduler {
                 num_computed_tokens: s.num_computed_tokens,
                 num_tokens: row.num_tokens,
                 block_table: &s.block_table,
-                num_samples_at_end: if s.will_fork() { s.seats as u32 } else { 1 },
+                // A beam group's first row yields one sample: the beams come from its logits.
+                num_samples_at_end: match s.will_fork() && !s.params.use_beam_search {
+                    true => s.seats as u32,
+                    false => 1,
+                },
             };
             let samples = plan.push_row(&spec, bs, r as i32);
             num_samples.push(samples);
@@ -106,32 +110,95 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             let key = self.running[i];
-            let num_tokens = {
-                let s = self.seq(key);
-                (s.tokens.len() - s.num_computed_tokens).min(*budget)
-            };
-            let copy = loop {
-                if let Some(copy) = self.reserve_blocks(key, num_tokens) {
-                    break Some(copy);
+            let s = self.seq(key);
+            if s.beam.is_some() && s.num_computed_tokens + 1 == s.tokens.len() {
+                match self.schedule_beam_group(i, budget, rows, plan, &mut preempted) {
+                    Some(skip) => i += skip,
+                    None => break,
                 }
-                // Running is sorted, so the last entry is the worst-ranked one (at or after `i`).
-                let victim = *self.running.last().expect("`key` itself is running");
-                self.preempt(victim, rows, budget, plan);
-                preempted = true;
-                if victim == key {
-                    break None;
-                }
-            };
-            let Some(copy) = copy else { break };
-            rows.push(Row {
-                key,
-                num_tokens,
-                copy,
-            });
-            *budget -= num_tokens;
+                continue;
+            }
+            let num_tokens = (s.compute_target() - s.num_computed_tokens).min(*budget);
+            if num_tokens == 0 {
+                i += 1;
+                continue;
+            }
+            if !self.schedule_row(key, num_tokens, budget, rows, plan, &mut preempted) {
+                break;
+            }
             i += 1;
         }
         preempted
+    }
+
+    /// Gives `key` a row of `num_tokens`, preempting the worst-ranked running work (possibly
+    /// `key` itself, with its beam group) while blocks are short. Returns false when `key` was
+    /// preempted: everything after it in `running` is gone too.
+    fn schedule_row(
+        &mut self,
+        key: SeqKey,
+        num_tokens: usize,
+        budget: &mut usize,
+        rows: &mut Vec<Row>,
+        plan: &mut StepPlan,
+        preempted: &mut bool,
+    ) -> bool {
+        let copy = loop {
+            if let Some(copy) = self.reserve_blocks(key, num_tokens) {
+                break copy;
+            }
+            // Running is sorted, so the last entry is the worst-ranked one (at or after `key`).
+            let victim = *self.running.last().expect("`key` itself is running");
+            self.preempt(victim, rows, budget, plan);
+            *preempted = true;
+            if self.seq(key).status != SeqStatus::Running {
+                return false;
+            }
+        };
+        rows.push(Row {
+            key,
+            num_tokens,
+            copy,
+        });
+        *budget -= num_tokens;
+        true
+    }
+
+    /// The beam at `running[i]` has computed all but its last token. When every beam of its
+    /// group has too (they are contiguous in `running`), the group gets one decode row per beam,
+    /// all in this step; otherwise this beam waits. Returns how many entries of `running` to
+    /// move past, or None when the group was preempted (it was the worst-ranked work).
+    fn schedule_beam_group(
+        &mut self,
+        i: usize,
+        budget: &mut usize,
+        rows: &mut Vec<Row>,
+        plan: &mut StepPlan,
+        preempted: &mut bool,
+    ) -> Option<usize> {
+        let req_id = self.seq(self.running[i]).req_id;
+        let members = self.requests[&req_id].seqs.clone();
+        let ready = members.iter().all(|&k| {
+            let s = self.seq(k);
+            s.status == SeqStatus::Running && s.num_computed_tokens + 1 == s.tokens.len()
+        });
+        if !ready {
+            return Some(1);
+        }
+        let group: Vec<SeqKey> = self.running[i..i + members.len()].to_vec();
+        debug_assert!(
+            group.iter().all(|k| members.contains(k)),
+            "beams are contiguous"
+        );
+        if *budget < group.len() {
+            return Some(group.len());
+        }
+        for key in group.iter().copied() {
+            if !self.schedule_row(key, 1, budget, rows, plan, preempted) {
+                return None;
+            }
+        }
+        Some(group.len())
     }
 
     /// Reserves the blocks `key` needs to compute `num_tokens` more tokens, copying a shared
@@ -182,32 +249,65 @@ impl Scheduler {
             let Some((key, rank)) = self.waiting.peek(now, aging) else {
                 break;
             };
-            let hits = self.find_cached_prefix(key);
+            // A preempted beam group comes back whole: every beam at once, each with the
+            // blocks for its whole recompute, so that no beam waits on another for blocks.
+            let keys = match self.seq(key).beam.is_some() {
+                true => self.waiting_beams(key),
+                false => vec![key],
+            };
+            let whole = keys.len() > 1 || self.seq(key).beam.is_some();
+            let hits: Vec<Vec<BlockId>> =
+                keys.iter().map(|&k| self.find_cached_prefix(k)).collect();
             loop {
-                let seats = self.seq(key).seats;
+                let seats: usize = keys.iter().map(|&k| self.seq(k).seats).sum();
                 let seats_ok = self.num_running_seats + seats <= self.cfg.max_num_seqs;
-                if seats_ok && self.pool.num_free() >= self.blocks_to_admit(key, &hits, *budget) {
+                let blocks: usize = keys
+                    .iter()
+                    .zip(&hits)
+                    .map(|(&k, h)| {
+                        self.blocks_to_admit(k, h, if whole { usize::MAX } else { *budget })
+                    })
+                    .sum();
+                if seats_ok && self.pool.num_free() >= blocks {
                     break;
                 }
                 if !self.preempt_worse_than(rank, now, rows, budget, plan) {
                     return;
                 }
             }
-            let num_tokens = self.admit(key, &hits, *budget);
-            rows.push(Row {
-                key,
-                num_tokens,
-                copy: None,
-            });
-            *budget -= num_tokens;
+            for (&key, hits) in keys.iter().zip(&hits) {
+                let num_tokens = self.admit(key, hits, *budget, whole);
+                if num_tokens > 0 {
+                    rows.push(Row {
+                        key,
+                        num_tokens,
+                        copy: None,
+                    });
+                }
+                *budget -= num_tokens;
+            }
         }
     }
 
-    /// Blocks that admitting `key` with prefix `hits` and this budget takes from the free list.
+    /// The waiting beams of `key`'s group (all of them: a group is preempted whole).
+    fn waiting_beams(&self, key: SeqKey) -> Vec<SeqKey> {
+        let req_id = self.seq(key).req_id;
+        let mut keys: Vec<SeqKey> = self.requests[&req_id]
+            .seqs
+            .iter()
+            .copied()
+            .filter(|&k| self.seq(k).status != SeqStatus::Running)
+            .collect();
+        keys.sort_by_key(|&k| self.seq(k).seq_index);
+        keys
+    }
+
+    /// Blocks that admitting `key` with prefix `hits` takes from the free list, computing at
+    /// most `budget` tokens now (`usize::MAX`: everything up to its compute target).
     fn blocks_to_admit(&self, key: SeqKey, hits: &[BlockId], budget: usize) -> usize {
         let s = self.seq(key);
-        let num_cached = hits.len() * self.cfg.block_size;
-        let end = num_cached + (s.tokens.len() - num_cached).min(budget);
+        let num_cached = (hits.len() * self.cfg.block_size).min(s.compute_target());
+        let end = num_cached + (s.compute_target() - num_cached).min(budget);
         let revived = hits
             .iter()
             .filter(|&&b| self.pool.ref_count(b) == 0)
@@ -215,7 +315,9 @@ impl Scheduler {
         end.div_ceil(self.cfg.block_size) - hits.len() + revived
     }
 
-    fn admit(&mut self, key: SeqKey, hits: &[BlockId], budget: usize) -> usize {
+    /// Admits `key` with prefix `hits`: the row's token count this step (at most `budget`;
+    /// 0 = no row). `whole` reserves the blocks for everything up to its compute target.
+    fn admit(&mut self, key: SeqKey, hits: &[BlockId], budget: usize, whole: bool) -> usize {
         let bs = self.cfg.block_size;
         for &b in hits {
             self.pool.incref(b);
@@ -226,11 +328,16 @@ impl Scheduler {
         s.block_table.extend_from_slice(hits);
         s.num_computed_tokens = hits.len() * bs;
         s.num_cached_blocks = hits.len();
-        let num_tokens = (s.tokens.len() - s.num_computed_tokens).min(budget);
-        let end = s.num_computed_tokens + num_tokens;
-        let ok = self
-            .pool
-            .allocate_into(end.div_ceil(bs) - hits.len(), &mut s.block_table);
+        let target = s.compute_target();
+        let num_tokens = (target - s.num_computed_tokens).min(budget);
+        let end = match whole {
+            true => target,
+            false => s.num_computed_tokens + num_tokens,
+        };
+        let ok = self.pool.allocate_into(
+            end.div_ceil(bs).saturating_sub(hits.len()),
+            &mut s.block_table,
+        );
         debug_assert!(ok, "blocks were counted before admitting");
         s.status = SeqStatus::Running;
         self.num_running_seats += s.seats;

@@ -4,6 +4,7 @@
 //! stops, detokenizes and matches stop strings, and frees what finished. A sample that could not
 //! be drawn fails its request alone (`StepOutput::failed_req_ids`).
 
+use super::beam::BeamStep;
 use super::plan::StepOutput;
 use super::rank::SeqKey;
 use super::request::Sequence;
@@ -11,14 +12,15 @@ use super::schedule::PlanRecord;
 use super::scheduler::Scheduler;
 use crate::detok::Detokenizer;
 use crate::error::{CoreError, CoreResult};
-use crate::sampling::{self, SampleRequest, SampleResult, Sampled};
+use crate::sampling::{self, BeamCandidate, SampleRequest, SampleResult, Sampled};
 use crate::types::{FinishReason, RequestId, SeqStatus, TokenId};
 
 /// The tokens of one step: given by the caller, or drawn here from the step's logits (where a
 /// sample may have failed).
+/// Beam groups' samples are not drawn (`None`): `beam_step` consumes them.
 enum Samples<'a> {
     Given(&'a [TokenId]),
-    Drawn(Vec<SampleResult>),
+    Drawn(Vec<Option<SampleResult>>),
 }
 
 impl Samples<'_> {
@@ -26,21 +28,24 @@ impl Samples<'_> {
     fn token(&self, i: usize) -> TokenId {
         match self {
             Samples::Given(t) => t[i],
-            Samples::Drawn(d) => d[i].as_ref().expect("failed samples are skipped").token,
+            Samples::Drawn(d) => {
+                let drawn = d[i].as_ref().expect("beam samples are not appended");
+                drawn.as_ref().expect("failed samples are skipped").token
+            }
         }
     }
 
     fn drawn(&self, i: usize) -> Option<&Sampled> {
         match self {
             Samples::Given(_) => None,
-            Samples::Drawn(d) => d[i].as_ref().ok(),
+            Samples::Drawn(d) => d[i].as_ref().and_then(|r| r.as_ref().ok()),
         }
     }
 
     fn error(&self, i: usize) -> Option<&CoreError> {
         match self {
             Samples::Given(_) => None,
-            Samples::Drawn(d) => d[i].as_ref().err(),
+            Samples::Drawn(d) => d[i].as_ref().and_then(|r| r.as_ref().err()),
         }
     }
 
@@ -50,12 +55,16 @@ impl Samples<'_> {
             Samples::Drawn(d) => d
                 .iter()
                 .flatten()
+                .flatten()
                 .map(|s| s.top_logprobs.len())
                 .max()
                 .unwrap_or(0),
         }
     }
 }
+
+/// The beam groups of a step with their continuations (or why they could not be computed).
+type BeamResults = Vec<(BeamStep, CoreResult<Vec<BeamCandidate>>)>;
 
 impl Scheduler {
     /// Applies the tokens sampled for the plan of step `step_id`, one per sample in plan order.
@@ -78,7 +87,15 @@ impl Scheduler {
                 ),
             ));
         }
-        Ok(self.apply(&rec, &Samples::Given(sampled_token_ids)))
+        if !self.beam_steps(&sample_keys(&rec)).is_empty() {
+            self.last = Some(rec);
+            return Err(CoreError::invalid(
+                "sampled_token_ids",
+                "beam_search",
+                "the plan holds beam-search rows, which are chosen from the logits: call `update_with_logits`",
+            ));
+        }
+        Ok(self.apply(&rec, &Samples::Given(sampled_token_ids), Vec::new()))
     }
 
     /// Samples every row of the step from `logits` (row-major `[num_samples, vocab]`, row `i`
@@ -107,12 +124,23 @@ impl Scheduler {
                 ),
             ));
         }
+        let keys = sample_keys(&rec);
+        let steps = self.beam_steps(&keys);
         let drawn = {
-            let reqs = self.sample_requests(&rec);
+            let reqs = self.sample_requests(&rec, &steps);
             sampling::sample(logits, vocab, &reqs, &self.sampler)
+                .map(|d| (reqs.iter().map(|r| r.row).collect::<Vec<_>>(), d))
         };
         match drawn {
-            Ok(drawn) => Ok(self.apply(&rec, &Samples::Drawn(drawn))),
+            Ok((rows, drawn)) => {
+                let mut all: Vec<Option<SampleResult>> = vec![None; rec.total_samples];
+                for (row, d) in rows.into_iter().zip(drawn) {
+                    all[row] = Some(d);
+                }
+                let cands = self.beam_candidates(&steps, logits, vocab);
+                let beams = steps.into_iter().zip(cands).collect();
+                Ok(self.apply(&rec, &Samples::Drawn(all), beams))
+            }
             Err(e) => {
                 self.last = Some(rec);
                 Err(e)
@@ -134,15 +162,22 @@ impl Scheduler {
         }
     }
 
-    /// One sampling request per sample of the plan. A row that forks draws its `n` samples from
-    /// the parent's history with sample indices 0..n, the indices its children will carry.
-    fn sample_requests(&self, rec: &PlanRecord) -> Vec<SampleRequest<'_>> {
+    /// One sampling request per sample of the plan, beam groups' samples left out. A row that
+    /// forks draws its `n` samples from the parent's history with sample indices 0..n, the
+    /// indices its children will carry.
+    fn sample_requests(&self, rec: &PlanRecord, beams: &[BeamStep]) -> Vec<SampleRequest<'_>> {
         let mut reqs = Vec::with_capacity(rec.total_samples);
+        let mut i = 0;
         for (row, &num_samples) in rec.rows.iter().zip(&rec.num_samples) {
             let s = self.seqs[row.key as usize].as_ref().expect("scheduled");
+            let first = i;
+            i += num_samples as usize;
+            if beams.iter().any(|b| b.req_id == s.req_id) {
+                continue;
+            }
             for j in 0..num_samples {
                 reqs.push(SampleRequest {
-                    row: reqs.len(),
+                    row: first + j as usize,
                     params: &s.params,
                     prompt: &s.tokens[..s.num_prompt_tokens],
                     output: &s.tokens[s.num_prompt_tokens..],
@@ -155,21 +190,32 @@ impl Scheduler {
         reqs
     }
 
-    fn apply(&mut self, rec: &PlanRecord, samples: &Samples<'_>) -> StepOutput {
+    fn apply(&mut self, rec: &PlanRecord, samples: &Samples<'_>, beams: BeamResults) -> StepOutput {
+        let beam_width = beams
+            .iter()
+            .filter_map(|(b, _)| self.seq(b.members[0]).params.logprobs)
+            .max()
+            .map_or(0, |k| k as usize);
         let mut out = StepOutput {
-            num_top_logprobs: samples.num_top_logprobs(),
+            num_top_logprobs: samples.num_top_logprobs().max(beam_width),
             text_offsets: vec![0],
             logprob_byte_offsets: vec![0],
             ..StepOutput::default()
         };
-        let failed = self.failed_requests(rec, samples);
+        let mut failed = self.failed_requests(rec, samples);
+        for (b, cands) in &beams {
+            if let Err(e) = cands {
+                failed.push((b.req_id, e.to_string()));
+            }
+        }
         let mut next = 0;
         for (row, &num_samples) in rec.rows.iter().zip(&rec.num_samples) {
             self.advance(row.key, row.num_tokens);
             let (first, num_samples) = (next, num_samples as usize);
             next += num_samples;
             let req_id = self.seq(row.key).req_id;
-            if num_samples == 0 || failed.iter().any(|(id, _)| *id == req_id) {
+            let in_beam = beams.iter().any(|(b, _)| b.req_id == req_id);
+            if num_samples == 0 || in_beam || failed.iter().any(|(id, _)| *id == req_id) {
                 continue;
             }
             let mut keys = vec![row.key];
@@ -179,6 +225,11 @@ impl Scheduler {
             for (j, &key) in keys.iter().enumerate() {
                 let i = first + j;
                 self.append(key, samples.token(i), samples.drawn(i), &mut out);
+            }
+        }
+        for (step, cands) in &beams {
+            if let Ok(cands) = cands {
+                self.beam_step(step, cands, &mut out);
             }
         }
         for (req_id, message) in failed {
@@ -285,6 +336,7 @@ impl Scheduler {
         out.seq_indices.push(s.seq_index);
         out.token_ids.push(token);
         out.finish_reasons.push(finish.map_or(0, |f| f as u8));
+        out.sequence_scores.push(f32::NAN);
         let drawn = drawn.filter(|_| s.params.logprobs.is_some());
         push_logprobs(out, drawn, self.detok.as_deref());
         if let Some(reason) = finish {
@@ -297,7 +349,11 @@ impl Scheduler {
 /// caller sampled): NaN and padding then. With a detokenizer, the bytes of the chosen token and
 /// of each alternative go with them (empty for padding), so that logprob entries reach Python
 /// with their token texts in the step that made them.
-fn push_logprobs(out: &mut StepOutput, drawn: Option<&Sampled>, detok: Option<&Detokenizer>) {
+pub(crate) fn push_logprobs(
+    out: &mut StepOutput,
+    drawn: Option<&Sampled>,
+    detok: Option<&Detokenizer>,
+) {
     let width = out.num_top_logprobs;
     let top = drawn.map_or(&[][..], |d| &d.top_logprobs[..]);
     out.logprobs
@@ -321,6 +377,15 @@ fn push_token_bytes(out: &mut StepOutput, detok: Option<&Detokenizer>, token: Op
     }
     let end = u32::try_from(out.logprob_bytes.len()).expect("a step's logprob bytes fit u32");
     out.logprob_byte_offsets.push(end);
+}
+
+/// The sequence of each sample of the plan, in order.
+fn sample_keys(rec: &PlanRecord) -> Vec<SeqKey> {
+    rec.rows
+        .iter()
+        .zip(&rec.num_samples)
+        .flat_map(|(row, &n)| std::iter::repeat_n(row.key, n as usize))
+        .collect()
 }
 
 /// Offers `s`'s computed full blocks past `num_cached_blocks` to the prefix cache.

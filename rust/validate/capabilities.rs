@@ -30,7 +30,7 @@ pub struct Capabilities {
 
 /// What this build serves today.
 pub const BUILT: Capabilities = Capabilities {
-    beam_search: false,
+    beam_search: true,
     best_of: false,
     tool_calls: false,
     structured_output: false,
@@ -52,7 +52,15 @@ pub fn check_params(p: &SamplingParams, caps: &Capabilities) -> CoreResult<()> {
             "beam search is not supported yet",
         ));
     }
-    if p.best_of != p.n && !caps.best_of {
+    if p.use_beam_search && !p.stop.is_empty() {
+        return Err(CoreError::invalid(
+            "stop",
+            codes::CONFLICT,
+            "`stop` strings cannot be used with `use_beam_search` (beam hypotheses end on tokens)",
+        ));
+    }
+    // Under beam search `best_of` is the beam width, not a number of samples to rank.
+    if !p.use_beam_search && p.best_of != p.n && !caps.best_of {
         return Err(unsupported(
             "best_of",
             format_args!(

@@ -19,6 +19,7 @@
 //! parameters in one [`ValidRequest`]; what this build cannot serve yet is refused from one
 //! table, [`capabilities`](Capabilities).
 
+mod beam;
 mod capabilities;
 mod common;
 mod databricks;

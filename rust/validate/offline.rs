@@ -5,6 +5,7 @@
 use crate::error::CoreResult;
 use crate::params::SamplingParams;
 
+use super::beam::beam_options;
 use super::request::{read_switches, OutputCap, ValidRequest};
 use super::Route;
 
@@ -22,10 +23,12 @@ use super::tokens::{
 };
 
 /// Every keyword the offline route reads: the `SamplingParams` field names.
-pub const OFFLINE_FIELDS: [&str; 29] = [
+pub const OFFLINE_FIELDS: [&str; 31] = [
     "n",
     "best_of",
     "use_beam_search",
+    "length_penalty",
+    "early_stopping",
     "max_tokens",
     "min_tokens",
     "ignore_eos",
@@ -136,7 +139,11 @@ fn sequences(o: &Obj<'_>, p: &mut SamplingParams, limits: &Limits) -> CoreResult
                 .field("stop")
                 .bad(codes::CONFLICT, "cannot be used with `use_beam_search`"));
         }
-        return check_beam_width(o, p.best_of, limits);
+        check_beam_width(o, p.best_of, limits)?;
+    }
+    beam_options(o, p)?;
+    if p.use_beam_search {
+        return Ok(());
     }
     if p.best_of > 1 && p.temperature == 0.0 {
         return Err(fail(

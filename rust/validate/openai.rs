@@ -4,6 +4,7 @@
 use crate::error::CoreResult;
 use crate::params::SamplingParams;
 
+use super::beam::beam_options;
 use super::request::{routed, ValidRequest};
 use super::Route;
 
@@ -168,8 +169,9 @@ fn sequences(
         p.best_of = best_of.unwrap_or(p.n).max(p.n);
         p.use_beam_search = true;
         check_beam_width(o, p.best_of, limits)?;
-        return Ok(());
+        return beam_options(o, p);
     }
+    beam_options(o, p)?;
     p.best_of = best_of.unwrap_or(p.n);
     if let Some(b) = best_of {
         let ok = if stream {

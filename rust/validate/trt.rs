@@ -9,9 +9,10 @@
 //! `end_id` names it (→A-71).
 
 use crate::error::CoreResult;
-use crate::params::SamplingParams;
+use crate::params::{EarlyStopping, SamplingParams};
 use crate::types::TokenId;
 
+use super::beam::early_stopping_from_int;
 use super::codes;
 use super::common::{
     apply_output_cap, float_in, int_in, make_greedy, normalise_top_k, seed, u32_in, ANY, I32_MAX,
@@ -22,6 +23,37 @@ use super::raw::{fail, Field, Obj, Raw};
 use super::request::{read_switches, OutputCap, ValidRequest};
 use super::tokens::{embedding_bias, token_id, token_ids};
 use super::Route;
+
+/// `len_penalty` (alias `length_penalty`) and `early_stopping` (SPEC 7.3), which act only
+/// with `beam_width` > 1; beam search does not sample, so `runtime_top_k` / `runtime_top_p`
+/// must then stay off.
+fn beam_options(o: &Obj<'_>, p: &mut SamplingParams) -> CoreResult<()> {
+    let length = scalar(aliased(o, "len_penalty", "length_penalty")?)?;
+    p.length_penalty = float_in(length, ANY, "")?.unwrap_or(1.0);
+    let early = scalar(o.field("early_stopping"))?;
+    let early_value = int_in(early, i32::MIN.into(), I32_MAX)?;
+    p.early_stopping = early_value.map_or(EarlyStopping::Heuristic, early_stopping_from_int);
+    if !p.use_beam_search {
+        if p.length_penalty != 1.0 {
+            return Err(length.bad(codes::CONFLICT, "acts only with `beam_width` > 1"));
+        }
+        if early_value.is_some_and(|v| v != 0) {
+            return Err(early.bad(codes::CONFLICT, "acts only with `beam_width` > 1"));
+        }
+        return Ok(());
+    }
+    let filters = [
+        ("runtime_top_k", p.top_k != 0),
+        ("runtime_top_p", p.top_p < 1.0),
+    ];
+    match filters.into_iter().find(|(_, on)| *on) {
+        Some((key, _)) => Err(scalar(o.field(key))?.bad(
+            codes::CONFLICT,
+            "cannot be used with `beam_width` > 1: beam search does not sample (send 0)",
+        )),
+        None => Ok(()),
+    }
+}
 
 /// TRT-LLM's largest top-k.
 const MAX_TOP_K: u32 = 1024;
@@ -43,6 +75,7 @@ pub(super) fn trt(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     } else if greedy {
         make_greedy(&mut p);
     }
+    beam_options(&o, &mut p)?;
     end_id(&o, &mut p, limits)?;
     p.bad_words = word_list(o.field("bad_words_list"), limits)?;
     p.stop_token_sequences = word_list(o.field("stop_words_list"), limits)?;
@@ -86,12 +119,6 @@ fn sampling(o: &Obj<'_>, limits: &Limits) -> CoreResult<(SamplingParams, bool)> 
         top_p: if top_p == 0.0 { 1.0 } else { top_p },
         ..SamplingParams::default()
     };
-    float_in(
-        scalar(aliased(o, "len_penalty", "length_penalty")?)?,
-        ANY,
-        "",
-    )?;
-    int_in(scalar(o.field("early_stopping"))?, i32::MIN.into(), I32_MAX)?;
     let greedy = (top_k == 0 && top_p == 0.0) || p.temperature == 0.0;
     Ok((p, greedy))
 }

@@ -70,6 +70,7 @@ class CompletionOutput:
         "new_logprobs",
         "new_text",
         "new_token_ids",
+        "score",
         "stop_reason",
     )
 
@@ -83,6 +84,9 @@ class CompletionOutput:
         self.new_text = new_text
         self.finish_reason = seq.finish_reason
         self.stop_reason = seq.stop_reason
+        #: Beam search: the hypothesis's score, ``sum of its tokens' processed logprobs /
+        #: len(token_ids) ** length_penalty`` (HF's ``sequences_scores``); else None.
+        self.score = seq.score
         self.new_logprobs = seq.release_logprobs(bool(new_text) or self.finish_reason is not None)
 
     @property
@@ -170,6 +174,8 @@ class _SequenceState:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    #: Beam search: the hypothesis's score (set with its last token).
+    score: float | None = None
     #: Logprob entries already handed out with their text.
     num_released_logprobs: int = 0
 
@@ -210,6 +216,7 @@ class _Columns:
     stop_str_indices: list[int]
     stop_token_ids: list[int]
     logprobs: list[float]
+    sequence_scores: list[float]
     top_token_ids: list[list[int]]
     top_logprobs: list[list[float]]
     logprob_bytes: bytes
@@ -226,6 +233,7 @@ class _Columns:
             out.stop_str_indices.tolist(),
             out.stop_token_ids.tolist(),
             out.logprobs.tolist(),
+            out.sequence_scores.tolist(),
             out.top_token_ids.tolist(),
             out.top_logprobs.tolist(),
             out.logprob_bytes,
@@ -368,6 +376,8 @@ class RequestTracker:
                 seq.text_pieces.append(piece)
             if seq.logprobs is not None:
                 seq.logprobs.append(cols.token_logprob(i))
+            if not math.isnan(score := cols.sequence_scores[i]):
+                seq.score = score
             if cols.finish_reasons[i]:
                 seq.finish_reason = FINISH_REASON_NAMES[cols.finish_reasons[i]]
                 seq.stop_reason = _stop_reason(

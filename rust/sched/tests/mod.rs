@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::error::CoreError;
-use crate::params::SamplingParams;
+use crate::params::{EarlyStopping, SamplingParams};
 use crate::types::{FinishReason, RequestId, SeqStatus};
 
 fn cfg(num_blocks: usize, block_size: usize, budget: usize, max_seqs: usize) -> SchedulerConfig {

@@ -60,9 +60,62 @@ impl ShadowKv {
     }
 }
 
+const VOCAB: usize = 8;
+
+/// Every emitted beam hypothesis is whole and ranked: sequence indices `0..k` with `k <= n`,
+/// each one contiguous run of entries ending with its finish reason and its score, the scores
+/// non-increasing by index. Returns the beam requests that emitted.
+fn check_beam_outputs(out: &StepOutput, beam_n: &HashMap<u64, u32>, seed: u64) -> usize {
+    let mut emitted = 0;
+    let mut i = 0;
+    while i < out.num_samples() {
+        let req = out.req_ids[i];
+        let Some(&n) = beam_n.get(&req) else {
+            i += 1;
+            continue;
+        };
+        emitted += 1;
+        let mut scores = Vec::new();
+        while i < out.num_samples() && out.req_ids[i] == req {
+            let index = out.seq_indices[i];
+            assert_eq!(
+                index as usize,
+                scores.len(),
+                "seed {seed}: hypotheses in order"
+            );
+            while out.sequence_scores[i].is_nan() {
+                assert_eq!(
+                    out.finish_reasons[i], 0,
+                    "seed {seed}: only the last token ends"
+                );
+                i += 1;
+                assert_eq!(
+                    out.seq_indices[i], index,
+                    "seed {seed}: one run per hypothesis"
+                );
+            }
+            assert_ne!(
+                out.finish_reasons[i], 0,
+                "seed {seed}: the scored token ends it"
+            );
+            scores.push(out.sequence_scores[i]);
+            i += 1;
+        }
+        assert!(
+            scores.len() <= n as usize && !scores.is_empty(),
+            "seed {seed}"
+        );
+        assert!(
+            scores.windows(2).all(|w| w[0] >= w[1]),
+            "seed {seed}: best first: {scores:?}"
+        );
+    }
+    emitted
+}
+
 /// Runs one seeded workload to completion; returns [preemptions, block copies, prefix-hit blocks,
-/// aborts, timeouts] so the caller can check that the rules were exercised.
-fn random_workload(seed: u64) -> [u64; 5] {
+/// aborts, timeouts, beam groups that emitted, beams preempted] so the caller can check that the rules were exercised.
+fn random_workload(seed: u64) -> [u64; 7] {
     let mut rng = SmallRng::seed_from_u64(seed);
     let bs = rng.random_range(1..=6);
     let max_model_len = 48;
@@ -76,6 +129,7 @@ fn random_workload(seed: u64) -> [u64; 5] {
         enable_prefix_caching: rng.random_bool(0.8),
         priority_aging_s: if rng.random_bool(0.5) { 0.0 } else { 5.0 },
         eos_token_ids: vec![0],
+        seed: Some(seed),
         ..SchedulerConfig::default()
     };
     let mut s = Scheduler::new(cfg.clone()).unwrap();
@@ -93,8 +147,9 @@ fn random_workload(seed: u64) -> [u64; 5] {
     let mut next_id = 0u64;
     let mut now = 0.0;
     let mut num_finished = 0;
-    let mut seen = [0u64; 5];
+    let mut seen = [0u64; 7];
     let mut step_no = 0;
+    let mut beam_n: HashMap<u64, u32> = HashMap::new();
     while step_no < 100 || s.has_unfinished_requests() {
         assert!(
             step_no < 20_000,
@@ -118,7 +173,7 @@ fn random_workload(seed: u64) -> [u64; 5] {
                 1
             };
             let max_tokens: i64 = rng.random_range(1..20);
-            let p = SamplingParams::new(
+            let mut p = SamplingParams::new(
                 n.into(),
                 Some(max_tokens),
                 rng.random_range(0..3).min(max_tokens),
@@ -126,15 +181,42 @@ fn random_workload(seed: u64) -> [u64; 5] {
                 vec![],
             )
             .unwrap();
+            let beam = rng.random_bool(0.15);
+            if beam {
+                let width = rng.random_range(1..=cfg.max_num_seqs.min(5) as u32);
+                p = SamplingParams {
+                    use_beam_search: true,
+                    best_of: width,
+                    n: rng.random_range(1..=width),
+                    length_penalty: [0.5, 1.0, 2.0][rng.random_range(0..3)],
+                    early_stopping: [
+                        EarlyStopping::Heuristic,
+                        EarlyStopping::Finished,
+                        EarlyStopping::Never,
+                    ][rng.random_range(0..3)],
+                    logprobs: rng.random_bool(0.3).then_some(2),
+                    ..p
+                };
+            }
+            let p_n = p.n;
             let deadline = rng
                 .random_bool(0.1)
                 .then(|| now + rng.random_range(1.0..30.0));
-            s.add_request(NewRequest {
+            let added = s.add_request(NewRequest {
                 deadline,
                 ..req(next_id, prompt, Arc::new(p), rng.random_range(1..=5), now)
-            })
-            .unwrap();
-            next_id += 1;
+            });
+            match added {
+                Ok(()) => {
+                    if beam {
+                        beam_n.insert(next_id, p_n);
+                    }
+                    next_id += 1;
+                }
+                // A beam group the whole pool could not hold is refused up front.
+                Err(CoreError::Invalid { param, .. }) if beam && param == "best_of" => {}
+                Err(e) => panic!("seed {seed}: {e}"),
+            }
         }
         if rng.random_bool(0.05) && next_id > 0 {
             s.abort_request(RequestId(rng.random_range(0..next_id)));
@@ -197,14 +279,27 @@ fn random_workload(seed: u64) -> [u64; 5] {
                 "seed {seed} step {step_no} row {r}"
             );
         }
-        let sampled: Vec<u32> = (0..plan.num_samples())
-            .map(|_| rng.random_range(0..8))
+        // Random logits over a vocabulary of 8: sampled rows draw from them, beam groups
+        // choose their continuations from them.
+        let logits: Vec<f32> = (0..plan.num_samples() * VOCAB)
+            .map(|_| rng.random_range(-3.0..3.0))
             .collect();
-        let out = s.update(plan.step_id, &sampled).unwrap();
+        let out = s.update_with_logits(plan.step_id, &logits, VOCAB).unwrap();
+        assert!(
+            out.failed_req_ids.is_empty(),
+            "seed {seed}: {:?}",
+            out.failed_messages
+        );
+        seen[5] += check_beam_outputs(&out, &beam_n, seed) as u64;
         s.check_invariants()
             .unwrap_or_else(|e| panic!("seed {seed} step {step_no} after update: {e}"));
         num_finished += out.finished_req_ids.len() + plan.finished_req_ids.len();
         seen[1] += plan.block_copies.len() as u64 / 2;
+        seen[6] += plan
+            .preempted_req_ids
+            .iter()
+            .filter(|r| beam_n.contains_key(r))
+            .count() as u64;
         for &r in &plan.finished_reasons {
             seen[if r == FinishReason::Abort as u8 { 3 } else { 4 }] += 1;
         }
@@ -237,7 +332,7 @@ fn random_workload(seed: u64) -> [u64; 5] {
 
 #[test]
 fn randomized_workloads_keep_every_invariant() {
-    let mut total = [0u64; 5];
+    let mut total = [0u64; 7];
     for seed in 0..300 {
         for (t, x) in total.iter_mut().zip(random_workload(seed)) {
             *t += x;
@@ -245,6 +340,6 @@ fn randomized_workloads_keep_every_invariant() {
     }
     assert!(
         total.iter().all(|&x| x > 0),
-        "[preemptions, copies, hits, aborts, timeouts] = {total:?}"
+        "[preemptions, copies, hits, aborts, timeouts, beam groups that emitted, beams preempted] = {total:?}"
     );
 }

@@ -87,6 +87,18 @@ const CROSS: &[(&str, Option<(&str, &str)>)] = &[
     (r#"{"n": 2}"#, None),
     (r#"{"n": 1, "best_of": 1, "temperature": 0}"#, None),
     (r#"{"use_beam_search": true, "n": 2, "temperature": 0}"#, None),
+    // beam options act only under beam search, which does not sample
+    (r#"{"use_beam_search": true, "length_penalty": -0.5, "early_stopping": "never"}"#, None),
+    (r#"{"use_beam_search": true, "early_stopping": true, "temperature": 1}"#, None),
+    (r#"{"use_beam_search": true, "early_stopping": "always"}"#, Some(("early_stopping", INVALID_VALUE))),
+    (r#"{"use_beam_search": true, "early_stopping": 1}"#, Some(("early_stopping", INVALID_VALUE))),
+    (r#"{"length_penalty": 2}"#, Some(("length_penalty", CONFLICT))),
+    (r#"{"length_penalty": 1, "early_stopping": false}"#, None),
+    (r#"{"early_stopping": "never"}"#, Some(("early_stopping", CONFLICT))),
+    (r#"{"use_beam_search": true, "top_p": 0.5}"#, Some(("top_p", CONFLICT))),
+    (r#"{"use_beam_search": true, "top_k": 4}"#, Some(("top_k", CONFLICT))),
+    (r#"{"use_beam_search": true, "min_p": 0.1}"#, Some(("min_p", CONFLICT))),
+    (r#"{"use_beam_search": true, "top_k": -1, "top_p": 1}"#, None),
 ];
 
 #[test]

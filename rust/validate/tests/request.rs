@@ -97,11 +97,6 @@ fn the_capability_table_refuses_unbuilt_features_by_field() {
     let cases = [
         (
             Route::Completions,
-            r#"{"model": "m", "prompt": "a", "use_beam_search": true}"#,
-            "use_beam_search",
-        ),
-        (
-            Route::Completions,
             r#"{"model": "m", "prompt": "a", "best_of": 2, "temperature": 1}"#,
             "best_of",
         ),
@@ -138,6 +133,10 @@ fn the_capability_table_refuses_unbuilt_features_by_field() {
         (
             Route::Completions,
             r#"{"model": "m", "prompt": "a", "echo": true, "best_of": 1}"#,
+        ),
+        (
+            Route::Completions,
+            r#"{"model": "m", "prompt": "a", "use_beam_search": true, "n": 2, "best_of": 4}"#,
         ),
         (
             Route::DatabricksCompletions,

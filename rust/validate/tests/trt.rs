@@ -38,9 +38,10 @@ const FIELDS: &[Case] = &[
     ("runtime_top_k", "-1", Some(("runtime_top_k", OUT_OF_RANGE))),
     ("runtime_top_p", "0", None),
     ("runtime_top_p", "1.01", Some(("runtime_top_p", OUT_OF_RANGE))),
-    ("len_penalty", "-3.5", None),
+    ("len_penalty", "-3.5", Some(("len_penalty", CONFLICT))),
     ("length_penalty", "1.0", None),
-    ("early_stopping", "[1]", None),
+    ("early_stopping", "[0]", None),
+    ("early_stopping", "[1]", Some(("early_stopping", CONFLICT))),
     ("early_stopping", "0.5", Some(("early_stopping", WRONG_TYPE))),
     ("repetition_penalty", "0", Some(("repetition_penalty", OUT_OF_RANGE))),
     ("presence_penalty", "-5", None),
@@ -133,9 +134,35 @@ fn field_mapping() {
     assert_eq!(p.bad_words, vec![vec![77, 15249], vec![77]]);
     assert_eq!(p.stop_token_sequences, vec![vec![5, 6]]);
     let p = run(
-        r#"{"max_new_tokens": 4, "request_output_len": null, "is_streaming": true, "length_penalty": 2}"#,
+        r#"{"max_new_tokens": 4, "request_output_len": null, "is_streaming": true, "beam_width": 3, "length_penalty": 2, "early_stopping": 5}"#,
     );
     assert_eq!(p.max_tokens, Some(4), "aliases (→A-76)");
+    assert_eq!(
+        (
+            p.use_beam_search,
+            p.best_of,
+            p.length_penalty,
+            p.early_stopping
+        ),
+        (true, 3, 2.0, crate::params::EarlyStopping::Never)
+    );
+    for (early, want) in [
+        ("0", crate::params::EarlyStopping::Heuristic),
+        ("1", crate::params::EarlyStopping::Finished),
+        ("-1", crate::params::EarlyStopping::Never),
+    ] {
+        let p = run(&format!(
+            r#"{{"beam_width": 2, "early_stopping": [{early}]}}"#
+        ));
+        assert_eq!(p.early_stopping, want, "early_stopping {early}");
+    }
+    let filtered = merge(BASE, r#"{"beam_width": 2, "runtime_top_k": 5}"#);
+    assert_err(
+        validate(Route::Trt, &filtered, None, &limits()),
+        "runtime_top_k",
+        CONFLICT,
+        "beam search does not sample",
+    );
     let p =
         run(r#"{"repetition_penalty": 1.2, "presence_penalty": 0.5, "frequency_penalty": -0.5}"#);
     assert_eq!(
