@@ -102,11 +102,6 @@ fn the_capability_table_refuses_unbuilt_features_by_field() {
         ),
         (
             Route::Completions,
-            r#"{"model": "m", "prompt": "a", "best_of": 2, "temperature": 1}"#,
-            "best_of",
-        ),
-        (
-            Route::Completions,
             r#"{"model": "m", "prompt": "a", "suffix": "z"}"#,
             "suffix",
         ),
@@ -140,6 +135,10 @@ fn the_capability_table_refuses_unbuilt_features_by_field() {
             r#"{"model": "m", "prompt": "a", "echo": true, "best_of": 1}"#,
         ),
         (
+            Route::Completions,
+            r#"{"model": "m", "prompt": "a", "n": 2, "best_of": 5, "temperature": 1}"#,
+        ),
+        (
             Route::DatabricksCompletions,
             r#"{"prompt": "a", "suffix": "z", "echo": true}"#,
         ),
@@ -154,11 +153,13 @@ fn the_capability_table_refuses_unbuilt_features_by_field() {
             "{body}"
         );
     }
-    let offline = request(Route::Offline, r#"{"n": 1, "best_of": 2}"#);
+    let offline = request(Route::Offline, r#"{"use_beam_search": true, "n": 2}"#);
     assert_eq!(
         unsupported_param(check_capabilities(&offline.params, &BUILT)),
-        "best_of"
+        "use_beam_search"
     );
+    let best_of = request(Route::Offline, r#"{"n": 1, "best_of": 2}"#);
+    assert!(check_capabilities(&best_of.params, &BUILT).is_ok());
 }
 
 #[test]
