@@ -166,6 +166,24 @@ impl SamplingParams {
         self.temperature == 0.0 || self.top_k == 1
     }
 
+    /// Sequences the scheduler runs for the request (its seats): `best_of`, which is never
+    /// below `n` (the `n` best of them are returned).
+    pub fn num_candidates(&self) -> u32 {
+        self.best_of.max(self.n)
+    }
+
+    /// True when sampling more candidates than it returns (`best_of` > `n`, no beam search):
+    /// the engine then ranks them by cumulative logprob once all have finished.
+    pub fn ranks_candidates(&self) -> bool {
+        !self.use_beam_search && self.best_of > self.n
+    }
+
+    /// Whether each drawn token's logprob must be computed: asked for (`logprobs`), or needed
+    /// to rank candidates (then it is computed even though no entry is returned).
+    pub fn needs_token_logprob(&self) -> bool {
+        self.logprobs.is_some() || self.ranks_candidates()
+    }
+
     /// Builds parameters from raw caller values, checking each field and the cross-field rule
     /// `min_tokens <= max_tokens`. Values arrive as `i64` so that negative or huge inputs get a
     /// range error naming the field rather than an integer-conversion error.

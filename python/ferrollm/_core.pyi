@@ -406,7 +406,8 @@ class StepOutput:
         vLLM's rule: EOS is no stop reason (unless ``ignore_eos``), and a stop string wins."""
     @property
     def logprobs(self) -> npt.NDArray[np.float32]:
-        """Logprob of each appended token; NaN when the request asked for none."""
+        """Logprob of each appended token; NaN when the request needs none (it asked for no
+        logprobs and does not rank ``best_of`` > ``n`` candidates by their sum)."""
     @property
     def sequence_scores(self) -> npt.NDArray[np.float32]:
         """Beam search: on the last token of each emitted hypothesis its score
@@ -659,8 +660,9 @@ def truncate_at_stop(
 class SampleResult:
     """One step's draws as numpy columns, one entry per sample.
 
-    ``logprobs`` is NaN where a sample did not ask for logprobs; ``top_token_ids`` and
-    ``top_logprobs`` have shape ``[samples, max_k]``, padded with -1 and -inf.
+    ``logprobs`` is NaN where a sample needs none (no ``logprobs``, no ``best_of`` > ``n``);
+    ``top_token_ids`` and ``top_logprobs`` have shape ``[samples, max_k]``, padded with -1 and
+    -inf.
     """
 
     @property

@@ -61,9 +61,9 @@ fn check_len(param: &str, len: usize, num_samples: usize) -> PyResult<()> {
     Err(invalid(param, "length_mismatch", msg))
 }
 
-/// One step's draws as numpy columns: `token_ids[i]` and `logprobs[i]` (NaN where logprobs were
-/// not asked for), and `top_token_ids` / `top_logprobs` of shape `[samples, max_k]`, padded with
-/// -1 / -inf.
+/// One step's draws as numpy columns: `token_ids[i]` and `logprobs[i]` (NaN where the sample
+/// needs none: no `logprobs`, no best_of > n ranking), and `top_token_ids` / `top_logprobs` of
+/// shape `[samples, max_k]`, padded with -1 / -inf.
 #[pyclass(name = "SampleResult", module = "ferrollm._core", frozen, get_all)]
 pub struct PySampleResult {
     token_ids: Arr<u32>,

@@ -42,6 +42,9 @@
 //! Only for `params.logprobs == Some(k)`: the chosen token's logprob and the top `k` tokens by
 //! descending logprob, ties by id, padded with the lowest remaining ids at `-inf` when fewer
 //! than `k` tokens are possible. [`LogprobsMode`] chooses which distribution they describe.
+//! A request that ranks `best_of` > `n` candidates gets the chosen token's logprob even without
+//! `logprobs` (and no alternatives): their sum is the candidate's cumulative logprob, in the
+//! same mode, as in vLLM (whose `cumulative_logprob` adds up the sampled tokens' logprobs).
 
 mod beam;
 mod filters;
@@ -91,7 +94,8 @@ pub struct SampleRequest<'a> {
 pub struct Sampled {
     /// The token.
     pub token: TokenId,
-    /// Its logprob; `None` unless `params.logprobs` is set.
+    /// Its logprob; `None` unless `params.logprobs` is set or the request ranks candidates
+    /// (`SamplingParams::needs_token_logprob`).
     pub logprob: Option<f32>,
     /// The top `k` (token, logprob) pairs, descending logprob, ties by id; empty unless
     /// `params.logprobs == Some(k)`.

@@ -151,8 +151,11 @@ fn sample_group(
             (reqs.iter().map(|r| draw(r, s)).collect(), Some(dist))
         }
     };
-    let Some(k) = head.params.logprobs else {
-        return Ok(tokens.iter().map(|c| no_logprobs(c.id)).collect());
+    // Ranking best_of candidates needs the chosen token's logprob alone (no alternatives).
+    let k = match head.params.logprobs {
+        Some(k) => k,
+        None if head.params.needs_token_logprob() => 0,
+        None => return Ok(tokens.iter().map(|c| no_logprobs(c.id)).collect()),
     };
     let mode = cfg.logprobs_mode;
     Ok(with_logprobs(
@@ -176,7 +179,8 @@ fn choose(
 ) -> Option<Choice> {
     let p = req.params;
     let greedy = p.is_greedy();
-    let whole_row_logprobs = p.logprobs.is_some() && cfg.logprobs_mode == LogprobsMode::Processed;
+    let whole_row_logprobs =
+        p.needs_token_logprob() && cfg.logprobs_mode == LogprobsMode::Processed;
     let in_place = all_sparse(p)
         && if greedy {
             !whole_row_logprobs

@@ -88,9 +88,10 @@ struct Resolved {
 
 impl Scheduler {
     /// Queues a request. Fails, queueing nothing, on a reused id, an empty or too-long prompt, a
-    /// bad priority, arrival time or deadline, `n` above `max_num_seqs`, parameters or prompt
-    /// tokens that do not fit a known `vocab_size`, stop strings without a tokenizer, or a full
-    /// waiting queue (`QueueFull`).
+    /// bad priority, arrival time or deadline, `n` or `best_of` above `max_num_seqs`, parameters
+    /// or prompt tokens that do not fit a known `vocab_size`, stop strings without a tokenizer,
+    /// or a full waiting queue (`QueueFull`). The request's first sequence holds a seat for each
+    /// of its `best_of` candidates until it forks into them.
     pub fn add_request(&mut self, req: NewRequest) -> CoreResult<()> {
         let r = self.check_new_request(&req)?;
         let (mut text, token_stops) = text_state_for(self.detok.as_deref(), &req.params)?;
@@ -124,7 +125,7 @@ impl Scheduler {
             block_table: Vec::new(),
             block_hashes: Vec::new(),
             num_cached_blocks: 0,
-            seats: req.params.best_of as usize,
+            seats: req.params.num_candidates() as usize,
             extra_key: r.extra_key,
             params: req.params,
             status: SeqStatus::Waiting,
@@ -213,15 +214,17 @@ impl Scheduler {
     }
 
     fn check_params(&self, params: &SamplingParams) -> CoreResult<()> {
-        if params.best_of as usize > self.cfg.max_num_seqs {
+        // Every candidate takes a seat, so the limit is on best_of (>= n) when it is larger.
+        let num = params.num_candidates();
+        if num as usize > self.cfg.max_num_seqs {
             let field = if params.best_of > params.n {
                 "best_of"
             } else {
                 "n"
             };
             let msg = format!(
-                "`{field}` must be <= max_num_seqs ({}); got {}",
-                self.cfg.max_num_seqs, params.best_of
+                "`{field}` must be <= max_num_seqs ({}); got {num}",
+                self.cfg.max_num_seqs
             );
             return Err(CoreError::invalid(field, "out_of_range", msg));
         }

@@ -1,5 +1,6 @@
-//! Request and sequence state. A request owns `n` sequences; before its first token it has one
-//! (index 0), which forks into `n` when its prompt is done.
+//! Request and sequence state. A request owns `best_of` sequences (its candidates; `n` unless
+//! the request asked for more); before its first token it has one (index 0), which forks into
+//! `best_of` when its prompt is done.
 
 use std::sync::Arc;
 
@@ -29,7 +30,8 @@ pub(crate) struct Sequence {
     pub block_hashes: Vec<u64>,
     /// Leading blocks of `block_table` already offered to the prefix cache.
     pub num_cached_blocks: usize,
-    /// Seats this sequence holds: `n` for a request's first sequence before it forks, else 1.
+    /// Seats this sequence holds: `best_of` for a request's first sequence before it forks,
+    /// else 1.
     pub seats: usize,
     pub extra_key: Option<Arc<str>>,
     /// The request's parameters, shared by its sequences (read on every appended token).

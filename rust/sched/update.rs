@@ -337,7 +337,9 @@ impl Scheduler {
         out.token_ids.push(token);
         out.finish_reasons.push(finish.map_or(0, |f| f as u8));
         out.sequence_scores.push(f32::NAN);
-        let drawn = drawn.filter(|_| s.params.logprobs.is_some());
+        // A candidate of a best_of > n request carries its token logprobs even when none were
+        // asked for: the engine ranks the candidates by their sum (and returns no entries).
+        let drawn = drawn.filter(|_| s.params.needs_token_logprob());
         push_logprobs(out, drawn, self.detok.as_deref());
         if let Some(reason) = finish {
             self.finish_seq(key, reason);
@@ -345,7 +347,7 @@ impl Scheduler {
     }
 }
 
-/// The logprob columns of one sample (`drawn` is None when the request asked for none, or the
+/// The logprob columns of one sample (`drawn` is None when the request needs none, or the
 /// caller sampled): NaN and padding then. With a detokenizer, the bytes of the chosen token and
 /// of each alternative go with them (empty for padding), so that logprob entries reach Python
 /// with their token texts in the step that made them.

@@ -31,7 +31,7 @@ pub struct Capabilities {
 /// What this build serves today.
 pub const BUILT: Capabilities = Capabilities {
     beam_search: true,
-    best_of: false,
+    best_of: true,
     tool_calls: false,
     structured_output: false,
     suffix_insertion: false,

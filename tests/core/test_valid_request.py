@@ -67,7 +67,6 @@ def test_databricks_truncation_keeps_the_last_tokens() -> None:
     ("route", "body", "field"),
     [
         ("completions", {"model": "m", "prompt": "a", "use_beam_search": True}, "use_beam_search"),
-        ("completions", {"model": "m", "prompt": "a", "best_of": 3, "n": 2}, "best_of"),
         ("completions", {"model": "m", "prompt": "a", "suffix": "!"}, "suffix"),
         ("completions", {"model": "m", "prompt": "a", "echo": True, "logprobs": 1}, "echo"),
         ("chat", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
@@ -85,9 +84,8 @@ def test_unbuilt_features_are_refused_by_field(route: str, body: Any, field: str
 
 def test_the_same_table_refuses_offline_parameters() -> None:
     check_supported(SamplingParams(n=2, temperature=1.0))
-    with pytest.raises(ValidationError) as info:
-        check_supported(SamplingParams(n=1, best_of=2))
-    assert (info.value.param, info.value.code) == ("best_of", "unsupported")
+    check_supported(SamplingParams(n=1, best_of=2))  # built: ranked by cumulative logprob
+    validate("completions", {"model": "m", "prompt": "a", "best_of": 3, "n": 2}).check_supported()
     with pytest.raises(ValidationError) as info:
         check_supported(SamplingParams(use_beam_search=True, n=2))
     assert info.value.param == "use_beam_search"

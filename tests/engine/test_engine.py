@@ -364,9 +364,11 @@ def test_offline_errors_leave_the_engine_usable(llm: LLM, reference: Reference) 
     assert_matches_reference(reference, llm.generate(PROMPTS[0], GREEDY)[0])
 
 
-def test_unsupported_parameters_are_refused_by_name(llm: LLM) -> None:
-    with pytest.raises(ValueError, match="`best_of`"):
-        llm.generate("x", SamplingParams(n=1, best_of=2))
+def test_more_candidates_than_seats_are_refused_by_name(llm: LLM) -> None:
+    # Each best_of candidate takes a seat (BUSY has 4).
+    with pytest.raises(ValueError, match=r"`best_of` must be <= max_num_seqs \(4\); got 5"):
+        llm.generate("x", SamplingParams(n=2, best_of=5))
+    assert llm.engine.num_unfinished_requests == 0
 
 
 def test_outputs_reach_the_event_loop_once_per_step(llm: LLM) -> None:

@@ -5,6 +5,16 @@ into one `RequestOutput` per request that changed, accumulating each sequence's 
 logprobs. Outputs are snapshots: the engine thread keeps appending to a sequence while another
 thread reads an older output, so an output shares the append-only buffers but remembers their
 lengths, and its cumulative ``token_ids``/``text``/``logprobs`` never change after it is made.
+
+A request with ``best_of`` > ``n`` (SPEC 5.3) runs ``best_of`` candidates and returns the ``n``
+with the highest cumulative logprob, best first, as indices 0..n-1. The candidates stay hidden
+until the request finishes: until then its outputs hold no sequence (they mark the step, for
+timing), and a candidate that ends early is kept here (its KV blocks are already freed) until
+the last one ends. An abort or timeout ends the request with the best ``n`` of what exists. The
+cumulative logprob is the sum of the sampled tokens' logprobs, which the scheduler computes for
+these requests even without ``logprobs`` (as vLLM's ``cumulative_logprob``, in the engine's
+``logprobs_mode``: the raw model distribution by default, the one sampled from when
+"processed"); logprob entries still reach the caller only if it asked for them.
 """
 
 from __future__ import annotations
@@ -74,12 +84,15 @@ class CompletionOutput:
         "stop_reason",
     )
 
-    def __init__(self, seq: _SequenceState, num_new: int, new_text: str) -> None:
+    def __init__(
+        self, seq: _SequenceState, num_new: int, new_text: str, index: int | None = None
+    ) -> None:
         self._seq = seq
         self._num_tokens = len(seq.token_ids)
         self._num_pieces = len(seq.text_pieces)
         self._text: str | None = None
-        self.index = seq.index
+        #: The sequence's place among the returned ones (its rank, for a best_of candidate).
+        self.index = seq.index if index is None else index
         self.new_token_ids = seq.token_ids[self._num_tokens - num_new : self._num_tokens]
         self.new_text = new_text
         self.finish_reason = seq.finish_reason
@@ -109,7 +122,11 @@ class CompletionOutput:
 
     @property
     def cumulative_logprob(self) -> float | None:
-        """Sum of the generated tokens' logprobs, when the request asked for logprobs."""
+        """Sum of the generated tokens' logprobs, when the request asked for logprobs or
+        ranked ``best_of`` candidates by it."""
+        ranked = self._seq.token_logprobs
+        if ranked is not None:
+            return math.fsum(ranked[: self._num_tokens])
         lps = self.logprobs
         return None if lps is None else math.fsum(lp.logprob for lp in lps)
 
@@ -145,7 +162,8 @@ class StepInfo:
 
 @dataclass(frozen=True, slots=True)
 class RequestOutput:
-    """One request's state after a step: every output sequence, by index."""
+    """One request's state after a step: every output sequence, by index. For ``best_of`` >
+    ``n``, ``outputs`` stays empty until the request finishes, then holds the best ``n``."""
 
     request_id: str
     prompt: str | None
@@ -178,6 +196,14 @@ class _SequenceState:
     score: float | None = None
     #: Logprob entries already handed out with their text.
     num_released_logprobs: int = 0
+    #: Each token's logprob, kept to rank best_of candidates (None when not ranked).
+    token_logprobs: list[float] | None = None
+
+    def ranking_key(self) -> tuple[float, int]:
+        """Sorts the best candidate first: highest cumulative logprob, then lowest index (a
+        NaN sum, from tokens given without logits, ranks last)."""
+        total = math.fsum(self.token_logprobs or ())
+        return (-total if total == total else math.inf, self.index)
 
     def release_logprobs(self, text_released: bool) -> list[TokenLogprob] | None:
         """The logprob entries not yet handed out when this step released text, else none
@@ -202,6 +228,8 @@ class _RequestState:
     #: per sequence index: (tokens added, text added) this step.
     new: dict[int, tuple[int, str]] = field(default_factory=dict)
     first_scheduled_time: float | None = None
+    #: best_of > n: the sequences are candidates, ranked when the request finishes.
+    ranks: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +309,13 @@ class RequestTracker:
         """Track a request the scheduler has accepted under ``internal_id``."""
         params = request.params
         logprobs = params.logprobs is not None
-        seqs = [_SequenceState(i, logprobs=[] if logprobs else None) for i in range(params.n)]
+        ranks = params.best_of > params.n and not params.use_beam_search
+        seqs = [
+            _SequenceState(
+                i, logprobs=[] if logprobs else None, token_logprobs=[] if ranks else None
+            )
+            for i in range(params.best_of if ranks else params.n)
+        ]
         state = _RequestState(
             request.request_id,
             request.prompt,
@@ -289,6 +323,7 @@ class RequestTracker:
             params,
             params.stop,
             seqs,
+            ranks=ranks,
         )
         self._ids[request.request_id] = internal_id
         self._states[internal_id] = state
@@ -378,6 +413,8 @@ class RequestTracker:
                 seq.logprobs.append(cols.token_logprob(i))
             if not math.isnan(score := cols.sequence_scores[i]):
                 seq.score = score
+            if seq.token_logprobs is not None:
+                seq.token_logprobs.append(cols.logprobs[i])
             if cols.finish_reasons[i]:
                 seq.finish_reason = FINISH_REASON_NAMES[cols.finish_reasons[i]]
                 seq.stop_reason = _stop_reason(
@@ -395,7 +432,10 @@ def _stop_reason(state: _RequestState, stop_str_index: int, stop_token_id: int) 
 
 
 def _snapshot(state: _RequestState, finished: bool, step: StepInfo | None) -> RequestOutput:
-    outputs = [CompletionOutput(seq, *state.new.get(seq.index, (0, ""))) for seq in state.seqs]
+    if state.ranks:
+        outputs = _best(state) if finished else []
+    else:
+        outputs = [CompletionOutput(seq, *state.new.get(seq.index, (0, ""))) for seq in state.seqs]
     state.new.clear()
     return RequestOutput(
         state.request_id,
@@ -406,3 +446,13 @@ def _snapshot(state: _RequestState, finished: bool, step: StepInfo | None) -> Re
         step,
         state.first_scheduled_time,
     )
+
+
+def _best(state: _RequestState) -> list[CompletionOutput]:
+    """The ``n`` best candidates, best first, as indices 0..n-1; all of each is new (nothing
+    of them was shown before)."""
+    best = sorted(state.seqs, key=_SequenceState.ranking_key)[: state.params.n]
+    return [
+        CompletionOutput(seq, len(seq.token_ids), "".join(seq.text_pieces), index=rank)
+        for rank, seq in enumerate(best)
+    ]

@@ -38,9 +38,11 @@ class Timing:
     queue_waits_us: list[int] = field(default_factory=list)
 
     def observe(self, out: RequestOutput) -> int:
-        """Record a step's output; the number of tokens it added (0: no new token)."""
+        """Record a step's output; the number of tokens it added (0: no new token, or none
+        shown yet). An output with no sequences is a step of a best_of > n request whose
+        candidates stay hidden until the end: it still counts as a step here."""
         num_new = sum(len(c.new_token_ids) for c in out.outputs)
-        if num_new == 0:
+        if num_new == 0 and out.outputs:
             return 0
         now = time.perf_counter()
         started, finished, batch = now, now, 1
