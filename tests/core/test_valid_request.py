@@ -69,7 +69,6 @@ def test_databricks_truncation_keeps_the_last_tokens() -> None:
         ("completions", {"model": "m", "prompt": "a", "use_beam_search": True}, "use_beam_search"),
         ("completions", {"model": "m", "prompt": "a", "best_of": 3, "n": 2}, "best_of"),
         ("completions", {"model": "m", "prompt": "a", "suffix": "!"}, "suffix"),
-        ("completions", {"model": "m", "prompt": "a", "echo": True, "logprobs": 1}, "echo"),
         ("chat", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
         ("chat", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ("databricks_embeddings", {"input": "x"}, "input"),

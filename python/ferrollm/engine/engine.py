@@ -164,7 +164,12 @@ class LLMEngine:
         started = time.perf_counter()
         plan = self.scheduler.schedule(started)
         try:
-            logits = self.runner.run(plan)
+            targets = self._tracker.prompt_logprobs.targets(plan)
+            if targets is None:
+                logits = self.runner.run(plan)
+            else:
+                logits = self.runner.run(plan, targets)
+                self._tracker.prompt_logprobs.record(targets)
             out = self.scheduler.update_with_logits(plan, logits.numpy())
         except Exception as e:
             raise self._fail_step(plan, e) from e
