@@ -98,7 +98,7 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     list of token ids, or a list of token-id lists (as OpenAI and vLLM). ``max_tokens: 0``
     with ``echo`` scores the prompt without generating."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str | int | list[int]]
     best_of: int | None = None
     use_beam_search: bool | None = None
     logprobs: int | None = None
