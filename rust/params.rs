@@ -94,6 +94,11 @@ pub struct SamplingParams {
     /// Return the chosen token's logprob and this many top alternatives (0..=20); `None` = no
     /// logprobs.
     pub logprobs: Option<u32>,
+    /// Score the prompt: each prompt token's raw logprob (log-softmax of the model's logits,
+    /// no processors), its rank and this many top alternatives (0..=20), computed during
+    /// prefill; `None` = none. A request with it skips the prefix cache, whose hits would skip
+    /// the prompt positions it must score.
+    pub prompt_logprobs: Option<u32>,
 }
 
 impl Default for SamplingParams {
@@ -130,6 +135,7 @@ impl Default for SamplingParams {
             typical_p: 1.0,
             seed: None,
             logprobs: None,
+            prompt_logprobs: None,
         }
     }
 }

@@ -99,6 +99,7 @@ class SamplingParams:
         typical_p: float = 1.0,
         seed: int | None = None,
         logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
     ) -> SamplingParams: ...
     @property
     def n(self) -> int:
@@ -174,6 +175,10 @@ class SamplingParams:
     @property
     def logprobs(self) -> int | None:
         """Top alternatives returned per token (0..=20); None = no logprobs."""
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """Score the prompt: each prompt token's raw logprob, rank and this many top
+        alternatives (0..=20); None = none. Such a request skips the prefix cache."""
 
 @final
 class Limits:
@@ -290,7 +295,14 @@ class ValidRequest:
         """MindIE's client ``id``."""
     @property
     def is_batch(self) -> bool:
-        """Whether ``prompt`` (or ``input``) is a list of prompts."""
+        """Whether ``prompt`` (or ``input``) is a list of prompts (a list of token ids is one
+        prompt)."""
+    @property
+    def score_only(self) -> bool:
+        """Completions ``max_tokens: 0`` with ``echo``: score the prompt, return no tokens."""
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """vLLM's ``prompt_logprobs`` extra as sent: the response's ``prompt_logprobs`` field."""
     @property
     def messages(self) -> Any:
         """The chat messages (a list of message objects), or None."""
@@ -302,9 +314,9 @@ class ValidRequest:
     @property
     def response_format(self) -> Any: ...
     @property
-    def prompts(self) -> list[str]:
-        """The prompt texts (``prompt``/``input``, or ``text_input`` with its text parts
-        joined); empty for chat."""
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts: texts (``prompt``/``input``, or ``text_input`` with its text parts
+        joined) or, on ``/v1/completions``, lists of token ids; empty for chat."""
     def with_prompt_tokens(
         self, num_prompt_tokens: int, index: int | None = None
     ) -> SamplingParams:

@@ -30,6 +30,7 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--max-model-len": ("max_model_len", int, "prompt + output tokens per sequence"),
     "--max-num-seqs": ("max_num_seqs", int, "sequences per step at most"),
     "--max-num-batched-tokens": ("max_num_batched_tokens", int, "tokens per step at most"),
+    "--max-beam-width": ("max_beam_width", int, "widest beam search (default 8 on CPU)"),
     "--kv-cache-memory": ("kv_cache_memory", str, "KV-cache budget, e.g. 2GiB"),
     "--dtype": ("dtype", str, "auto, float32, bfloat16 or float16"),
     "--quantization": ("quantization", str, "weights: auto (keep the file's), none, int8, int4"),
@@ -40,6 +41,7 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--max-iter-times": ("max_iter_times", int, "generated tokens at most (maxIterTimes)"),
     "--max-body-bytes": ("max_body_bytes", str, "largest request body (default 16MiB)"),
     "--full-text": ("full_text", None, "stream cumulative text (MindIE fullTextEnabled)"),
+    "--text-offset-mode": ("text_offset_mode", str, "completions text_offset: openai or mindie"),
     "--seed": ("seed", int, "base seed of requests that give none (reproducible sampling)"),
 }
 

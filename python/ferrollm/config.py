@@ -30,6 +30,12 @@ DEFAULT_ACCELERATOR_MEMORY_FRACTION = 0.9
 #: ``max_num_batched_tokens`` when not given: a CPU step of 2048 tokens already takes seconds,
 #: and a smaller step keeps decode latency steady while long prompts prefill in chunks.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cpu": 2048, "accelerator": 8192}
+#: How completions count ``text_offset`` across choices (ServerConfig.text_offset_mode).
+TEXT_OFFSET_MODES = ("openai", "mindie")
+#: Widest beam search by default: every beam is a row of each step, so a CPU keeps it narrow.
+DEFAULT_MAX_BEAM_WIDTH = {"cpu": 8, "accelerator": 16}
+#: The widest beam the API allows at all (SPEC: `n` / `best_of` in [1, 128]).
+MAX_BEAM_WIDTH = 128
 
 #: dtype names, and the aliases accepted for them.
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
@@ -90,6 +96,9 @@ class EngineConfig:
     max_model_len: int | None = None
     #: Waiting requests at most; more are refused with QueueFullError (HTTP 503).
     max_num_waiting: int = 4096
+    #: Beam search: the widest beam group a request may ask for (`best_of` / `n` under
+    #: `use_beam_search`, TRT `beam_width`); None = 8 on CPU, 16 on accelerators.
+    max_beam_width: int | None = None
     #: KV-cache budget: bytes, or a size like "4GiB" / "512MB"; None = 90% of free memory
     #: (after a profiling pass) on accelerators; on CPU what ``max_model_len`` needs (see
     #: ``ferrollm.executor.sizing.default_kv_cache_memory``).
@@ -126,12 +135,13 @@ class EngineConfig:
     def for_platform(self, platform: Platform) -> EngineConfig:
         """This config with device-dependent defaults filled in, checked against ``platform``."""
         platform.check_block_size(self.block_size)
-        if self.max_num_batched_tokens is not None:
-            return self
         kind = "accelerator" if platform.is_accelerator else "cpu"
-        return dataclasses.replace(
-            self, max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS[kind]
-        )
+        defaults = {
+            "max_num_batched_tokens": DEFAULT_MAX_NUM_BATCHED_TOKENS[kind],
+            "max_beam_width": DEFAULT_MAX_BEAM_WIDTH[kind],
+        }
+        missing = {k: v for k, v in defaults.items() if getattr(self, k) is None}
+        return dataclasses.replace(self, **missing) if missing else self
 
     @classmethod
     def from_dict(cls, options: Mapping[str, Any]) -> EngineConfig:
@@ -201,9 +211,14 @@ def dtype_name(value: str, field: str = "dtype") -> str:
 def _check_fields(config: EngineConfig) -> None:
     for name in ("block_size", "max_num_seqs", "max_num_waiting"):
         _positive_int(name, getattr(config, name))
-    for name in ("max_num_batched_tokens", "max_model_len"):
+    for name in ("max_num_batched_tokens", "max_model_len", "max_beam_width"):
         if getattr(config, name) is not None:
             _positive_int(name, getattr(config, name))
+    if config.max_beam_width is not None and config.max_beam_width > MAX_BEAM_WIDTH:
+        raise EngineConfigError(
+            "max_beam_width",
+            f"`max_beam_width` must be at most {MAX_BEAM_WIDTH}; got {config.max_beam_width}",
+        )
     if config.device is not None and config.device not in DEVICE_NAMES:
         raise EngineConfigError(
             "device", f"`device` must be one of {', '.join(DEVICE_NAMES)}; got {config.device!r}"
@@ -268,6 +283,10 @@ class ServerConfig:
     max_body_bytes: int | str = DEFAULT_MAX_BODY_BYTES
     #: Whether a request's ``model`` must equal the served name (404 otherwise, →A-27).
     strict_model_name: bool = True
+    #: Completions ``text_offset``: "openai" (each choice counts from 0) or "mindie" (choice k
+    #: counts on from where choice k-1's text ended, as MindIE's samples do, →A-52; whole
+    #: responses only: a stream interleaves its choices).
+    text_offset_mode: str = "openai"
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -285,6 +304,12 @@ class ServerConfig:
         for option in ("max_input_tokens", "max_iter_times"):
             if getattr(self, option) is not None:
                 _positive_int(option, getattr(self, option))
+        if self.text_offset_mode not in TEXT_OFFSET_MODES:
+            raise EngineConfigError(
+                "text_offset_mode",
+                f"`text_offset_mode` must be one of {', '.join(TEXT_OFFSET_MODES)}; "
+                f"got {self.text_offset_mode!r}",
+            )
         for option in ("full_text", "strict_model_name"):
             if not isinstance(getattr(self, option), bool):
                 raise EngineConfigError(

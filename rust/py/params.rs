@@ -52,7 +52,7 @@ impl PySamplingParams {
     #[new]
     // Keyword arguments go through the core's offline route, so Python and HTTP requests share
     // one set of rules; None for any of them means its default.
-    #[pyo3(signature = (**kwargs), text_signature = "(*, n=1, best_of=None, use_beam_search=False, length_penalty=1.0, early_stopping=False, max_tokens=None, min_tokens=0, ignore_eos=False, stop_token_ids=None, priority=5, timeout_s=None, stop=None, stop_token_sequences=None, include_stop_str_in_output=False, skip_special_tokens=True, spaces_between_special_tokens=True, logit_bias=None, embedding_bias=None, allowed_token_ids=None, bad_words=None, no_repeat_ngram_size=0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, seed=None, logprobs=None)")]
+    #[pyo3(signature = (**kwargs), text_signature = "(*, n=1, best_of=None, use_beam_search=False, length_penalty=1.0, early_stopping=False, max_tokens=None, min_tokens=0, ignore_eos=False, stop_token_ids=None, priority=5, timeout_s=None, stop=None, stop_token_sequences=None, include_stop_str_in_output=False, skip_special_tokens=True, spaces_between_special_tokens=True, logit_bias=None, embedding_bias=None, allowed_token_ids=None, bad_words=None, no_repeat_ngram_size=0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, seed=None, logprobs=None, prompt_logprobs=None)")]
     fn new(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let mut entries = Vec::new();
         if let Some(kwargs) = kwargs {
@@ -212,6 +212,10 @@ impl PySamplingParams {
     fn logprobs(&self) -> Option<u32> {
         self.inner.logprobs
     }
+    #[getter]
+    fn prompt_logprobs(&self) -> Option<u32> {
+        self.inner.prompt_logprobs
+    }
 
     fn __repr__(&self) -> String {
         let p = &self.inner;
@@ -221,7 +225,7 @@ impl PySamplingParams {
             .iter()
             .map(|(id, bias)| format!("{id}: {bias:?}"))
             .collect();
-        let fields: [(&str, String); 31] = [
+        let fields: [(&str, String); 32] = [
             ("n", p.n.to_string()),
             ("best_of", p.best_of.to_string()),
             ("use_beam_search", py_bool(p.use_beam_search).into()),
@@ -270,6 +274,7 @@ impl PySamplingParams {
             ("typical_p", debug(&p.typical_p)),
             ("seed", py_opt(p.seed)),
             ("logprobs", py_opt(p.logprobs)),
+            ("prompt_logprobs", py_opt(p.prompt_logprobs)),
         ];
         let fields: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
         format!("SamplingParams({})", fields.join(", "))

@@ -382,6 +382,14 @@ impl PyValidRequest {
     }
 }
 
+/// True for a prompt given as one list of token ids (its first item is an int), not a batch.
+fn is_token_id_prompt(value: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let Ok(list) = value.cast::<PyList>() else {
+        return Ok(false);
+    };
+    Ok(list.len() > 0 && list.get_item(0)?.is_instance_of::<PyInt>())
+}
+
 /// The text of `text_input`: a string, or its text parts joined in order (→A-46).
 fn joined_text(value: &Bound<'_, PyAny>) -> PyResult<String> {
     if let Ok(s) = value.cast::<PyString>() {
@@ -441,6 +449,14 @@ impl PyValidRequest {
     fn is_batch(&self) -> bool {
         self.inner.switches.is_batch
     }
+    #[getter]
+    fn score_only(&self) -> bool {
+        self.inner.switches.score_only
+    }
+    #[getter]
+    fn prompt_logprobs(&self) -> Option<u32> {
+        self.inner.switches.prompt_logprobs
+    }
     /// The chat messages as the client sent them (validated), or None.
     #[getter]
     fn messages<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
@@ -469,7 +485,7 @@ impl PyValidRequest {
     fn prompts<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
         for key in ["prompt", "input"] {
             if let Some(value) = self.member(py, key)? {
-                if value.is_instance_of::<PyString>() {
+                if value.is_instance_of::<PyString>() || is_token_id_prompt(&value)? {
                     return Ok(vec![value]);
                 }
                 return value.try_iter()?.collect();

@@ -348,11 +348,12 @@ impl Scheduler {
     /// The longest confirmed run of cached blocks at the start of `key`'s tokens, leaving at
     /// least the last token to compute.
     fn find_cached_prefix(&mut self, key: SeqKey) -> Vec<BlockId> {
-        if !self.cfg.enable_prefix_caching {
-            return Vec::new();
-        }
         let bs = self.cfg.block_size;
         let s = self.seqs[key as usize].as_mut().expect("live");
+        // Prompt logprobs are computed in prefill: a hit would skip the positions to score.
+        if !self.cfg.enable_prefix_caching || s.params.prompt_logprobs.is_some() {
+            return Vec::new();
+        }
         let max_blocks = (s.tokens.len() - 1) / bs;
         let mut hits = Vec::new();
         for i in 0..max_blocks {

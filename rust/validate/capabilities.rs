@@ -22,8 +22,6 @@ pub struct Capabilities {
     pub structured_output: bool,
     /// `/v1/completions` `suffix`: text inserted after the completion.
     pub suffix_insertion: bool,
-    /// `echo` with `logprobs` on `/v1/completions`: prompt logprobs.
-    pub prompt_logprobs: bool,
     /// The Databricks embeddings task (an embedding model).
     pub embeddings: bool,
 }
@@ -35,7 +33,6 @@ pub const BUILT: Capabilities = Capabilities {
     tool_calls: false,
     structured_output: false,
     suffix_insertion: false,
-    prompt_logprobs: false,
     embeddings: false,
 };
 
@@ -82,20 +79,10 @@ pub fn check_request(req: &ValidRequest, caps: &Capabilities) -> CoreResult<()> 
         ));
     }
     check_params(&req.params, caps)?;
-    check_switches(
-        req.route,
-        &req.switches,
-        req.params.logprobs.is_some(),
-        caps,
-    )
+    check_switches(req.route, &req.switches, caps)
 }
 
-fn check_switches(
-    route: Route,
-    s: &Switches,
-    logprobs: bool,
-    caps: &Capabilities,
-) -> CoreResult<()> {
+fn check_switches(route: Route, s: &Switches, caps: &Capabilities) -> CoreResult<()> {
     let calls_tools = s.has_tools && (s.forces_tool || s.tool_choice.as_deref() != Some("none"));
     if calls_tools && !caps.tool_calls {
         return Err(unsupported(
@@ -117,12 +104,6 @@ fn check_switches(
         return Err(unsupported(
             "suffix",
             "insertion (`suffix`) is not supported",
-        ));
-    }
-    if route == Route::Completions && s.echo && logprobs && !caps.prompt_logprobs {
-        return Err(unsupported(
-            "echo",
-            "`echo` with `logprobs` (prompt logprobs) is not supported yet",
         ));
     }
     Ok(())

@@ -10,6 +10,7 @@ use crate::params::SamplingParams;
 use super::codes;
 use super::limits::{check_prompt_tokens_of, output_cap, Limits};
 use super::raw::{fail, Field, Raw};
+use super::tokens::token_ids;
 
 /// A float interval; an infinite bound means "no bound on that side".
 #[derive(Copy, Clone, Debug)]
@@ -213,8 +214,15 @@ pub(crate) fn prompt_chars(f: Field<'_>, chars: usize, limits: &Limits) -> CoreR
 }
 
 /// A required prompt: a string, or a non-empty list of strings (a batch, →A-26), each
-/// checked by [`prompt_chars`].
-pub(crate) fn prompts(f: Field<'_>, limits: &Limits) -> CoreResult<()> {
+/// checked by [`prompt_chars`]. With `token_ids` (the `/v1` completions route, as OpenAI and
+/// vLLM) it may also be a list of token ids (one prompt) or a list of such lists (a batch),
+/// each id in the vocabulary.
+pub(crate) fn prompts(f: Field<'_>, limits: &Limits, token_ids: bool) -> CoreResult<()> {
+    let want = if token_ids {
+        "a string, a list of strings, a list of token ids or a list of token-id lists"
+    } else {
+        "a string or a list of strings"
+    };
     match f.raw {
         None => Err(f.missing()),
         Some(Raw::Str(s)) => prompt_chars(f, s.chars().count(), limits),
@@ -222,8 +230,19 @@ pub(crate) fn prompts(f: Field<'_>, limits: &Limits) -> CoreResult<()> {
             if items.is_empty() {
                 return Err(f.bad(codes::EMPTY, "must not be an empty list"));
             }
+            if token_ids && is_token_id_list(items) {
+                return prompt_token_ids(f, limits);
+            }
+            let lists = token_ids && matches!(items[0], Raw::List(_));
             for (i, item) in items.iter().enumerate() {
                 let item = Field::new(f.path.index(i), Some(item));
+                if lists {
+                    match item.raw {
+                        Some(Raw::List(_)) => prompt_token_ids(item, limits)?,
+                        _ => return Err(item.wrong_type("a list of token ids, as the others")),
+                    }
+                    continue;
+                }
                 let Some(s) = item.str()? else {
                     return Err(item.wrong_type("a string"));
                 };
@@ -231,6 +250,17 @@ pub(crate) fn prompts(f: Field<'_>, limits: &Limits) -> CoreResult<()> {
             }
             Ok(())
         }
-        Some(_) => Err(f.wrong_type("a string or a list of strings")),
+        Some(_) => Err(f.wrong_type(want)),
     }
+}
+
+/// True when a prompt list is one prompt of token ids (its first item is an integer), not a
+/// batch.
+pub(crate) fn is_token_id_list(items: &[Raw]) -> bool {
+    matches!(items.first(), Some(Raw::Int(_)))
+}
+
+/// One prompt given as token ids: non-empty, each id in the vocabulary.
+fn prompt_token_ids(f: Field<'_>, limits: &Limits) -> CoreResult<()> {
+    token_ids(f, limits, true).map(|_| ())
 }

@@ -13,7 +13,7 @@ use super::common::{
 };
 use super::limits::{EndpointType, Limits};
 use super::messages::messages;
-use super::openai::chat_logprobs;
+use super::openai::{chat_logprobs, echo_prompt_logprobs, MAX_COMPLETIONS_LOGPROBS};
 use super::raw::{Obj, Raw};
 use super::stops::stop;
 use super::tools::{response_format, tool_choice, tools};
@@ -49,8 +49,12 @@ pub(super) fn chat(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
 /// [`ValidRequest::fit_prompt`]).
 pub(super) fn completions(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let o = Obj::root(body)?;
-    prompts(o.field("prompt"), limits)?;
-    let (p, max_tokens) = sampling(&o, limits)?;
+    prompts(o.field("prompt"), limits, false)?;
+    let (mut p, max_tokens) = sampling(&o, limits)?;
+    // Not in [DBX]: the OpenAI completions `logprobs` (an integer), so that `echo` can
+    // return the prompt's logprobs as on `/v1/completions`.
+    p.logprobs = u32_in(o.field("logprobs"), 0, MAX_COMPLETIONS_LOGPROBS)?;
+    echo_prompt_logprobs(&mut p, o.field("echo").bool()?.unwrap_or(false));
     let behavior = o.field("error_behavior");
     let truncate = match behavior.str()? {
         None | Some("error") => false,
@@ -83,7 +87,7 @@ pub(super) fn completions(body: &Raw, limits: &Limits) -> CoreResult<ValidReques
 /// defaults; the prompt-token limit applies when a count is given.
 pub(super) fn embeddings(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let o = Obj::root(body)?;
-    prompts(o.field("input"), limits)?;
+    prompts(o.field("input"), limits, false)?;
     o.field("instruction").str()?;
     let route = Route::DatabricksEmbeddings;
     let switches = read_switches(route, body)?;

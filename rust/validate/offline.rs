@@ -23,7 +23,7 @@ use super::tokens::{
 };
 
 /// Every keyword the offline route reads: the `SamplingParams` field names.
-pub const OFFLINE_FIELDS: [&str; 31] = [
+pub const OFFLINE_FIELDS: [&str; 32] = [
     "n",
     "best_of",
     "use_beam_search",
@@ -55,6 +55,7 @@ pub const OFFLINE_FIELDS: [&str; 31] = [
     "typical_p",
     "seed",
     "logprobs",
+    "prompt_logprobs",
 ];
 
 /// Validates offline keyword arguments. Without a prompt token count `max_tokens` stays as
@@ -74,6 +75,7 @@ pub(super) fn offline(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
         t => t,
     };
     p.logprobs = u32_in(o.field("logprobs"), 0, limits.max_logprobs)?;
+    p.prompt_logprobs = u32_in(o.field("prompt_logprobs"), 0, limits.max_logprobs)?;
     p.no_repeat_ngram_size = u32_in(o.field("no_repeat_ngram_size"), 0, u32::MAX)?.unwrap_or(0);
     sequences(&o, &mut p, limits)?;
     if p.temperature == 0.0 {

@@ -25,13 +25,16 @@ use super::Flavor;
 /// Completions' `top_p` range, `(1e-6, 1]` (→A-15).
 const TOP_P_COMPLETIONS: FloatRange = FloatRange::new(1e-6, true, 1.0, false);
 /// Largest completions `logprobs`.
-const MAX_COMPLETIONS_LOGPROBS: u32 = 5;
+pub(super) const MAX_COMPLETIONS_LOGPROBS: u32 = 5;
 
 /// What differs between the two `/v1` routes in the fields they share.
 struct V1Rules {
     /// Smallest seed: 0 on chat, 1 on completions (→A-12).
     min_seed: u64,
     top_p: FloatRange,
+    /// Smallest `max_tokens`: 1, or 0 on completions, where 0 with `echo` scores the prompt
+    /// without generating (what lm-evaluation-harness sends; checked by the route).
+    min_max_tokens: i128,
 }
 
 /// The fields chat and completions share. Returns the parameters, the explicit `max_tokens`
@@ -62,13 +65,27 @@ fn v1_sampling(
         ..SamplingParams::default()
     };
     vllm_extras(o, &mut p, limits)?;
-    let max_tokens = int_in(o.field("max_tokens"), 1, I32_MAX)?.map(|m| m as u64);
+    p.prompt_logprobs = prompt_logprobs(o, limits)?;
+    let max_tokens = int_in(o.field("max_tokens"), rules.min_max_tokens, I32_MAX)?;
+    let max_tokens = max_tokens.map(|m| m as u64);
     min_tokens_at_most(o, p.min_tokens, max_tokens)?;
     o.field("stream").bool()?;
     let model = o.field("model");
     model.str()?.ok_or_else(|| model.missing())?;
     settle_include_stop_str(&mut p);
     Ok((p, max_tokens, temperature))
+}
+
+/// vLLM's `prompt_logprobs` extra: how many alternatives (0..=max_logprobs) to report with
+/// each prompt token's logprob. Not with streaming (vLLM's rule too: a response field, not
+/// a stream delta).
+fn prompt_logprobs(o: &Obj<'_>, limits: &Limits) -> CoreResult<Option<u32>> {
+    let f = o.field("prompt_logprobs");
+    let k = u32_in(f, 0, limits.max_logprobs)?;
+    if k.is_some() && o.field("stream").bool()? == Some(true) {
+        return Err(f.bad(codes::CONFLICT, "cannot be used with `stream: true`"));
+    }
+    Ok(k)
 }
 
 /// `n` > 1 (or `best_of` > 1) samples several sequences, which greedy decoding cannot
@@ -95,6 +112,7 @@ pub(super) fn chat(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let rules = V1Rules {
         min_seed: 0,
         top_p: UNIT_OPEN,
+        min_max_tokens: 1,
     };
     let (mut p, max_tokens, temperature) = v1_sampling(&o, &rules, limits)?;
     p.n = u32_in(o.field("n"), 1, limits.max_n)?.unwrap_or(1);
@@ -123,13 +141,26 @@ pub(super) fn chat_logprobs(o: &Obj<'_>, limits: &Limits) -> CoreResult<Option<u
 /// Validates a `/v1/completions` body.
 pub(super) fn completions(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let o = Obj::root(body)?;
-    prompts(o.field("prompt"), limits)?;
+    prompts(o.field("prompt"), limits, true)?;
     let rules = V1Rules {
         min_seed: 1,
         top_p: TOP_P_COMPLETIONS,
+        min_max_tokens: 0,
     };
-    let (mut p, max_tokens, temperature) = v1_sampling(&o, &rules, limits)?;
+    let (mut p, mut max_tokens, temperature) = v1_sampling(&o, &rules, limits)?;
     p.logprobs = u32_in(o.field("logprobs"), 0, MAX_COMPLETIONS_LOGPROBS)?;
+    let echo = o.field("echo").bool()?.unwrap_or(false);
+    echo_prompt_logprobs(&mut p, echo);
+    if max_tokens == Some(0) {
+        if !echo {
+            return Err(o.field("max_tokens").bad(
+                codes::OUT_OF_RANGE,
+                "must be an integer in [1, 2147483647]; 0 is accepted only with `echo: true`, to score the prompt without generating",
+            ));
+        }
+        // One token is generated and left out of the response (`Switches::score_only`).
+        max_tokens = Some(1);
+    }
     sequences(&o, &mut p, temperature, limits)?;
     if p.temperature == 0.0 {
         make_greedy(&mut p);
@@ -143,6 +174,14 @@ pub(super) fn completions(body: &Raw, limits: &Limits) -> CoreResult<ValidReques
         "prompt",
         limits,
     )
+}
+
+/// `echo` with `logprobs: k` returns the prompt tokens' logprobs before the generated ones,
+/// so the prompt is scored with (at least) k alternatives (shared with Databricks).
+pub(super) fn echo_prompt_logprobs(p: &mut SamplingParams, echo: bool) {
+    if let (true, Some(k)) = (echo, p.logprobs) {
+        p.prompt_logprobs = Some(p.prompt_logprobs.map_or(k, |q| q.max(k)));
+    }
 }
 
 /// `n`, `best_of` and `use_beam_search` with the cross-field rules of SPEC 5.2.

@@ -7,7 +7,7 @@
 use crate::error::CoreResult;
 use crate::params::SamplingParams;
 
-use super::common::apply_output_cap;
+use super::common::{apply_output_cap, is_token_id_list};
 use super::limits::{check_prompt_tokens_of, max_prompt_tokens, Limits};
 use super::raw::{Obj, Raw};
 use super::Route;
@@ -55,8 +55,15 @@ pub struct Switches {
     pub forces_tool: bool,
     /// `response_format.type`, when given.
     pub response_format: Option<String>,
-    /// Whether `prompt` (or `input`) is a list: a batch of prompts.
+    /// Whether `prompt` (or `input`) is a list of prompts: a batch (a list of token ids is
+    /// one prompt).
     pub is_batch: bool,
+    /// Completions `max_tokens: 0` with `echo`: the prompt is scored, nothing is returned of
+    /// the one token generated.
+    pub score_only: bool,
+    /// vLLM's `prompt_logprobs` extra as the client sent it: the response's `prompt_logprobs`
+    /// field, with this many alternatives per token.
+    pub prompt_logprobs: Option<u32>,
 }
 
 /// A request body that passed its route's rules: the parameters and the switches.
@@ -190,7 +197,8 @@ pub(crate) fn read_switches(route: Route, body: &Raw) -> CoreResult<Switches> {
     let string =
         |key: &str| -> CoreResult<Option<String>> { Ok(o.field(key).str()?.map(str::to_owned)) };
     let tool_choice = o.field("tool_choice");
-    let is_batch = |key: &str| matches!(body.get(key), Some(Raw::List(_)));
+    let is_batch =
+        |key: &str| matches!(body.get(key), Some(Raw::List(items)) if !is_token_id_list(items));
     Ok(Switches {
         stream: o.field("stream").bool()?.unwrap_or(false),
         model: string("model")?,
@@ -217,5 +225,15 @@ pub(crate) fn read_switches(route: Route, body: &Raw) -> CoreResult<Switches> {
             None => None,
         },
         is_batch: is_batch("prompt") || is_batch("input"),
+        score_only: route == Route::Completions
+            && o.field("echo").bool()? == Some(true)
+            && o.field("max_tokens").int()? == Some(0),
+        prompt_logprobs: match route {
+            Route::Chat | Route::Completions => o
+                .field("prompt_logprobs")
+                .int()?
+                .map(|k| u32::try_from(k).unwrap_or(u32::MAX)),
+            _ => None,
+        },
     })
 }

@@ -66,9 +66,7 @@ def test_databricks_truncation_keeps_the_last_tokens() -> None:
 @pytest.mark.parametrize(
     ("route", "body", "field"),
     [
-        ("completions", {"model": "m", "prompt": "a", "use_beam_search": True}, "use_beam_search"),
         ("completions", {"model": "m", "prompt": "a", "suffix": "!"}, "suffix"),
-        ("completions", {"model": "m", "prompt": "a", "echo": True, "logprobs": 1}, "echo"),
         ("chat", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
         ("chat", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ("databricks_embeddings", {"input": "x"}, "input"),
@@ -86,6 +84,7 @@ def test_the_same_table_refuses_offline_parameters() -> None:
     check_supported(SamplingParams(n=2, temperature=1.0))
     check_supported(SamplingParams(n=1, best_of=2))  # built: ranked by cumulative logprob
     validate("completions", {"model": "m", "prompt": "a", "best_of": 3, "n": 2}).check_supported()
+    check_supported(SamplingParams(use_beam_search=True, n=2))  # built: beam search
     with pytest.raises(ValidationError) as info:
-        check_supported(SamplingParams(use_beam_search=True, n=2))
-    assert info.value.param == "use_beam_search"
+        check_supported(SamplingParams(use_beam_search=True, n=2, stop_token_ids=[1], top_p=0.5))
+    assert (info.value.param, info.value.code) == ("top_p", "conflict")

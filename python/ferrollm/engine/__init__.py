@@ -13,6 +13,7 @@ from ferrollm.engine.outputs import (
     StepInfo,
     TokenLogprob,
 )
+from ferrollm.engine.prompt_logprobs import PromptLogprob
 from ferrollm.engine.request import EngineRequest
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "EngineLoop",
     "EngineRequest",
     "LLMEngine",
+    "PromptLogprob",
     "RequestFailure",
     "RequestOutput",
     "StepError",

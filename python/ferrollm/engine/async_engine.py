@@ -67,6 +67,11 @@ class AsyncEngine:
         return self.engine.scheduler.max_model_len
 
     @property
+    def max_beam_width(self) -> int:
+        """The widest beam search a request may ask for."""
+        return self.engine.max_beam_width
+
+    @property
     def model_path(self) -> Path | None:
         """The checkpoint's path (a directory or a .gguf file), when loaded from one."""
         return self.engine.model_path

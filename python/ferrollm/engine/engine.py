@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ferrollm._core import Scheduler, SchedulerConfig, StepPlan, check_supported
+from ferrollm._core import (
+    Scheduler,
+    SchedulerConfig,
+    StepPlan,
+    ValidationError,
+    check_supported,
+)
+from ferrollm.config import DEFAULT_MAX_BEAM_WIDTH
 from ferrollm.default_model import default_model_path
 from ferrollm.engine.outputs import RequestFailure, RequestOutput, RequestTracker, StepInfo
 from ferrollm.engine.request import EngineRequest
@@ -60,9 +67,12 @@ class LLMEngine:
         model_config: ModelConfig,
         *,
         model_path: Path | None = None,
+        max_beam_width: int = DEFAULT_MAX_BEAM_WIDTH["cpu"],
     ) -> None:
         #: The checkpoint's path (a directory or a .gguf file), when loaded from one.
         self.model_path = model_path
+        #: The widest beam search a request may ask for.
+        self.max_beam_width = max_beam_width
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.runner = runner
@@ -110,7 +120,15 @@ class LLMEngine:
             config.block_size,
             kv_plan.max_model_len,
         )
-        return cls(tokenizer, scheduler, runner, source.config, model_path=source.path)
+        assert config.max_beam_width is not None  # for_platform filled it in
+        return cls(
+            tokenizer,
+            scheduler,
+            runner,
+            source.config,
+            model_path=source.path,
+            max_beam_width=config.max_beam_width,
+        )
 
     def add_request(self, request: EngineRequest) -> None:
         """Queue ``request``.
@@ -123,6 +141,14 @@ class LLMEngine:
                 f"`request_id` {request.request_id!r} is already in use by an unfinished request"
             )
         check_supported(request.params)
+        params = request.params
+        if params.use_beam_search and params.best_of > self.max_beam_width:
+            error = ValidationError(
+                f"`best_of` must give a beam width of at most {self.max_beam_width} "
+                f"(max_beam_width); got {params.best_of}"
+            )
+            error.param, error.code = "best_of", "out_of_range"
+            raise error
         internal_id = self._tracker.next_id()
         self.scheduler.add_request(
             internal_id,
@@ -164,7 +190,12 @@ class LLMEngine:
         started = time.perf_counter()
         plan = self.scheduler.schedule(started)
         try:
-            logits = self.runner.run(plan)
+            targets = self._tracker.prompt_logprobs.targets(plan)
+            if targets is None:
+                logits = self.runner.run(plan)
+            else:
+                logits = self.runner.run(plan, targets)
+                self._tracker.prompt_logprobs.record(targets)
             out = self.scheduler.update_with_logits(plan, logits.numpy())
         except Exception as e:
             raise self._fail_step(plan, e) from e

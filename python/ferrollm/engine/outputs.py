@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy.typing as npt
 
 from ferrollm._core import FINISH_REASON_NAMES, SamplingParams, StepOutput, StepPlan
+from ferrollm.engine.prompt_logprobs import PromptLogprob, PromptLogprobBook
 
 if TYPE_CHECKING:
     from ferrollm.engine.request import EngineRequest
@@ -175,6 +176,9 @@ class RequestOutput:
     step: StepInfo | None = None
     #: When a step first scheduled the request (``time.perf_counter()``), if one has.
     first_scheduled_time: float | None = None
+    #: Per prompt token when the request asked for ``prompt_logprobs``: its score (None for
+    #: the first token, which nothing comes before); None when it did not ask.
+    prompt_logprobs: list[PromptLogprob | None] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -291,6 +295,8 @@ class RequestTracker:
         self._next_id = count()
         self._ids: dict[str, int] = {}
         self._states: dict[int, _RequestState] = {}
+        #: Prompt logprobs of the requests that asked for them.
+        self.prompt_logprobs = PromptLogprobBook()
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._ids
@@ -327,6 +333,8 @@ class RequestTracker:
         )
         self._ids[request.request_id] = internal_id
         self._states[internal_id] = state
+        if params.prompt_logprobs is not None:
+            self.prompt_logprobs.add(internal_id, request.prompt_token_ids, params.prompt_logprobs)
 
     def internal_id(self, request_id: str) -> int | None:
         """The scheduler's id of a tracked request."""
@@ -342,6 +350,7 @@ class RequestTracker:
         internal_id = self._ids.pop(request_id, None)
         if internal_id is not None:
             del self._states[internal_id]
+            self.prompt_logprobs.remove(internal_id)
 
     def deliver(
         self, plan: StepPlan, out: StepOutput, step: StepInfo | None = None
@@ -361,7 +370,8 @@ class RequestTracker:
             self._append(_Columns.of(out), out.text, touched)
         finished = {*ended, *out.finished_req_ids.tolist()}
         outputs: list[RequestOutput | RequestFailure] = [
-            _snapshot(state, i in finished, step) for i, state in touched.items()
+            _snapshot(state, i in finished, step, self.prompt_logprobs.entries(i))
+            for i, state in touched.items()
         ]
         for internal_id in finished & touched.keys():
             self.remove(touched[internal_id].request_id)
@@ -431,7 +441,12 @@ def _stop_reason(state: _RequestState, stop_str_index: int, stop_token_id: int) 
     return stop_token_id if stop_token_id >= 0 else None
 
 
-def _snapshot(state: _RequestState, finished: bool, step: StepInfo | None) -> RequestOutput:
+def _snapshot(
+    state: _RequestState,
+    finished: bool,
+    step: StepInfo | None,
+    prompt_logprobs: list[PromptLogprob | None] | None,
+) -> RequestOutput:
     if state.ranks:
         outputs = _best(state) if finished else []
     else:
@@ -445,6 +460,7 @@ def _snapshot(state: _RequestState, finished: bool, step: StepInfo | None) -> Re
         finished,
         step,
         state.first_scheduled_time,
+        prompt_logprobs,
     )
 
 

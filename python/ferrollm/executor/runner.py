@@ -16,6 +16,7 @@ import numpy.typing as npt
 import torch
 
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
+from ferrollm.executor.prompt_logprobs import PromptTargets, score_prompt_tokens
 from ferrollm.layers.attention import (
     AttentionBackend,
     AttentionContext,
@@ -67,13 +68,22 @@ class ModelRunner:
         self.dtype = dtype
         self.backend: AttentionBackend = backend or TorchSDPABackend()
 
-    def run(self, plan: StepInputs) -> torch.Tensor:
-        """Float32 logits ``[plan.num_samples, vocab]`` on the CPU, row ``i`` for sample ``i``."""
+    def run(self, plan: StepInputs, prompt_targets: PromptTargets | None = None) -> torch.Tensor:
+        """Float32 logits ``[plan.num_samples, vocab]`` on the CPU, row ``i`` for sample ``i``.
+
+        With ``prompt_targets`` (the prompt positions of this step whose requests asked for
+        prompt logprobs) it also scores them from the same hidden states into
+        ``prompt_targets.scores``.
+        """
         with torch.inference_mode():
             self.kv_cache.copy_blocks(plan.block_copies)
             if len(plan.input_ids) == 0:
                 return torch.empty((0, self.model.vocab_size), dtype=torch.float32)
             hidden = self.hidden_states(plan)
+            if prompt_targets is not None:
+                prompt_targets.scores = score_prompt_tokens(
+                    hidden, self.model.compute_logits, self.model.vocab_size, prompt_targets
+                )
             sampled = hidden.index_select(0, self._to_device(plan.logits_indices))
             logits = self.model.compute_logits(sampled)
             return logits.to("cpu", torch.float32).contiguous()

@@ -45,6 +45,7 @@ class ServerContext:
             max_position_embeddings=model_config.max_position_embeddings,
             max_iter_times=config.max_iter_times or max_model_len,
             vocab_size=model_config.vocab_size,
+            max_beam_width=engine.max_beam_width,
         )
         name = config.served_model_name or model_name_of(engine)
         return cls(engine, config, name, limits, Metrics(name, engine.stats))

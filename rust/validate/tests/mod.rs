@@ -9,6 +9,7 @@ mod generate;
 mod json;
 mod limits;
 mod offline;
+mod prompt_logprobs;
 mod raw;
 mod request;
 mod samples;

@@ -101,11 +101,6 @@ fn the_capability_table_refuses_unbuilt_features_by_field() {
             "suffix",
         ),
         (
-            Route::Completions,
-            r#"{"model": "m", "prompt": "a", "echo": true, "logprobs": 1}"#,
-            "echo",
-        ),
-        (
             Route::Chat,
             r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}"#,
             "response_format",
@@ -136,6 +131,10 @@ fn the_capability_table_refuses_unbuilt_features_by_field() {
         (
             Route::Completions,
             r#"{"model": "m", "prompt": "a", "n": 2, "best_of": 5, "temperature": 1}"#,
+        ),
+        (
+            Route::Completions,
+            r#"{"model": "m", "prompt": "a", "echo": true, "logprobs": 1}"#,
         ),
         (
             Route::DatabricksCompletions,

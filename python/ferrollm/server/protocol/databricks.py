@@ -11,7 +11,7 @@ from typing import Any
 
 from msgspec import UNSET, Struct, UnsetType
 
-from ferrollm.server.protocol.openai import ChatMessage, Tool, Usage
+from ferrollm.server.protocol.openai import ChatMessage, CompletionLogprobs, Tool, Usage
 
 
 class DatabricksChatRequest(Struct, kw_only=True):
@@ -47,6 +47,9 @@ class DatabricksCompletionRequest(Struct, kw_only=True):
     suffix: str | None = None
     echo: bool | None = None
     use_raw_prompt: bool | None = None
+    #: Not in [DBX]: OpenAI completions logprobs (0..5 alternatives per token); with ``echo``
+    #: the prompt's tokens are scored too.
+    logprobs: int | None = None
 
 
 class DatabricksEmbeddingRequest(Struct, kw_only=True):
@@ -60,6 +63,8 @@ class DatabricksCompletionChoice(Struct):
     index: int
     text: str
     finish_reason: str | None
+    #: Only when the request asked for ``logprobs`` (the OpenAI completions shape).
+    logprobs: CompletionLogprobs | UnsetType = UNSET
 
 
 class DatabricksCompletion(Struct, kw_only=True):

@@ -78,6 +78,8 @@ class _SamplingFields(Struct, kw_only=True):
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None
     n: int | None = None
+    #: vLLM extra: score the prompt, with this many alternatives per token (not streamed).
+    prompt_logprobs: int | None = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
@@ -92,9 +94,11 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
-    """``POST /v1/completions`` (SPEC 5.1); ``prompt`` may be a list of prompts (→A-26)."""
+    """``POST /v1/completions`` (SPEC 5.1); ``prompt`` may be a list of prompts (→A-26), a
+    list of token ids, or a list of token-id lists (as OpenAI and vLLM). ``max_tokens: 0``
+    with ``echo`` scores the prompt without generating."""
 
-    prompt: str | list[str]
+    prompt: str | list[str | int | list[int]]
     best_of: int | None = None
     use_beam_search: bool | None = None
     logprobs: int | None = None
@@ -152,6 +156,8 @@ class ChatCompletion(Struct, kw_only=True):
     #: MindIE extensions (ms, →A-50); left out on the Databricks route.
     prefill_time: float | UnsetType | None = UNSET
     decode_time_arr: list[float] | UnsetType = UNSET
+    #: vLLM's ``prompt_logprobs``, when the request asked for them.
+    prompt_logprobs: PromptLogprobs | UnsetType = UNSET
 
 
 class Delta(Struct):
@@ -180,12 +186,26 @@ class ChatCompletionChunk(Struct, kw_only=True):
 
 
 class CompletionLogprobs(Struct):
-    """Completions logprobs (SPEC 5.6)."""
+    """Completions logprobs (SPEC 5.6). With ``echo`` the prompt's tokens come first, the
+    first of them with a null logprob and null alternatives (nothing comes before it)."""
 
     text_offset: list[int]
-    token_logprobs: list[float]
+    token_logprobs: list[float | None]
     tokens: list[str]
-    top_logprobs: list[dict[str, float]]
+    top_logprobs: list[dict[str, float] | None]
+
+
+class PromptTokenLogprob(Struct):
+    """vLLM's score of one token at a prompt position."""
+
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
+#: vLLM's ``prompt_logprobs``: per prompt token, null for the first, else token id (a string,
+#: as JSON keys are) -> its score, for the top alternatives and the prompt's own token.
+PromptLogprobs = list[dict[str, PromptTokenLogprob] | None]
 
 
 class CompletionChoice(Struct):
@@ -194,6 +214,7 @@ class CompletionChoice(Struct):
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
     stop_reason: str | int | None
+    prompt_logprobs: PromptLogprobs | UnsetType = UNSET
 
 
 class CompletionUsage(Struct):

@@ -2,7 +2,8 @@
 
 Both render the messages with the model's chat template and stream ``chat.completion.chunk``
 events; the ``/v1`` route adds MindIE's extensions (``prefill_time``/``decode_time_arr``, and
-``fullTextEnabled`` cumulative deltas with ``full_text`` on the final chunk).
+``fullTextEnabled`` cumulative deltas with ``full_text`` on the final chunk) and vLLM's
+``prompt_logprobs`` (the rendered prompt's tokens scored; not with streaming).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from ferrollm.server.routes.common import (
     template_messages,
     usage_counts,
 )
-from ferrollm.server.routes.logprobs import chat_logprobs
+from ferrollm.server.routes.logprobs import chat_logprobs, vllm_prompt_logprobs
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class _Chat:
     created: int
     request: EngineRequest
     full_text: bool
+    #: vLLM's ``prompt_logprobs`` (alternatives per prompt token), None when not asked.
+    num_prompt_logprobs: int | None = None
 
 
 async def chat_completions(ctx: ServerContext, request: Request) -> Response:
@@ -81,7 +84,8 @@ async def serve_chat(
     ids = await run_sized(size, ctx.tokenizer.encode_chat, messages, valid.tools)
     request_id = ctx.next_id() if flavor.mindie else f"chatcmpl-{uuid.uuid4().hex}"
     req = engine_request(valid, request_id, ids, request.arrival)
-    chat = _Chat(ctx, flavor, request.created, req, flavor.mindie and ctx.config.full_text)
+    full_text = flavor.mindie and ctx.config.full_text
+    chat = _Chat(ctx, flavor, request.created, req, full_text, valid.prompt_logprobs)
     timing = Timing(req.arrival_time)
     stream = generate(ctx, req, timing)
     if valid.stream:
@@ -114,6 +118,14 @@ def _response(chat: _Chat, out: RequestOutput, timing: Timing) -> ChatCompletion
     if chat.flavor.mindie:
         response.prefill_time = timing.prefill_ms
         response.decode_time_arr = timing.decode_ms
+    if chat.num_prompt_logprobs is not None:
+        assert out.prompt_logprobs is not None  # asked, so scored (validation)
+        token_bytes = chat.ctx.tokenizer.detokenizer.token_bytes
+        response.prompt_logprobs = vllm_prompt_logprobs(
+            out.prompt_logprobs,
+            chat.num_prompt_logprobs,
+            lambda token_id: token_bytes(token_id).decode("utf-8", "replace"),
+        )
     return response
 
 

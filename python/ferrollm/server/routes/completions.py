@@ -5,12 +5,21 @@ ordered ``index = prompt_index * n + k``. The ``/v1`` route reports MindIE's per
 ``batch_size``/``queue_wait_time`` usage arrays and ``stop_reason``; Databricks adds ``echo``,
 ``suffix`` (appended, →A-66) and ``error_behavior: "truncate"`` (the prompt is cut from the left
 to fit, →A-62).
+
+On ``/v1`` a prompt may also be token ids (one list, or a list of lists), which ``echo`` shows
+decoded. ``echo`` with ``logprobs`` (both routes) returns the prompt's tokens and logprobs
+before the completion's, the first prompt token's logprob null; ``max_tokens: 0`` with
+``echo`` returns the prompt alone, scored (the one token the engine runs is left out); vLLM's
+``prompt_logprobs`` adds each choice's ``prompt_logprobs``.
+
+Beam search (``use_beam_search``) returns the ``n`` best hypotheses as choices, best first; its
+stream is MindIE's "fake streaming", one event with the whole response (``_fake_stream``).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +32,13 @@ from ferrollm.server.errors import ApiError, ErrorStyle, error_body, to_api_erro
 from ferrollm.server.generation import Timing, generate, merge, prime
 from ferrollm.server.http import SSE_DONE, JSONResponse, Request, Response, SSEResponse, sse_event
 from ferrollm.server.protocol.databricks import DatabricksCompletion, DatabricksCompletionChoice
-from ferrollm.server.protocol.openai import Completion, CompletionChoice, CompletionUsage, Usage
+from ferrollm.server.protocol.openai import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionUsage,
+    Usage,
+)
 from ferrollm.server.routes.common import (
     accept,
     decode_body,
@@ -32,7 +47,12 @@ from ferrollm.server.routes.common import (
     openai_finish_reason,
     run_sized,
 )
-from ferrollm.server.routes.logprobs import completion_logprobs
+from ferrollm.server.routes.logprobs import (
+    completion_logprobs,
+    joined,
+    prompt_completion_logprobs,
+    vllm_prompt_logprobs,
+)
 
 
 @dataclass
@@ -53,6 +73,14 @@ class _Batch:
     prompts: list[_Prompt]
     echo: bool
     suffix: str
+    #: The token text in logprobs (its bytes, a partial character as U+FFFD).
+    text_of: Callable[[int], str]
+    #: Completions ``logprobs``: alternatives per token, None when not asked.
+    num_logprobs: int | None = None
+    #: vLLM's ``prompt_logprobs``: alternatives per prompt token, None when not asked.
+    num_prompt_logprobs: int | None = None
+    #: ``max_tokens: 0`` with ``echo``: the prompt alone, scored.
+    score_only: bool = False
     #: Per choice index: the next ``text_offset`` (streamed logprobs keep counting).
     offsets: dict[int, int] = field(default_factory=dict)
 
@@ -79,50 +107,117 @@ async def serve_completions(
         [],
         valid.echo,
         (valid.suffix or "") if databricks else "",
+        _token_text(ctx),
+        valid.params.logprobs,
+        valid.prompt_logprobs,
+        valid.score_only,
     )
-    for i, text in enumerate(valid.prompts):
-        ids = await run_sized(len(text), ctx.tokenizer.encode, text)
+    for i, prompt in enumerate(valid.prompts):
+        text, ids = await _tokenized(ctx, prompt, echo=valid.echo)
         request_id = f"{batch.request_id}-{i}"
         req = engine_request(valid, request_id, ids, request.arrival, prompt=text, index=i)
         batch.prompts.append(_Prompt(text, req, Timing(req.arrival_time)))
     streams = [generate(ctx, p.request, p.timing) for p in batch.prompts]
+    if valid.stream and valid.params.use_beam_search:
+        return SSEResponse(_fake_stream(batch, await prime(merge(streams))))
     if valid.stream:
         return SSEResponse(_events(batch, await prime(merge(streams))))
+    return JSONResponse(msgspec.json.encode(_response(batch, await _finals(merge(streams)))))
+
+
+async def _finals(stream: AsyncIterator[tuple[int, RequestOutput]]) -> dict[int, RequestOutput]:
+    """Each prompt's last output."""
     finals: dict[int, RequestOutput] = {}
-    async for i, out in merge(streams):
+    async for i, out in stream:
         if out.finished:
             finals[i] = out
-    return JSONResponse(msgspec.json.encode(_response(batch, finals)))
+    return finals
+
+
+async def _fake_stream(
+    batch: _Batch, stream: AsyncIterator[tuple[int, RequestOutput]]
+) -> AsyncIterator[bytes]:
+    """Beam search streamed MindIE's way (SPEC 5.5, "fake streaming"): nothing is final before
+    the search ends, so one event holds the whole ``text_completion`` (every choice, its
+    logprobs and finish reason, and usage), then ``[DONE]``."""
+    try:
+        yield sse_event(msgspec.json.encode(_response(batch, await _finals(stream))))
+    except Exception as e:
+        yield _error_event(batch, to_api_error(e))
+    yield SSE_DONE
+
+
+def _token_text(ctx: ServerContext) -> Callable[[int], str]:
+    token_bytes = ctx.tokenizer.detokenizer.token_bytes
+    return lambda token_id: token_bytes(token_id).decode("utf-8", "replace")
+
+
+async def _tokenized(
+    ctx: ServerContext, prompt: str | list[int], *, echo: bool
+) -> tuple[str, Sequence[int]]:
+    """A prompt's text (what ``echo`` shows) and token ids."""
+    if isinstance(prompt, str):
+        return prompt, await run_sized(len(prompt), ctx.tokenizer.encode, prompt)
+    # Token ids, each checked against the vocabulary by the validator.
+    text = ctx.tokenizer.decode(prompt, skip_special_tokens=False) if echo else ""
+    return text, prompt
 
 
 def _choice(
-    batch: _Batch, prompt_index: int, c: CompletionOutput, *, text: str, whole: bool
+    batch: _Batch,
+    out: RequestOutput,
+    prompt_index: int,
+    c: CompletionOutput,
+    *,
+    text: str,
+    whole: bool,
 ) -> CompletionChoice:
-    """A choice of prompt ``prompt_index``'s sequence ``c``: ``text`` is its new text (a stream)
-    or all of it (``whole``); echo and suffix are added where the text starts and ends."""
+    """A choice of prompt ``prompt_index``'s sequence ``c`` (in ``out``): ``text`` is its new
+    text (a stream) or all of it (``whole``); echo and suffix are added where the text starts
+    and ends."""
     index = prompt_index * batch.n + c.index
     first = whole or index not in batch.offsets
-    prompt = batch.prompts[prompt_index]
+    if batch.score_only:
+        text = ""  # the token run to score the prompt is not part of the answer
     if batch.echo and first:
-        text = prompt.text + text
+        text = batch.prompts[prompt_index].text + text
     if batch.suffix and c.finish_reason is not None:
         text += batch.suffix
-    logprobs = None
-    entries = c.logprobs if whole else c.new_logprobs
-    if entries is not None:
-        start = batch.offsets.get(index, 0)
-        logprobs, batch.offsets[index] = completion_logprobs(entries, start)
-    else:
-        batch.offsets.setdefault(index, 0)
+    logprobs = _logprobs(batch, out, index, c, whole=whole, first=first)
     stop_reason = c.stop_reason
     return CompletionChoice(
         index, text, logprobs, openai_finish_reason(c.finish_reason), stop_reason
     )
 
 
+def _logprobs(
+    batch: _Batch, out: RequestOutput, index: int, c: CompletionOutput, *, whole: bool, first: bool
+) -> CompletionLogprobs | None:
+    """Choice ``index``'s logprobs for this response or chunk: with ``echo``, the prompt's
+    tokens first (in the first chunk); ``text_offset`` keeps counting across chunks."""
+    entries = c.logprobs if whole else c.new_logprobs
+    if batch.num_logprobs is None or entries is None:
+        batch.offsets.setdefault(index, 0)
+        return None
+    if batch.score_only:
+        entries = []
+    echoed = None
+    start = batch.offsets.get(index, 0)
+    if batch.echo and first:
+        # Asked together with `logprobs`, so the engine scored the prompt (validation).
+        assert out.prompt_logprobs is not None
+        echoed, start = prompt_completion_logprobs(
+            out.prompt_token_ids, out.prompt_logprobs, batch.num_logprobs, batch.text_of
+        )
+    logprobs, batch.offsets[index] = completion_logprobs(entries, start)
+    return logprobs if echoed is None else joined(echoed, logprobs)
+
+
 def _usage(batch: _Batch, finals: Sequence[RequestOutput]) -> CompletionUsage:
     num_prompt = sum(p.request.num_prompt_tokens for p in batch.prompts)
-    num_completion = sum(len(c.token_ids) for out in finals for c in out.outputs)
+    num_completion = 0  # `max_tokens: 0`: the token run to score the prompt is not returned
+    if not batch.score_only:
+        num_completion = sum(len(c.token_ids) for out in finals for c in out.outputs)
     longest = max((p.timing for p in batch.prompts), key=lambda t: len(t.batch_sizes))
     return CompletionUsage(
         num_prompt,
@@ -135,13 +230,31 @@ def _usage(batch: _Batch, finals: Sequence[RequestOutput]) -> CompletionUsage:
 
 def _response(batch: _Batch, finals: dict[int, RequestOutput]) -> Completion | DatabricksCompletion:
     choices = [
-        _choice(batch, i, c, text=c.text, whole=True)
+        _choice(batch, finals[i], i, c, text=c.text, whole=True)
         for i in range(len(batch.prompts))
         for c in finals[i].outputs
     ]
+    if batch.num_prompt_logprobs is not None:
+        for choice in choices:
+            scores = finals[choice.index // batch.n].prompt_logprobs
+            assert scores is not None  # asked, so scored (validation)
+            choice.prompt_logprobs = vllm_prompt_logprobs(
+                scores, batch.num_prompt_logprobs, batch.text_of
+            )
+    if batch.ctx.config.text_offset_mode == "mindie":
+        _count_offsets_across_choices(choices)
     response = _stream_chunk(batch, choices)
     _finish(batch, response, finals)
     return response
+
+
+def _count_offsets_across_choices(choices: list[CompletionChoice]) -> None:
+    """MindIE's ``text_offset``: choice k's offsets go on from where choice k-1's text ended."""
+    base = 0
+    for choice in choices:
+        if choice.logprobs is not None:
+            choice.logprobs.text_offset = [base + o for o in choice.logprobs.text_offset]
+        base += len(choice.text)
 
 
 def _error_message(batch: _Batch, outs: Any) -> str | None:
@@ -172,7 +285,7 @@ async def _events(
                 ):
                     continue
                 chunks.append(
-                    _stream_chunk(batch, [_choice(batch, i, c, text=c.new_text, whole=False)])
+                    _stream_chunk(batch, [_choice(batch, out, i, c, text=c.new_text, whole=False)])
                 )
             if out.finished:
                 finals[i] = out
@@ -194,9 +307,16 @@ def _stream_chunk(
             id=request_id,
             created=created,
             model=model,
-            choices=[DatabricksCompletionChoice(c.index, c.text, c.finish_reason) for c in choices],
+            choices=[_databricks_choice(c) for c in choices],
         )
     return Completion(id=request_id, created=created, model=model, choices=choices)
+
+
+def _databricks_choice(c: CompletionChoice) -> DatabricksCompletionChoice:
+    choice = DatabricksCompletionChoice(c.index, c.text, c.finish_reason)
+    if c.logprobs is not None:
+        choice.logprobs = c.logprobs
+    return choice
 
 
 def _finish(

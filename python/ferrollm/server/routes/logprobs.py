@@ -1,14 +1,17 @@
-"""Logprobs in each API's shape: OpenAI chat (SPEC 4.7) and completions (SPEC 5.6)."""
+"""Logprobs in each API's shape: OpenAI chat (SPEC 4.7) and completions (SPEC 5.6), and the
+prompt's: completions ``echo`` and vLLM's ``prompt_logprobs``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from ferrollm.engine import TokenLogprob
+from ferrollm.engine import PromptLogprob, TokenLogprob
 from ferrollm.server.protocol.openai import (
     ChatLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,
+    PromptLogprobs,
+    PromptTokenLogprob,
     TopLogprob,
 )
 
@@ -42,8 +45,8 @@ def completion_logprobs(
     """
     tokens: list[str] = []
     offsets: list[int] = []
-    token_logprobs: list[float] = []
-    tops: list[dict[str, float]] = []
+    token_logprobs: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
     for e in entries:
         text = e.text
         tokens.append(text)
@@ -58,3 +61,63 @@ def completion_logprobs(
         top[text] = e.logprob
         tops.append(top)
     return CompletionLogprobs(offsets, token_logprobs, tokens, tops), offset
+
+
+def prompt_completion_logprobs(
+    token_ids: Sequence[int],
+    scores: Sequence[PromptLogprob | None],
+    k: int,
+    text_of: Callable[[int], str],
+) -> tuple[CompletionLogprobs, int]:
+    """The prompt's tokens in completions logprobs (``echo``), offsets from 0: the first token
+    has a null logprob and null alternatives; the others their ``k`` best alternatives plus
+    themselves (SPEC 5.6). Also the offset after them, where the completion's tokens start."""
+    tokens: list[str] = []
+    offsets: list[int] = []
+    token_logprobs: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offset = 0
+    for token_id, entry in zip(token_ids, scores, strict=True):
+        text = text_of(token_id)
+        tokens.append(text)
+        offsets.append(offset)
+        offset += len(text)
+        if entry is None:
+            token_logprobs.append(None)
+            tops.append(None)
+            continue
+        token_logprobs.append(entry.logprob)
+        top: dict[str, float] = {}
+        for alt, lp in entry.top[:k]:
+            top.setdefault(text_of(alt), lp)
+        top[text] = entry.logprob
+        tops.append(top)
+    return CompletionLogprobs(offsets, token_logprobs, tokens, tops), offset
+
+
+def joined(first: CompletionLogprobs, then: CompletionLogprobs) -> CompletionLogprobs:
+    """``first``'s tokens followed by ``then``'s (the prompt's, then the completion's)."""
+    return CompletionLogprobs(
+        first.text_offset + then.text_offset,
+        first.token_logprobs + then.token_logprobs,
+        first.tokens + then.tokens,
+        first.top_logprobs + then.top_logprobs,
+    )
+
+
+def vllm_prompt_logprobs(
+    scores: Sequence[PromptLogprob | None], k: int, text_of: Callable[[int], str]
+) -> PromptLogprobs:
+    """vLLM's ``prompt_logprobs``: per prompt token null (the first) or token id -> score, for
+    the prompt's own token and its ``k`` best alternatives."""
+    out: PromptLogprobs = []
+    for entry in scores:
+        if entry is None:
+            out.append(None)
+            continue
+        own = PromptTokenLogprob(entry.logprob, entry.rank, text_of(entry.token_id))
+        ranked = {str(entry.token_id): own}
+        for rank, (alt, lp) in enumerate(entry.top[:k], start=1):
+            ranked.setdefault(str(alt), PromptTokenLogprob(lp, rank, text_of(alt)))
+        out.append(ranked)
+    return out

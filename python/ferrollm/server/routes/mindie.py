@@ -58,6 +58,7 @@ async def _serve(ctx: ServerContext, request: Request, *, stream: bool) -> Respo
     ctx.check_model(request.path_params["model"], param="model")
     valid = accept(ctx, "generate", decode_body(request.body))
     text = valid.prompts[0]
+    assert isinstance(text, str)  # only /v1/completions takes token-id prompts
     ids = await run_sized(len(text), ctx.tokenizer.encode, text)
     client_id = valid.client_id
     response_id = client_id or ctx.next_id()
