@@ -136,12 +136,12 @@ class EngineConfig:
         """This config with device-dependent defaults filled in, checked against ``platform``."""
         platform.check_block_size(self.block_size)
         kind = "accelerator" if platform.is_accelerator else "cpu"
-        defaults = {
-            "max_num_batched_tokens": DEFAULT_MAX_NUM_BATCHED_TOKENS[kind],
-            "max_beam_width": DEFAULT_MAX_BEAM_WIDTH[kind],
-        }
-        missing = {k: v for k, v in defaults.items() if getattr(self, k) is None}
-        return dataclasses.replace(self, **missing) if missing else self
+        return dataclasses.replace(
+            self,
+            max_num_batched_tokens=self.max_num_batched_tokens
+            or DEFAULT_MAX_NUM_BATCHED_TOKENS[kind],
+            max_beam_width=self.max_beam_width or DEFAULT_MAX_BEAM_WIDTH[kind],
+        )
 
     @classmethod
     def from_dict(cls, options: Mapping[str, Any]) -> EngineConfig:

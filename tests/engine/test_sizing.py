@@ -135,8 +135,12 @@ def test_from_dict_rejects_unknown_options(tmp_path: Path) -> None:
 def test_for_platform_fills_device_defaults() -> None:
     assert EngineConfig().for_platform(CpuPlatform()).max_num_batched_tokens == 2048
     assert EngineConfig().for_platform(FakeAccelerator()).max_num_batched_tokens == 8192
-    explicit = EngineConfig(max_num_batched_tokens=64)
-    assert explicit.for_platform(FakeAccelerator()) is explicit
+    assert EngineConfig().for_platform(CpuPlatform()).max_beam_width == 8
+    assert EngineConfig().for_platform(FakeAccelerator()).max_beam_width == 16
+    explicit = EngineConfig(max_num_batched_tokens=64, max_beam_width=3)
+    assert explicit.for_platform(FakeAccelerator()) == explicit
+    with pytest.raises(EngineConfigError, match="`max_beam_width` must be at most 128"):
+        EngineConfig(max_beam_width=129)
     with pytest.raises(ValueError, match="`block_size` must be a multiple of 128"):
         EngineConfig().for_platform(NpuPlatform())
     assert EngineConfig(block_size=128).for_platform(NpuPlatform()).block_size == 128

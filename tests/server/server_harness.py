@@ -5,8 +5,9 @@ background thread for the whole session and every test submits its coroutines th
 (`Server.run`). Requests go through ``httpx.ASGITransport`` (no sockets), which buffers each
 response whole: streamed bodies are checked as the bytes the app wrote.
 
-Two apps share the engine: ``app`` (the defaults, a 64-token input limit, a 64 KiB body limit)
-and ``full_text_app`` (MindIE ``fullTextEnabled``).
+Three apps share the engine: ``app`` (the defaults, a 64-token input limit, a 64 KiB body
+limit), ``full_text_app`` (MindIE ``fullTextEnabled``) and ``mindie_offsets_app`` (MindIE's
+``text_offset`` across choices).
 """
 
 from __future__ import annotations
@@ -71,11 +72,18 @@ class Server:
         )
         self.app = App(ctx=self.ctx)
         self.full_text_app = App(ctx=self.full_text_ctx)
+        #: MindIE's ``text_offset`` counting on across choices (``text_offset_mode``).
+        self.mindie_offsets_app = App(
+            ctx=ServerContext.build(
+                self.engine, ServerConfig(served_model_name=MODEL, text_offset_mode="mindie")
+            )
+        )
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         self._clients = {
-            id(app): self.run(_make_client(app)) for app in (self.app, self.full_text_app)
+            id(app): self.run(_make_client(app))
+            for app in (self.app, self.full_text_app, self.mindie_offsets_app)
         }
 
     @property
