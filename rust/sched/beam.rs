@@ -117,6 +117,14 @@ pub(crate) struct BeamStep {
     pub rows: Vec<usize>,
 }
 
+/// A beam search ended early (abort, deadline): its best hypotheses so far, to emit.
+#[derive(Debug, Clone)]
+pub(crate) struct EndedBeams {
+    pub req_id: RequestId,
+    pub params: Arc<SamplingParams>,
+    pub hypotheses: Vec<Hypothesis>,
+}
+
 /// `x / len^penalty`, the length-normalised score.
 fn normalised(sum: f32, len: usize, penalty: f32) -> f32 {
     sum / (len as f64).powf(f64::from(penalty)) as f32
@@ -275,6 +283,54 @@ impl Scheduler {
         }
         if let Some(r) = self.requests.get_mut(&step.req_id) {
             r.beam = Some(group);
+        }
+    }
+
+    /// A beam search that an abort or its deadline ends keeps what it found: the best `n` of
+    /// its finished hypotheses and live beams (scored as if they ended now), all ending with
+    /// `reason`, emitted by the next `update()`. Nothing is kept before the first beams exist.
+    pub(crate) fn keep_beams_of_ended(&mut self, req_id: RequestId, reason: FinishReason) {
+        let Some(group) = self.requests[&req_id].beam.as_deref() else {
+            return;
+        };
+        let mut hypotheses = group.finished.clone();
+        let mut params = None;
+        for &key in &self.requests[&req_id].seqs {
+            let s = self.seq(key);
+            params = Some(Arc::clone(&s.params));
+            let Some(beam) = s.beam.as_deref() else {
+                continue;
+            };
+            let output = s.tokens[s.num_prompt_tokens..].to_vec();
+            hypotheses.push(Hypothesis {
+                score: normalised(beam.score, output.len(), s.params.length_penalty),
+                output,
+                finish: reason,
+                stop_token_id: -1,
+                logprobs: beam.logprobs.clone(),
+            });
+        }
+        let Some(params) = params else { return };
+        hypotheses.sort_by(|a, b| b.score.total_cmp(&a.score));
+        hypotheses.truncate(params.n as usize);
+        for h in &mut hypotheses {
+            h.finish = reason;
+        }
+        if !hypotheses.is_empty() {
+            self.ended_beams.push(EndedBeams {
+                req_id,
+                params,
+                hypotheses,
+            });
+        }
+    }
+
+    /// Emits the hypotheses of the beam searches ended since the last `update()`.
+    pub(crate) fn emit_ended_beams(&mut self, out: &mut StepOutput) {
+        for ended in std::mem::take(&mut self.ended_beams) {
+            for (index, hyp) in ended.hypotheses.iter().enumerate() {
+                self.emit_hypothesis(ended.req_id, index as u32, hyp, &ended.params, out);
+            }
         }
     }
 

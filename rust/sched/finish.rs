@@ -26,6 +26,7 @@ impl Scheduler {
             return;
         }
         for &(id, reason) in &ended {
+            self.keep_beams_of_ended(id, reason);
             let keys = self.requests[&id].seqs.clone();
             for key in keys {
                 self.finish_seq(key, reason);

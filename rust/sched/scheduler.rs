@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
+use super::beam::EndedBeams;
 use super::config::SchedulerConfig;
 use super::intake::SeedSource;
 use super::queue::WaitingQueue;
@@ -93,6 +94,9 @@ pub struct Scheduler {
     pub(crate) seeds: SeedSource,
     /// Requests added so far (orders the seeds of unseeded requests).
     pub(crate) num_added: u64,
+    /// Beam searches ended by an abort or deadline at `schedule()`, with their best hypotheses
+    /// so far: the next `update()` emits them (see `beam::keep_beams_of_ended`).
+    pub(crate) ended_beams: Vec<EndedBeams>,
 }
 
 impl Scheduler {
@@ -118,6 +122,7 @@ impl Scheduler {
             num_preemptions: 0,
             detok: None,
             num_added: 0,
+            ended_beams: Vec::new(),
         })
     }
 

@@ -191,9 +191,11 @@ impl Scheduler {
     }
 
     fn apply(&mut self, rec: &PlanRecord, samples: &Samples<'_>, beams: BeamResults) -> StepOutput {
+        let ended_width = self.ended_beams.iter().filter_map(|e| e.params.logprobs);
         let beam_width = beams
             .iter()
             .filter_map(|(b, _)| self.seq(b.members[0]).params.logprobs)
+            .chain(ended_width)
             .max()
             .map_or(0, |k| k as usize);
         let mut out = StepOutput {
@@ -232,6 +234,7 @@ impl Scheduler {
                 self.beam_step(step, cands, &mut out);
             }
         }
+        self.emit_ended_beams(&mut out);
         for (req_id, message) in failed {
             self.fail_request(req_id);
             out.failed_req_ids.push(req_id.0);

@@ -46,7 +46,7 @@ class Case:
 
 
 def hf_beams(
-    hf: Any, prompt: list[int], case: Case, eos: tuple[int, ...]
+    hf: Any, prompt: list[int], case: Case, eos: tuple[int, ...], **hf_extra: Any
 ) -> tuple[list[list[int]], list[float]]:
     """transformers' hypotheses (generated tokens, padding cut) and their scores."""
     out = hf.generate(
@@ -62,6 +62,7 @@ def hf_beams(
         pad_token_id=eos[0],
         return_dict_in_generate=True,
         output_scores=True,
+        **hf_extra,
     )
     if case.width == 1:
         # transformers runs width 1 as greedy decoding, which reports no beam score: the score
@@ -161,6 +162,36 @@ def test_hypotheses_ended_by_eos_equal_transformers(llm: LLM, hf_default: Any, c
     assert "4" in output.outputs[0].text
 
 
+def test_logits_processors_act_per_beam_as_in_transformers(llm: LLM, hf_default: Any) -> None:
+    """Repetition penalty, no-repeat n-grams, a bad word and min_tokens on each beam's
+    logprobs, as transformers' processors do in beam search."""
+    tokenizer = llm.get_tokenizer()
+    text = tokenizer.apply_chat_template(QUESTION, None, True)
+    prompt = tokenizer.encode(text, add_special_tokens=False)
+    eos = llm.engine.model_config.eos_token_ids
+    case = Case(4, 2, max_tokens=12)
+    plain = hf_beams(hf_default, prompt, case, eos)
+    banned = plain[0][0][0]  # the best hypothesis's first token
+    expected = hf_beams(
+        hf_default,
+        prompt,
+        case,
+        eos,
+        repetition_penalty=1.3,
+        no_repeat_ngram_size=2,
+        bad_words_ids=[[banned]],
+        min_new_tokens=6,
+    )
+    params = case.params(
+        repetition_penalty=1.3, no_repeat_ngram_size=2, bad_words=[[banned]], min_tokens=6
+    )
+    (output,) = llm.generate([prompt], params)
+    assert_same_beams(output, expected, "processors")
+    assert expected[0] != plain[0], "the processors change the search"
+    for c in output.outputs:
+        assert banned not in c.token_ids and len(c.token_ids) >= 6
+
+
 def test_beam_text_and_logprobs_describe_the_hypothesis(llm: LLM) -> None:
     case = Case(4, 2)
     tokenizer = llm.get_tokenizer()
@@ -240,3 +271,16 @@ def test_a_beam_wider_than_allowed_or_than_the_cache_is_refused(llm: LLM) -> Non
     with pytest.raises(ValueError, match="KV blocks") as info:
         tiny.generate([PROMPT], huge)
     assert getattr(info.value, "param", None) == "best_of"
+
+
+def test_a_beam_search_cut_by_its_deadline_returns_its_best_hypotheses(llm: LLM) -> None:
+    params = SamplingParams(
+        use_beam_search=True, best_of=4, n=2, max_tokens=300, ignore_eos=True, timeout_s=0.5
+    )
+    (output,) = llm.generate([PROMPT], params)
+    assert [c.index for c in output.outputs] == [0, 1]
+    assert all(c.finish_reason == "timeout" for c in output.outputs)
+    assert all(0 < len(c.token_ids) < 300 for c in output.outputs)
+    scores = [c.score for c in output.outputs]
+    assert None not in scores and scores == sorted(scores, reverse=True)
+    assert llm.engine.scheduler.stats()["num_used_blocks"] == 0
