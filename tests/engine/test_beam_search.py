@@ -215,15 +215,7 @@ def test_beams_are_unchanged_when_batched_chunked_and_preempted(hf_default: Any,
     prompts = [tokenizer.encode(PROMPT), tokenizer.encode("def fibonacci(n):")]
     cases = [Case(4, 2, max_tokens=10), Case(3, 3, length_penalty=0.5, max_tokens=10)]
     expected = [hf_beams(hf_default, p, c, eos) for p, c in zip(prompts, cases, strict=True)]
-    tight = LLM(
-        dtype="float32",
-        quantization="none",
-        kv_cache_memory=_blocks_bytes(llm, 20),
-        block_size=4,
-        max_model_len=32,
-        max_num_batched_tokens=8,
-        max_num_seqs=12,
-    )
+    tight = _small_cache_llm(llm, 20, max_num_batched_tokens=8, max_num_seqs=12)
     sampled = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=12, ignore_eos=True)
     outputs = tight.generate(
         [prompts[0], "Once upon a time", prompts[1], "Hello"],
@@ -236,11 +228,19 @@ def test_beams_are_unchanged_when_batched_chunked_and_preempted(hf_default: Any,
     assert tight.engine.scheduler.stats()["num_used_blocks"] == 0
 
 
-def _blocks_bytes(llm: LLM, num_blocks: int, block_size: int = 4) -> int:
-    """KV-cache bytes for ``num_blocks`` blocks of ``block_size`` tokens in float32."""
+def _small_cache_llm(llm: LLM, num_blocks: int, **options: Any) -> LLM:
+    """The default model in the parity mode with a cache of ``num_blocks`` 4-token blocks
+    (float32) and 32-token sequences."""
     c = llm.engine.model_config
     per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4
-    return num_blocks * block_size * per_token
+    return LLM(
+        dtype="float32",
+        quantization="none",
+        kv_cache_memory=num_blocks * 4 * per_token,
+        block_size=4,
+        max_model_len=32,
+        **options,
+    )
 
 
 def test_beams_equal_transformers_on_tiny_models(tiny_model_dir: Path, tiny_family: str) -> None:
@@ -259,14 +259,7 @@ def test_a_beam_wider_than_allowed_or_than_the_cache_is_refused(llm: LLM) -> Non
     with pytest.raises(ValueError, match="max_beam_width") as info:
         llm.generate([PROMPT], too_wide)
     assert getattr(info.value, "param", None) == "best_of"
-    tiny = LLM(
-        dtype="float32",
-        quantization="none",
-        kv_cache_memory=_blocks_bytes(llm, 9),
-        block_size=4,
-        max_model_len=32,
-        max_num_batched_tokens=32,
-    )
+    tiny = _small_cache_llm(llm, 9, max_num_batched_tokens=32)
     huge = SamplingParams(use_beam_search=True, best_of=8, n=1, max_tokens=20)
     with pytest.raises(ValueError, match="KV blocks") as info:
         tiny.generate([PROMPT], huge)

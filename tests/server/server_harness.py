@@ -21,8 +21,9 @@ from typing import Any, TypeVar
 
 import httpx
 
+from ferrollm import validate
 from ferrollm.config import EngineConfig, ServerConfig
-from ferrollm.engine import AsyncEngine, LLMEngine
+from ferrollm.engine import AsyncEngine, LLMEngine, RequestOutput
 from ferrollm.server.app import App
 from ferrollm.server.context import ServerContext
 from ferrollm.tokenizer import Tokenizer
@@ -118,6 +119,20 @@ class Server:
 
     def request(self, method: str, path: str) -> httpx.Response:
         return self.run(self.client().request(method, path))
+
+    def engine_run(self, route: str, body: dict[str, Any], prompt_ids: list[int]) -> RequestOutput:
+        """``body`` straight through the engine (the params the server would use): the last
+        output, the oracle a route's response is compared with."""
+        params = validate(route, body, self.ctx.limits).with_prompt_tokens(len(prompt_ids))
+
+        async def go() -> RequestOutput:
+            last = None
+            async for out in self.engine.generate(self.engine.request(prompt_ids, params)):
+                last = out
+            assert last is not None
+            return last
+
+        return self.run(go())
 
     def close(self) -> None:
         for client in self._clients.values():

@@ -11,8 +11,7 @@ from typing import Any
 
 from server_harness import MODEL, ROUTE_PATHS, Server, sse_json
 
-from ferrollm import validate
-from ferrollm.engine import CompletionOutput, RequestOutput
+from ferrollm.engine import CompletionOutput
 
 PROMPT = "who are you"
 
@@ -34,17 +33,7 @@ def body(**fields: Any) -> dict[str, Any]:
 
 
 def oracle(server: Server, request: dict[str, Any]) -> list[CompletionOutput]:
-    prompt_ids = server.tokenizer.encode(PROMPT)
-    params = validate("completions", request, server.ctx.limits).with_prompt_tokens(len(prompt_ids))
-
-    async def go() -> RequestOutput:
-        last = None
-        async for out in server.engine.generate(server.engine.request(prompt_ids, params)):
-            last = out
-        assert last is not None
-        return last
-
-    return server.run(go()).outputs
+    return server.engine_run("completions", request, server.tokenizer.encode(PROMPT)).outputs
 
 
 def check_choices(server: Server, request: dict[str, Any], choices: list[dict[str, Any]]) -> None:

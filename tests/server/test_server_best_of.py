@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 from server_harness import MODEL, ROUTE_PATHS, Server
 
-from ferrollm import validate
-from ferrollm.engine import CompletionOutput, RequestOutput
+from ferrollm.engine import CompletionOutput
 
 PROMPT = "The quick brown fox"
 BEST_OF = 4
@@ -37,17 +36,7 @@ def body(**fields: Any) -> dict[str, Any]:
 def oracle(server: Server, n: int) -> list[CompletionOutput]:
     """The ``best_of`` candidates, sampled as ``n = best_of`` with logprobs; the best ``n``."""
     request = body(n=BEST_OF, best_of=BEST_OF, logprobs=0)
-    prompt_ids = server.tokenizer.encode(PROMPT)
-    params = validate("completions", request, server.ctx.limits).with_prompt_tokens(len(prompt_ids))
-
-    async def go() -> RequestOutput:
-        last = None
-        async for out in server.engine.generate(server.engine.request(prompt_ids, params)):
-            last = out
-        assert last is not None
-        return last
-
-    candidates = server.run(go()).outputs
+    candidates = server.engine_run("completions", request, server.tokenizer.encode(PROMPT)).outputs
     assert len({tuple(c.token_ids) for c in candidates}) == BEST_OF
 
     def key(c: CompletionOutput) -> tuple[float, int]:

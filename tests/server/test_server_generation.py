@@ -15,9 +15,6 @@ from typing import Any
 import pytest
 from server_harness import MODEL, ROUTE_PATHS, Server, sse_json
 
-from ferrollm import validate
-from ferrollm.engine import RequestOutput
-
 PROMPT = "The quick brown fox"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 NUM_TOKENS = 16
@@ -235,20 +232,6 @@ def test_seed_reproducible(server: Server, route: str, body: dict[str, Any]) -> 
     assert pick(first) == pick(second)
 
 
-def engine_run(server: Server, route: str, body: dict[str, Any], prompt_ids: list[int]) -> Any:
-    """The same request straight through the engine (the params the server would use)."""
-    params = validate(route, body, server.ctx.limits).with_prompt_tokens(len(prompt_ids))
-
-    async def go() -> RequestOutput:
-        last = None
-        async for out in server.engine.generate(server.engine.request(prompt_ids, params)):
-            last = out
-        assert last is not None
-        return last
-
-    return server.run(go())
-
-
 @pytest.mark.parametrize("k", [0, 2, 5])
 def test_completions_logprobs(server: Server, k: int) -> None:
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
@@ -256,7 +239,7 @@ def test_completions_logprobs(server: Server, k: int) -> None:
     [choice] = server.post(ROUTE_PATHS["completions"], body).json()["choices"]
     lp = choice["logprobs"]
     assert set(lp) == {"text_offset", "token_logprobs", "tokens", "top_logprobs"}
-    [expected] = engine_run(server, "completions", body, server.tokenizer.encode(PROMPT)).outputs
+    [expected] = server.engine_run("completions", body, server.tokenizer.encode(PROMPT)).outputs
     detok = server.tokenizer.detokenizer
     assert len(expected.logprobs) == 8
     assert lp["tokens"] == [detok.token_text(e.token_id) for e in expected.logprobs]
@@ -307,7 +290,7 @@ def test_chat_logprobs(server: Server, top: int) -> None:
     content = choice["logprobs"]["content"]
     assert len(content) == whole["usage"]["completion_tokens"] == 6
     prompt_ids = server.tokenizer.encode_chat(MESSAGES)
-    [expected] = engine_run(server, "chat", body, prompt_ids).outputs
+    [expected] = server.engine_run("chat", body, prompt_ids).outputs
     detok = server.tokenizer.detokenizer
     for entry, got in zip(expected.logprobs, content, strict=True):
         assert set(got) == {"token", "logprob", "bytes", "top_logprobs"}
