@@ -61,6 +61,7 @@ fn bench_sample(c: &mut Criterion) {
                         seed: r as u64,
                         sample_index: 0,
                         eos_token_ids: &[0],
+                        allowed: None,
                     })
                     .collect();
                 let cfg = SamplerConfig::default();

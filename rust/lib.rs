@@ -6,6 +6,7 @@
 
 pub mod detok;
 pub mod error;
+pub mod grammar;
 pub mod kernels;
 pub mod kv;
 pub mod params;

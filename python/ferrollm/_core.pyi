@@ -304,6 +304,10 @@ class ValidRequest:
     def prompt_logprobs(self) -> int | None:
         """vLLM's ``prompt_logprobs`` extra as sent: the response's ``prompt_logprobs`` field."""
     @property
+    def grammar(self) -> tuple[str, str, str] | None:
+        """Structured output: ``(kind, text, field)`` of the grammar the output must follow
+        (``GrammarCompiler.compile``'s arguments), or None."""
+    @property
     def messages(self) -> Any:
         """The chat messages (a list of message objects), or None."""
     @property
@@ -512,6 +516,24 @@ class SchedulerConfig:
         """Seed of the seeds of unseeded requests; None = OS-random."""
 
 @final
+class CompiledGrammar:
+    """A compiled grammar's initial state; each request that uses it follows its own copy."""
+
+@final
+class GrammarCompiler:
+    """Compiles structured-output grammars for one tokenizer (thread-safe; the GIL is released
+    while compiling; compiled grammars are cached by kind and text). ``eos_token_ids`` end a
+    constrained output where its grammar accepts."""
+
+    def __new__(cls, tokenizer: Detokenizer, eos_token_ids: Sequence[int]) -> GrammarCompiler: ...
+    def compile(self, kind: str, text: str, field: str) -> CompiledGrammar:
+        """Compile a grammar of ``kind`` ("json_object", "json_schema", "regex", "choice" (a
+        JSON list of strings), "lark") from ``text``. A source that does not parse, or one past
+        the compile limits, raises ValidationError naming ``field``."""
+    @property
+    def vocab_size(self) -> int: ...
+
+@final
 class Scheduler:
     """Continuous batching over paged KV blocks with a prefix cache, priorities and preemption.
 
@@ -532,6 +554,7 @@ class Scheduler:
         arrival_time: float | None = None,
         deadline: float | None = None,
         cache_salt: str | None = None,
+        grammar: CompiledGrammar | None = None,
     ) -> None:
         """Queue a request. Raises ValidationError or QueueFullError; nothing is queued then.
 

@@ -6,6 +6,7 @@ mod arrays;
 mod attention;
 mod detok;
 mod errors;
+mod grammar;
 mod params;
 mod sampling;
 mod sched_config;
@@ -32,6 +33,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         FinishReason::Error.as_str(),
     ];
     m.add("FINISH_REASON_NAMES", pyo3::types::PyTuple::new(py, names)?)?;
+    m.add_class::<grammar::PyGrammarCompiler>()?;
+    m.add_class::<grammar::PyCompiledGrammar>()?;
     m.add_class::<params::PySamplingParams>()?;
     m.add_class::<sched_config::PySchedulerConfig>()?;
     m.add_class::<scheduler::PyScheduler>()?;

@@ -176,6 +176,7 @@ impl PySampler {
                 seed: seeds[i],
                 sample_index: sample_indices[i],
                 eos_token_ids: &eos,
+                allowed: None,
             })
             .collect();
         let flat = array
@@ -218,6 +219,7 @@ impl PySampler {
             seed: 0,
             sample_index: 0,
             eos_token_ids: &eos,
+            allowed: None,
         };
         let vocab = row.len();
         guard("Sampler.process_logits()", || {

@@ -11,6 +11,7 @@ use pyo3::types::PyDict;
 use super::arrays::{arr, logits_view};
 use super::detok::PyDetokenizer;
 use super::errors::{guard, int_arg, SchedulerError};
+use super::grammar::PyCompiledGrammar;
 use super::params::PySamplingParams;
 use super::sched_config::PySchedulerConfig;
 use super::step::{PyStepOutput, PyStepPlan};
@@ -56,8 +57,8 @@ impl PyScheduler {
     }
 
     #[pyo3(signature = (request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None,
-        deadline=None, cache_salt=None),
-        text_signature = "(self, request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None, deadline=None, cache_salt=None)")]
+        deadline=None, cache_salt=None, grammar=None),
+        text_signature = "(self, request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None, deadline=None, cache_salt=None, grammar=None)")]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -68,6 +69,7 @@ impl PyScheduler {
         arrival_time: Option<f64>,
         deadline: Option<f64>,
         cache_salt: Option<String>,
+        grammar: Option<PyRef<'_, PyCompiledGrammar>>,
     ) -> PyResult<()> {
         let req = NewRequest {
             id: RequestId(request_id_arg(request_id)?),
@@ -79,6 +81,7 @@ impl PyScheduler {
             arrival_time: arrival_time.unwrap_or_else(now),
             deadline,
             cache_salt,
+            grammar: grammar.map(|g| g.inner.clone()),
         };
         Ok(self.inner.add_request(req)?)
     }

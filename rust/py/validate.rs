@@ -457,6 +457,16 @@ impl PyValidRequest {
     fn prompt_logprobs(&self) -> Option<u32> {
         self.inner.switches.prompt_logprobs
     }
+    /// Structured output: `(kind, text, field)` of the grammar the output must follow
+    /// (`GrammarCompiler.compile`'s arguments), or None.
+    #[getter]
+    fn grammar(&self) -> Option<(&'static str, String, String)> {
+        self.inner
+            .switches
+            .grammar
+            .as_ref()
+            .map(|g| (g.kind.as_str(), g.text.clone(), g.field.clone()))
+    }
     /// The chat messages as the client sent them (validated), or None.
     #[getter]
     fn messages<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {

@@ -11,7 +11,8 @@
 //!
 //! # Order of operations
 //! 1. `logit_bias` (sparse) and `embedding_bias` (dense, one value per vocabulary entry) added;
-//! 2. `allowed_token_ids`: every other token -> `-inf`;
+//! 2. `allowed_token_ids`: every other token -> `-inf`; likewise a grammar's mask
+//!    (`SampleRequest::allowed`, constrained decoding);
 //! 3. `bad_words`: a word's last token -> `-inf` when the rest of it is the output's tail (a
 //!    one-token bad word is always banned);
 //! 4. `min_tokens`: while `output.len() < min_tokens`, the EOS ids and `stop_token_ids` -> `-inf`;
@@ -68,6 +69,7 @@ pub use run::{filtered_probs, process_logits, sample, SampleResult};
 use crate::error::{CoreError, CoreResult};
 use crate::params::SamplingParams;
 use crate::types::TokenId;
+use llguidance::toktrie::SimpleVob;
 
 /// One token to draw: which logits row, under which parameters, after which history.
 #[derive(Clone, Copy, Debug)]
@@ -87,6 +89,9 @@ pub struct SampleRequest<'a> {
     pub sample_index: u32,
     /// The model's EOS ids, banned with `stop_token_ids` while `output.len() < min_tokens`.
     pub eos_token_ids: &'a [TokenId],
+    /// The tokens a grammar allows next (constrained decoding); every other token, ids beyond
+    /// the mask included, is banned. `None` = unconstrained.
+    pub allowed: Option<&'a SimpleVob>,
 }
 
 /// A drawn token.

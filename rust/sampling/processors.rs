@@ -12,6 +12,7 @@ use super::SampleRequest;
 use crate::error::{CoreError, CoreResult};
 use crate::params::{SamplingParams, MAX_LOGPROBS};
 use crate::types::TokenId;
+use llguidance::toktrie::SimpleVob;
 
 /// Checks what the sampler cannot act on for a row of `vocab` logits: an `embedding_bias` of
 /// another length, or more top logprobs than [`MAX_LOGPROBS`].
@@ -142,12 +143,33 @@ fn apply_steps(row: &mut [f32], req: &SampleRequest<'_>, s: &mut ProcScratch) {
     if let Some(allowed) = &p.allowed_token_ids {
         keep_only(row, allowed, &mut s.saved);
     }
+    if let Some(mask) = req.allowed {
+        keep_masked(row, mask);
+    }
     apply_history_steps(row, req, s);
+}
+
+/// Step 2's grammar mask: every token the mask does not allow -> `-inf`.
+fn keep_masked(row: &mut [f32], mask: &SimpleVob) {
+    let covered = mask.len().min(row.len());
+    for (id, x) in row[..covered].iter_mut().enumerate() {
+        if !mask.is_allowed(id as TokenId) {
+            *x = f32::NEG_INFINITY;
+        }
+    }
+    for x in &mut row[covered..] {
+        *x = f32::NEG_INFINITY;
+    }
 }
 
 /// True when every processor `p` asks for is sparse, so that steps 1-7 can run on an overlay.
 pub(crate) fn all_sparse(p: &SamplingParams) -> bool {
     p.embedding_bias.is_none() && p.allowed_token_ids.is_none()
+}
+
+/// [`all_sparse`] for one sample: a grammar mask is dense too.
+pub(crate) fn all_sparse_req(req: &SampleRequest<'_>) -> bool {
+    req.allowed.is_none() && all_sparse(req.params)
 }
 
 /// Steps 1-7 for parameters where [`all_sparse`] holds: only the ids they touch are written.
@@ -156,7 +178,7 @@ pub(crate) fn apply_sparse_steps<R: RowMut + ?Sized>(
     req: &SampleRequest<'_>,
     s: &mut ProcScratch,
 ) {
-    debug_assert!(all_sparse(req.params));
+    debug_assert!(all_sparse_req(req));
     add_logit_bias(row, req.params);
     apply_history_steps(row, req, s);
 }

@@ -9,7 +9,7 @@ use super::kernels::argmax;
 use super::kernels::{with_scale, Unit};
 use super::logprobs::{self, LogSoftmax};
 use super::overlay::top_of_processed;
-use super::processors::{all_sparse, check_params, process_in_place, process_into};
+use super::processors::{all_sparse_req, check_params, process_in_place, process_into};
 use super::rng::uniform;
 use super::scratch::{with_scratch, Scratch};
 use super::select::Cand;
@@ -102,6 +102,7 @@ fn forks(reqs: &[SampleRequest<'_>]) -> Vec<Range<usize>> {
                         && same(f.prompt, r.prompt)
                         && same(f.output, r.output)
                         && same(f.eos_token_ids, r.eos_token_ids)
+                        && f.allowed.map(std::ptr::from_ref) == r.allowed.map(std::ptr::from_ref)
                 } =>
             {
                 g.end = i + 1
@@ -181,7 +182,7 @@ fn choose(
     let greedy = p.is_greedy();
     let whole_row_logprobs =
         p.needs_token_logprob() && cfg.logprobs_mode == LogprobsMode::Processed;
-    let in_place = all_sparse(p)
+    let in_place = all_sparse_req(req)
         && if greedy {
             !whole_row_logprobs
         } else {

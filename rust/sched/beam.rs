@@ -33,7 +33,7 @@ use super::rank::SeqKey;
 use super::request::Sequence;
 use super::scheduler::Scheduler;
 use super::text::text_state_for;
-use super::update::push_logprobs;
+use super::update::{push_logprobs, GrammarMasks};
 use crate::error::{CoreError, CoreResult};
 use crate::params::{EarlyStopping, SamplingParams};
 use crate::sampling::{beam_candidates, BeamCandidate, BeamRow, SampleRequest, Sampled};
@@ -161,6 +161,7 @@ impl Scheduler {
         steps: &[BeamStep],
         logits: &[f32],
         vocab: usize,
+        masks: &GrammarMasks,
     ) -> Vec<CoreResult<Vec<BeamCandidate>>> {
         let eos = &self.cfg.eos_token_ids;
         steps
@@ -170,6 +171,14 @@ impl Scheduler {
                     .beam
                     .as_deref()
                     .expect("beam group");
+                if let Some(Err(e)) = g
+                    .members
+                    .iter()
+                    .find_map(|k| masks.get(k))
+                    .filter(|m| m.is_err())
+                {
+                    return Err(e.clone());
+                }
                 let rows: Vec<BeamRow<'_>> = g
                     .members
                     .iter()
@@ -186,6 +195,7 @@ impl Scheduler {
                                 seed: 0,
                                 sample_index: 0,
                                 eos_token_ids: eos,
+                                allowed: masks.get(&key).and_then(|m| m.as_ref().ok()),
                             },
                             score: s.beam.as_ref().map_or(0.0, |b| b.score),
                         }
@@ -380,6 +390,11 @@ impl Scheduler {
             s.seq_index = j as u32;
             s.seats = 1;
             s.tokens.push(c.token);
+            if let Some(g) = s.grammar.as_deref_mut() {
+                // The mask allowed the token; a failure shows at the next mask and fails the
+                // request there.
+                let _ = g.consume(c.token);
+            }
             let mut beam = s.beam.take().unwrap_or_else(|| {
                 Box::new(Beam {
                     score: 0.0,

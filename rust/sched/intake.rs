@@ -13,6 +13,7 @@ use super::request::{Request, Sequence};
 use super::scheduler::Scheduler;
 use super::text::text_state_for;
 use crate::error::{CoreError, CoreResult};
+use crate::grammar::GrammarState;
 use crate::params::{check_priority, SamplingParams};
 use crate::sampling::check_fits_vocab;
 use crate::types::{RequestId, SeqStatus, TokenId};
@@ -34,6 +35,9 @@ pub struct NewRequest {
     pub deadline: Option<f64>,
     /// Requests share prefix-cache blocks only with requests of the same salt.
     pub cache_salt: Option<String>,
+    /// Constrained decoding: the grammar's initial state (compiled by the caller, off the
+    /// engine thread); each of the request's sequences follows its own copy.
+    pub grammar: Option<GrammarState>,
 }
 
 impl NewRequest {
@@ -47,6 +51,7 @@ impl NewRequest {
             arrival_time: 0.0,
             deadline: None,
             cache_salt: None,
+            grammar: None,
         }
     }
 }
@@ -134,6 +139,7 @@ impl Scheduler {
             text,
             token_stops,
             beam: None,
+            grammar: req.grammar.map(Box::new),
         });
         self.waiting
             .push_back(key, r.priority, req.arrival_time, req.id.0, 0);
@@ -167,6 +173,13 @@ impl Scheduler {
             return Err(not_finite("deadline"));
         }
         self.check_params(&req.params)?;
+        if req.grammar.is_some() && req.params.ignore_eos {
+            return Err(CoreError::invalid(
+                "ignore_eos",
+                "conflict",
+                "`ignore_eos` cannot be used with a grammar (structured output ends where the grammar does)",
+            ));
+        }
         if req.params.use_beam_search {
             self.check_beam_fits(&req.params, req.prompt_token_ids.len())?;
         }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::beam::{Beam, BeamGroup};
 use super::rank::{effective_priority, Rank, SeqKey};
 use super::text::TextState;
+use crate::grammar::GrammarState;
 use crate::kv::{block_hash, root_hash};
 use crate::params::SamplingParams;
 use crate::stop::TokenStops;
@@ -46,6 +47,8 @@ pub(crate) struct Sequence {
     pub token_stops: Option<Arc<TokenStops>>,
     /// Beam search: this is one live beam of its request's group (see `beam`).
     pub beam: Option<Box<Beam>>,
+    /// Constrained decoding: the grammar's state after this sequence's output so far.
+    pub grammar: Option<Box<GrammarState>>,
 }
 
 impl Sequence {

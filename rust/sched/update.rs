@@ -14,6 +14,9 @@ use crate::detok::Detokenizer;
 use crate::error::{CoreError, CoreResult};
 use crate::sampling::{self, BeamCandidate, SampleRequest, SampleResult, Sampled};
 use crate::types::{FinishReason, RequestId, SeqStatus, TokenId};
+use llguidance::toktrie::SimpleVob;
+use rayon::prelude::*;
+use rustc_hash::FxHashMap;
 
 /// The tokens of one step: given by the caller, or drawn here from the step's logits (where a
 /// sample may have failed).
@@ -126,8 +129,9 @@ impl Scheduler {
         }
         let keys = sample_keys(&rec);
         let steps = self.beam_steps(&keys);
+        let masks = self.grammar_masks(&rec);
         let drawn = {
-            let reqs = self.sample_requests(&rec, &steps);
+            let reqs = self.sample_requests(&rec, &steps, &masks);
             sampling::sample(logits, vocab, &reqs, &self.sampler)
                 .map(|d| (reqs.iter().map(|r| r.row).collect::<Vec<_>>(), d))
         };
@@ -137,7 +141,12 @@ impl Scheduler {
                 for (row, d) in rows.into_iter().zip(drawn) {
                     all[row] = Some(d);
                 }
-                let cands = self.beam_candidates(&steps, logits, vocab);
+                for (i, key) in keys.iter().enumerate() {
+                    if let Some(Err(e)) = masks.get(key) {
+                        all[i] = Some(Err(e.clone()));
+                    }
+                }
+                let cands = self.beam_candidates(&steps, logits, vocab, &masks);
                 let beams = steps.into_iter().zip(cands).collect();
                 Ok(self.apply(&rec, &Samples::Drawn(all), beams))
             }
@@ -145,6 +154,30 @@ impl Scheduler {
                 self.last = Some(rec);
                 Err(e)
             }
+        }
+    }
+
+    /// The grammar masks of the plan's sampling rows whose sequences have a grammar, computed
+    /// in parallel (a forking row's mask serves all its samples).
+    fn grammar_masks(&mut self, rec: &PlanRecord) -> GrammarMasks {
+        let sampled: FxHashMap<SeqKey, ()> = rec
+            .rows
+            .iter()
+            .zip(&rec.num_samples)
+            .filter(|(_, &n)| n > 0)
+            .map(|(row, _)| (row.key, ()))
+            .collect();
+        let mut states: Vec<(SeqKey, &mut crate::grammar::GrammarState)> = self
+            .seqs
+            .iter_mut()
+            .enumerate()
+            .filter(|(k, _)| sampled.contains_key(&(*k as SeqKey)))
+            .filter_map(|(k, s)| Some((k as SeqKey, s.as_mut()?.grammar.as_deref_mut()?)))
+            .collect();
+        match states.len() {
+            0 => GrammarMasks::default(),
+            1 => states.iter_mut().map(|(k, g)| (*k, g.mask())).collect(),
+            _ => states.par_iter_mut().map(|(k, g)| (*k, g.mask())).collect(),
         }
     }
 
@@ -165,13 +198,23 @@ impl Scheduler {
     /// One sampling request per sample of the plan, beam groups' samples left out. A row that
     /// forks draws its `n` samples from the parent's history with sample indices 0..n, the
     /// indices its children will carry.
-    fn sample_requests(&self, rec: &PlanRecord, beams: &[BeamStep]) -> Vec<SampleRequest<'_>> {
+    fn sample_requests<'a>(
+        &'a self,
+        rec: &PlanRecord,
+        beams: &[BeamStep],
+        masks: &'a GrammarMasks,
+    ) -> Vec<SampleRequest<'a>> {
         let mut reqs = Vec::with_capacity(rec.total_samples);
         let mut i = 0;
         for (row, &num_samples) in rec.rows.iter().zip(&rec.num_samples) {
             let s = self.seqs[row.key as usize].as_ref().expect("scheduled");
             let first = i;
             i += num_samples as usize;
+            let allowed = match masks.get(&row.key) {
+                Some(Ok(mask)) => Some(mask),
+                Some(Err(_)) => continue, // the request fails (see update_with_logits)
+                None => None,
+            };
             if beams.iter().any(|b| b.req_id == s.req_id) {
                 continue;
             }
@@ -184,6 +227,7 @@ impl Scheduler {
                     seed: s.seed,
                     sample_index: if num_samples > 1 { j } else { s.seq_index },
                     eos_token_ids: &self.cfg.eos_token_ids,
+                    allowed,
                 });
             }
         }
@@ -319,11 +363,37 @@ impl Scheduler {
         s.tokens.push(token);
         let stop = token_stop(s, &self.cfg.eos_token_ids, self.cfg.max_model_len);
         let (mut finish, mut stop_token_id) = (stop.map(|(f, _)| f), stop.map_or(-1, |(_, t)| t));
+        let mut grammar_done = false;
+        let open = matches!(finish, None | Some(FinishReason::Length));
+        if let (Some(g), true) = (s.grammar.as_deref_mut(), open) {
+            // The mask allowed the token; a failure shows at the next mask, failing the request.
+            let _ = g.consume(token);
+            if g.is_stopped() {
+                // The grammar is complete: nothing but EOS could follow, so end here (a stop,
+                // even on the last token `max_tokens` allows).
+                finish = Some(FinishReason::Stop);
+                stop_token_id = -1;
+                grammar_done = true;
+            }
+        }
         let text_start = out.text.len();
         let mut stop_str_index = -1;
         if let (Some(text), Some(detok)) = (s.text.as_mut(), self.detok.as_deref()) {
             let num_output = s.tokens.len() - s.num_prompt_tokens;
-            let matched = text.on_token(detok, &s.params, token, num_output, finish, &mut out.text);
+            // The token that completes a grammar is content: its text flushes, never drops.
+            let text_finish = if grammar_done {
+                Some(FinishReason::Length)
+            } else {
+                finish
+            };
+            let matched = text.on_token(
+                detok,
+                &s.params,
+                token,
+                num_output,
+                text_finish,
+                &mut out.text,
+            );
             if let Some(i) = matched {
                 finish = Some(FinishReason::Stop);
                 stop_str_index = i as i32;
@@ -383,6 +453,10 @@ fn push_token_bytes(out: &mut StepOutput, detok: Option<&Detokenizer>, token: Op
     let end = u32::try_from(out.logprob_bytes.len()).expect("a step's logprob bytes fit u32");
     out.logprob_byte_offsets.push(end);
 }
+
+/// Each step's grammar masks, by sequence: the tokens its grammar allows next, or why the
+/// grammar failed (the request then fails alone).
+pub(crate) type GrammarMasks = FxHashMap<SeqKey, CoreResult<SimpleVob>>;
 
 /// The sequence of each sample of the plan, in order.
 fn sample_keys(rec: &PlanRecord) -> Vec<SeqKey> {

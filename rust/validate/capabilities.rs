@@ -31,7 +31,7 @@ pub const BUILT: Capabilities = Capabilities {
     beam_search: true,
     best_of: true,
     tool_calls: false,
-    structured_output: false,
+    structured_output: true,
     suffix_insertion: false,
     embeddings: false,
 };

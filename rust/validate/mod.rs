@@ -31,6 +31,7 @@ mod openai;
 mod raw;
 mod request;
 mod stops;
+mod structured;
 mod tokens;
 mod tools;
 mod trt;

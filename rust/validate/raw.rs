@@ -45,6 +45,28 @@ impl Raw {
         }
     }
 
+    /// The value as JSON (a non-finite float becomes null, as JSON has none).
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::Value;
+        match self {
+            Raw::Null => Value::Null,
+            Raw::Bool(b) => Value::Bool(*b),
+            Raw::Int(i) => match i64::try_from(*i) {
+                Ok(v) => Value::from(v),
+                Err(_) => Value::from(*i as f64),
+            },
+            Raw::Float(x) => serde_json::Number::from_f64(*x).map_or(Value::Null, Value::Number),
+            Raw::Str(s) => Value::String(s.clone()),
+            Raw::List(items) => Value::Array(items.iter().map(Raw::to_json).collect()),
+            Raw::Map(entries) => Value::Object(
+                entries
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.to_json()))
+                    .collect(),
+            ),
+        }
+    }
+
     /// The JSON type of the value, with an article, for "must be X; got Y" messages.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -5,11 +5,13 @@
 //! tokenizing, [`ValidRequest::fit_prompt`], with no second pass over the body.
 
 use crate::error::CoreResult;
+use crate::grammar::GrammarSpec;
 use crate::params::SamplingParams;
 
 use super::common::{apply_output_cap, is_token_id_list};
 use super::limits::{check_prompt_tokens_of, max_prompt_tokens, Limits};
 use super::raw::{Obj, Raw};
+use super::structured::structured_output;
 use super::Route;
 
 /// How the output cap of SPEC 1.5 applies once the prompt's token count is known.
@@ -64,6 +66,9 @@ pub struct Switches {
     /// vLLM's `prompt_logprobs` extra as the client sent it: the response's `prompt_logprobs`
     /// field, with this many alternatives per token.
     pub prompt_logprobs: Option<u32>,
+    /// Structured output: the grammar the output must follow (`response_format`, vLLM's
+    /// `guided_*` / `structured_outputs`); compiled by `grammar::GrammarCompiler`.
+    pub grammar: Option<GrammarSpec>,
 }
 
 /// A request body that passed its route's rules: the parameters and the switches.
@@ -235,5 +240,6 @@ pub(crate) fn read_switches(route: Route, body: &Raw) -> CoreResult<Switches> {
                 .map(|k| u32::try_from(k).unwrap_or(u32::MAX)),
             _ => None,
         },
+        grammar: structured_output(route, &o)?,
     })
 }

@@ -67,7 +67,6 @@ def test_databricks_truncation_keeps_the_last_tokens() -> None:
     ("route", "body", "field"),
     [
         ("completions", {"model": "m", "prompt": "a", "suffix": "!"}, "suffix"),
-        ("chat", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
         ("chat", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ("databricks_embeddings", {"input": "x"}, "input"),
     ],

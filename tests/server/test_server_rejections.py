@@ -226,10 +226,13 @@ CASES: dict[str, Bad] = {
     "dbx-tools": Bad("databricks",
                      with_(DBX_CHAT, tools=[{"type": "function", "function": {"name": "f"}}]),
                      400, "tools"),
-    "chat-json-mode": Bad("chat", with_(CHAT, response_format={"type": "json_object"}), 400,
-                          "response_format", "unsupported"),
-    "dbx-json-mode": Bad("databricks", with_(DBX_CHAT, response_format={"type": "json_object"}),
-                         400, "response_format"),
+    # --- structured output: served; a malformed grammar names its field
+    "chat-bad-schema": Bad("chat", with_(CHAT, response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 7}}}), 400,
+        "response_format", "invalid_grammar"),
+    "dbx-bad-schema": Bad("databricks", with_(DBX_CHAT, response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 7}}}), 400,
+        "response_format"),
     # --- beam search: served; it does not sample, and its options need it
     "cmpl-beam-top-p": Bad("completions", with_(CMPL, use_beam_search=True, top_p=0.5), 400,
                            "top_p", "conflict", mention="does not sample"),

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
-from ferrollm._core import SamplingParams
+from ferrollm._core import GrammarCompiler, SamplingParams
 from ferrollm.engine.engine import LLMEngine
 from ferrollm.engine.loop import Delivery, EngineLoop
 from ferrollm.engine.outputs import RequestFailure, RequestOutput
@@ -65,6 +65,11 @@ class AsyncEngine:
     def max_model_len(self) -> int:
         """Prompt plus output tokens of one sequence, at most (the scheduler's limit)."""
         return self.engine.scheduler.max_model_len
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """The engine's structured-output grammar compiler (thread-safe)."""
+        return self.engine.grammar_compiler
 
     @property
     def max_beam_width(self) -> int:

@@ -9,6 +9,7 @@ engine loop's thread (``engine/loop.py``) or the offline ``LLM``'s caller drives
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from ferrollm._core import (
+    GrammarCompiler,
     Scheduler,
     SchedulerConfig,
     StepPlan,
@@ -78,6 +80,19 @@ class LLMEngine:
         self.runner = runner
         self.model_config = model_config
         self._tracker = RequestTracker()
+        self._grammar_compiler: GrammarCompiler | None = None
+        self._grammar_lock = threading.Lock()
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Compiles structured-output grammars for this model's tokenizer (built on first use;
+        thread-safe, so the server compiles off the engine thread)."""
+        with self._grammar_lock:
+            if self._grammar_compiler is None:
+                self._grammar_compiler = GrammarCompiler(
+                    self.tokenizer.detokenizer, list(self.model_config.eos_token_ids)
+                )
+            return self._grammar_compiler
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -156,6 +171,7 @@ class LLMEngine:
             request.params,
             priority=request.priority,
             arrival_time=request.arrival_time,
+            grammar=request.grammar,
         )
         self._tracker.add(request, internal_id)
 

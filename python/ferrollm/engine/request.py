@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from ferrollm._core import SamplingParams
+from ferrollm._core import CompiledGrammar, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +34,9 @@ class EngineRequest:
     priority: int | None = None
     #: The prompt's text, when known (echoed in outputs).
     prompt: str | None = None
+    #: Structured output: the compiled grammar the output must follow (each request follows
+    #: its own copy), from ``LLMEngine.grammar_compiler``.
+    grammar: CompiledGrammar | None = None
 
     @classmethod
     def of(

@@ -108,6 +108,7 @@ fn batch<'a>(params: &'a [SamplingParams], hist: &'a [Vec<u32>]) -> Vec<SampleRe
             seed: 1000 + i as u64,
             sample_index: i as u32 % 2,
             eos_token_ids: &[0],
+            allowed: None,
         })
         .collect()
 }
@@ -290,6 +291,7 @@ fn a_row_left_without_a_finite_logit_fails_its_sample_alone() {
     let r1 = SampleRequest {
         params: &banned,
         eos_token_ids: &[1],
+        allowed: None,
         ..r
     };
     assert_eq!(
@@ -425,6 +427,7 @@ fn in_place_and_copied_rows_give_the_same_draws() {
                 let r = SampleRequest {
                     seed,
                     eos_token_ids: &[8],
+                    allowed: None,
                     ..req(&p, &prompt, &output)
                 };
                 let d = SampleRequest {

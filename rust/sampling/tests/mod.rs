@@ -36,5 +36,6 @@ fn req<'a>(params: &'a SamplingParams, prompt: &'a [u32], output: &'a [u32]) -> 
         seed: 0,
         sample_index: 0,
         eos_token_ids: &[],
+        allowed: None,
     }
 }

@@ -392,5 +392,6 @@ fn rejects_bad_requests_a_full_queue_and_stale_plans() {
 
 mod best_of;
 mod failures;
+mod grammar;
 mod logprob_bytes;
 mod workload;

@@ -102,11 +102,6 @@ fn the_capability_table_refuses_unbuilt_features_by_field() {
         ),
         (
             Route::Chat,
-            r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}"#,
-            "response_format",
-        ),
-        (
-            Route::Chat,
             r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]}"#,
             "tools",
         ),
@@ -119,6 +114,16 @@ fn the_capability_table_refuses_unbuilt_features_by_field() {
             "{body}"
         );
     }
+    let json_mode = request(
+        Route::Chat,
+        r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}"#,
+    );
+    assert!(check_request(&json_mode, &BUILT).is_ok());
+    let grammar = json_mode.switches.grammar.expect("a grammar");
+    assert_eq!(
+        (grammar.kind, grammar.field.as_str()),
+        (crate::grammar::GrammarKind::JsonObject, "response_format")
+    );
     let served = [
         (
             Route::Completions,

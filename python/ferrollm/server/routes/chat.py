@@ -41,6 +41,7 @@ from ferrollm.server.routes.common import (
     usage_counts,
 )
 from ferrollm.server.routes.logprobs import chat_logprobs, vllm_prompt_logprobs
+from ferrollm.server.structured import compiled_grammar
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,8 @@ async def serve_chat(
     size = sum(len(m["content"]) for m in messages)
     ids = await run_sized(size, ctx.tokenizer.encode_chat, messages, valid.tools)
     request_id = ctx.next_id() if flavor.mindie else f"chatcmpl-{uuid.uuid4().hex}"
-    req = engine_request(valid, request_id, ids, request.arrival)
+    grammar = await compiled_grammar(ctx, valid)
+    req = engine_request(valid, request_id, ids, request.arrival, grammar=grammar)
     full_text = flavor.mindie and ctx.config.full_text
     chat = _Chat(ctx, flavor, request.created, req, full_text, valid.prompt_logprobs)
     timing = Timing(req.arrival_time)

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from ferrollm._core import SamplingParams, ValidRequest, validate
+from ferrollm._core import CompiledGrammar, SamplingParams, ValidRequest, validate
 from ferrollm.engine.request import EngineRequest
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import bad_request
@@ -70,12 +70,13 @@ def engine_request(
     *,
     prompt: str | None = None,
     index: int | None = None,
+    grammar: CompiledGrammar | None = None,
 ) -> EngineRequest:
     """The engine's request for one tokenized prompt of ``valid`` (``index``: its place in a
     batch): cut under ``error_behavior: "truncate"``, then the prompt-token limit and the
-    output cap, in one call."""
+    output cap, in one call; ``grammar`` is its compiled structured-output grammar."""
     ids, params = valid.fit_prompt(token_ids, index)
-    return EngineRequest(request_id, ids, params, arrival, prompt=prompt)
+    return EngineRequest(request_id, ids, params, arrival, prompt=prompt, grammar=grammar)
 
 
 def join_text_parts(content: str | Sequence[Mapping[str, Any]] | None) -> str:

@@ -53,6 +53,7 @@ from ferrollm.server.routes.logprobs import (
     prompt_completion_logprobs,
     vllm_prompt_logprobs,
 )
+from ferrollm.server.structured import compiled_grammar
 
 
 @dataclass
@@ -112,10 +113,13 @@ async def serve_completions(
         valid.prompt_logprobs,
         valid.score_only,
     )
+    grammar = await compiled_grammar(ctx, valid)
     for i, prompt in enumerate(valid.prompts):
         text, ids = await _tokenized(ctx, prompt, echo=valid.echo)
         request_id = f"{batch.request_id}-{i}"
-        req = engine_request(valid, request_id, ids, request.arrival, prompt=text, index=i)
+        req = engine_request(
+            valid, request_id, ids, request.arrival, prompt=text, index=i, grammar=grammar
+        )
         batch.prompts.append(_Prompt(text, req, Timing(req.arrival_time)))
     streams = [generate(ctx, p.request, p.timing) for p in batch.prompts]
     if valid.stream and valid.params.use_beam_search:
