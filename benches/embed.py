@@ -8,12 +8,18 @@ call (packed, no padding); sentence-transformers encodes all texts with `batch_s
 (it sorts them by length first, which already cuts its padding). One line per batch size:
 texts/s (best of `--repeats`) for both, and the ratio.
 
+With ``--url URL`` (a running ``ferrollm serve --task embed``), it instead posts the same
+texts to ``URL/v1/embeddings``, one text per request, ``--concurrency`` at a time, and prints
+texts/s through the server.
+
 Usage: python benches/embed.py [--batches 1 16 64] [--texts 1000] [--repeats 1] [--threads N]
+       python benches/embed.py --url http://127.0.0.1:8000 [--concurrency 16] [--model NAME]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
 import time
 from collections.abc import Callable
@@ -59,13 +65,21 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--url", help="bench a running server instead")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--model", default="all-MiniLM-L6-v2")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    path = default_embedding_model_path()
+    embedder = Embedder.from_path(path, device="cpu", dtype="float32")
+    if args.url:
+        texts = make_texts(embedder, args.texts)
+        rate = asyncio.run(through_server(args.url, args.model, texts, args.concurrency))
+        print(f"embed server concurrency {args.concurrency}: {rate:8.1f} texts/s ({args.url})")
+        return
 
     from sentence_transformers import SentenceTransformer
 
-    path = default_embedding_model_path()
-    embedder = Embedder.from_path(path, device="cpu", dtype="float32")
     st = SentenceTransformer(str(path), device="cpu")
     texts = make_texts(embedder, args.texts)
     lengths = [len(ids) for ids in embedder.encode(texts)]
@@ -91,6 +105,25 @@ def main() -> None:
             f"embed batch {batch:3d}: ferrollm {ours_rate:8.1f} texts/s  "
             f"sentence-transformers {st_rate:8.1f} texts/s  ratio {ours_rate / st_rate:5.2f}x"
         )
+
+
+async def through_server(url: str, model: str, texts: list[str], concurrency: int) -> float:
+    """Texts/s posting one text per request, ``concurrency`` requests in flight."""
+    import httpx
+
+    queue = list(reversed(texts))
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while queue:
+            text = queue.pop()
+            response = await client.post("/v1/embeddings", json={"model": model, "input": text})
+            response.raise_for_status()
+
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        await client.post("/v1/embeddings", json={"model": model, "input": "warm up"})
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        return len(texts) / (time.perf_counter() - start)
 
 
 if __name__ == "__main__":

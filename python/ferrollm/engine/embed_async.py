@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -174,13 +176,13 @@ class AsyncEmbedder:
             logger.exception("embedding step failed")
             for job in {job for job, _ in step}:
                 job.cancelled = True
-                job.loop.call_soon_threadsafe(_set_exception, job.future, e)
+                _deliver(job, _set_exception, e)
         else:
             for (job, i), vector in zip(step, vectors, strict=True):
                 job.out[i] = vector
                 job.num_done += 1
                 if job.num_done == len(job.inputs):
-                    job.loop.call_soon_threadsafe(_set_result, job.future, job.out)
+                    _deliver(job, _set_result, job.out)
         c = self._counters
         c.num_steps += 1
         c.num_inputs += len(step)
@@ -194,7 +196,13 @@ class AsyncEmbedder:
             self._queue.clear()
         for job in jobs:
             error = RuntimeError("the embedding engine shut down")
-            job.loop.call_soon_threadsafe(_set_exception, job.future, error)
+            _deliver(job, _set_exception, error)
+
+
+def _deliver(job: _Job, fn: Callable[[asyncio.Future[np.ndarray], Any], None], value: Any) -> None:
+    # A closed event loop raises RuntimeError: nobody is waiting for this request any more.
+    with contextlib.suppress(RuntimeError):
+        job.loop.call_soon_threadsafe(fn, job.future, value)
 
 
 def _set_result(future: asyncio.Future[np.ndarray], value: np.ndarray) -> None:

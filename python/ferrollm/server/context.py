@@ -93,9 +93,9 @@ class ServerContext:
         if self.engine.task != "embed":
             raise ApiError(
                 400,
-                f"this endpoint does not support the embeddings task: {self.model_name!r} is "
-                "served for generation (start the server with `--task embed` and an embedding "
-                "model)",
+                "`input`: this endpoint does not support the embeddings task: "
+                f"{self.model_name!r} is served for generation (start the server with "
+                "`--task embed` and an embedding model)",
                 param="input",
                 code="unsupported_task",
             )
