@@ -263,3 +263,32 @@ def test_embed_task_options() -> None:
     for options, field in cases:
         with pytest.raises(EngineConfigError, match=f"`{field}`"):
             EngineConfig(**options)
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_decoder_embedder_matches_transformers(pooling: str, tmp_path: Path) -> None:
+    import transformers
+
+    from tiny_models import build_tiny_model
+
+    model_dir = build_tiny_model("qwen3", tmp_path)
+    e = Embedder.from_path(model_dir, device="cpu", dtype="float32", pooling=pooling)
+    e.max_num_batched_tokens = 40  # several packed steps, and a scratch cache that grows
+    reference = transformers.AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
+    rng = torch.Generator().manual_seed(5)
+    inputs = [torch.randint(3, 300, (n,), generator=rng).tolist() for n in (1, 17, 33, 5, 70)]
+    got = e.embed(inputs)
+    with torch.no_grad():
+        for i, ids in enumerate(inputs):
+            hidden = reference(input_ids=torch.tensor([ids])).last_hidden_state[0]
+            vec = hidden[-1] if pooling == "last" else hidden.mean(0)
+            want = torch.nn.functional.normalize(vec, dim=0).numpy()
+            np.testing.assert_allclose(got[i], want, atol=1e-4, rtol=1e-4)
+
+
+def test_decoder_needs_a_pooling(tmp_path: Path) -> None:
+    from tiny_models import build_tiny_model
+
+    model_dir = build_tiny_model("llama3", tmp_path)
+    with pytest.raises(UnsupportedModelError, match="pass `pooling`"):
+        Embedder.from_path(model_dir, device="cpu")

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
+from ferrollm.engine.embed_decoder import DecoderEncoder
 from ferrollm.models.bert import ENCODER_TYPES, BertModel, load_bert
 from ferrollm.models.config import UnsupportedModelError
 from ferrollm.models.pooling import POOLING_MODES, EmbedSpec, pool, read_sentence_transformers
@@ -85,7 +86,8 @@ class EmbedTokenizer:
 class Embedder:
     """An encoder ready to embed: ``embed(list of token-id lists)`` -> float32 [n, dim]."""
 
-    model: BertModel
+    #: A BERT-family encoder, or a Llama-family decoder run prefill-only.
+    model: BertModel | DecoderEncoder
     tokenizer: EmbedTokenizer
     spec: EmbedSpec
     device: torch.device
@@ -116,7 +118,11 @@ class Embedder:
         encoder_dir = root / spec.transformer_path
         platform = get_platform(device)
         torch_dtype = _embed_dtype(dtype, platform.device.type)
-        model = load_bert(encoder_dir, platform.device, torch_dtype)
+        model: BertModel | DecoderEncoder
+        if _model_type(encoder_dir) in ENCODER_TYPES:
+            model = load_bert(encoder_dir, platform.device, torch_dtype)
+        else:
+            model = DecoderEncoder(encoder_dir, platform, torch_dtype)
         tokenizer = EmbedTokenizer((encoder_dir / "tokenizer.json").read_text())
         budget = max_num_batched_tokens or DEFAULT_EMBED_BATCHED_TOKENS
         return cls(model, tokenizer, spec, platform.device, budget, max_num_seqs, root)
@@ -165,11 +171,10 @@ def _spec_for(root: Path, pooling: str | None) -> EmbedSpec:
         raise UnsupportedModelError(f"`pooling` must be one of {POOLING_MODES}; got {pooling!r}")
     declared = read_sentence_transformers(root)
     encoder_dir = root / (declared.transformer_path if declared else "")
-    config = json.loads((encoder_dir / "config.json").read_text())
-    if config.get("model_type") not in ENCODER_TYPES:
+    if not (encoder_dir / "config.json").is_file():
         raise UnsupportedModelError(
-            f"model_type {config.get('model_type')!r} cannot embed yet: the embed task runs "
-            f"encoder models ({', '.join(ENCODER_TYPES)}); decoder embedders are not built"
+            f"{encoder_dir} has no config.json: the embed task runs Hugging Face directories "
+            "(a .gguf file cannot embed)"
         )
     if declared is None:
         if pooling is None:
@@ -183,6 +188,10 @@ def _spec_for(root: Path, pooling: str | None) -> EmbedSpec:
             pooling, declared.normalize, declared.max_seq_length, declared.transformer_path
         )
     return declared
+
+
+def _model_type(directory: Path) -> str:
+    return str(json.loads((directory / "config.json").read_text()).get("model_type", ""))
 
 
 def _embed_dtype(dtype: str, device_type: str) -> torch.dtype:
