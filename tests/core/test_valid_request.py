@@ -68,7 +68,6 @@ def test_databricks_truncation_keeps_the_last_tokens() -> None:
     [
         ("completions", {"model": "m", "prompt": "a", "suffix": "!"}, "suffix"),
         ("chat", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ("databricks_embeddings", {"input": "x"}, "input"),
     ],
 )
 def test_unbuilt_features_are_refused_by_field(route: str, body: Any, field: str) -> None:
@@ -83,6 +82,8 @@ def test_the_same_table_refuses_offline_parameters() -> None:
     check_supported(SamplingParams(n=2, temperature=1.0))
     check_supported(SamplingParams(n=1, best_of=2))  # built: ranked by cumulative logprob
     validate("completions", {"model": "m", "prompt": "a", "best_of": 3, "n": 2}).check_supported()
+    # built: whether a server serves embeddings is its task (`--task embed`), not this table
+    validate("databricks_embeddings", {"input": ["x"], "instruction": "y"}).check_supported()
     check_supported(SamplingParams(use_beam_search=True, n=2))  # built: beam search
     with pytest.raises(ValidationError) as info:
         check_supported(SamplingParams(use_beam_search=True, n=2, stop_token_ids=[1], top_p=0.5))

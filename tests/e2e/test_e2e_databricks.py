@@ -98,7 +98,7 @@ def test_rejections_in_the_databricks_shape(server: Server) -> None:
     cases = [
         (URL, {"messages": STORY, "top_k": 0}, 400, "BAD_REQUEST", "top_k"),
         (URL, {"prompt": "Hi", "temperature": 2.5}, 400, "BAD_REQUEST", "temperature"),
-        (URL, {"input": ["a text"]}, 400, "BAD_REQUEST", "no embedding model is loaded"),
+        (URL, {"input": ["a text"]}, 400, "BAD_REQUEST", "does not support the embeddings task"),
         (URL, {"prompt": "Hi", "messages": STORY}, 400, "BAD_REQUEST", "exactly one"),
         (
             "/serving-endpoints/no-such-endpoint/invocations",

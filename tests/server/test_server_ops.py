@@ -31,6 +31,7 @@ def test_models(server: Server) -> None:
                 "owned_by": "ferrollm",
                 "root": MODEL,
                 "max_model_len": MAX_MODEL_LEN,
+                "task": "generate",
             }
         ],
     }

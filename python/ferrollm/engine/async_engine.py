@@ -39,6 +39,9 @@ class EngineDeadError(RuntimeError):
 class AsyncEngine:
     """Serves concurrent requests from one event loop over an engine on its own thread."""
 
+    #: What this engine serves (``ServerContext.task``; the embedding engine says "embed").
+    task = "generate"
+
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self._loop: EngineLoop | None = None

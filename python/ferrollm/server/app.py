@@ -27,9 +27,10 @@ from ferrollm.server.http import (
 )
 from ferrollm.server.openapi import openapi_document
 from ferrollm.server.protocol import databricks as dbx
+from ferrollm.server.protocol import embeddings as emb
 from ferrollm.server.protocol import mindie as mi
 from ferrollm.server.protocol import openai as oa
-from ferrollm.server.routes import chat, completions, databricks, mindie, ops
+from ferrollm.server.routes import chat, completions, databricks, embeddings, mindie, ops
 from ferrollm.server.routing import Route
 
 logger = logging.getLogger("ferrollm.server")
@@ -39,6 +40,8 @@ ROUTES = (
           oa.ChatCompletionRequest, (oa.ChatCompletion, oa.ChatCompletionChunk)),
     Route("POST", "/v1/completions", completions.completions, "Text completion (MindIE/vLLM)",
           oa.CompletionRequest, oa.Completion),
+    Route("POST", "/v1/embeddings", embeddings.embeddings, "Embeddings (OpenAI; --task embed)",
+          emb.EmbeddingRequest, emb.EmbeddingResponse),
     Route("GET", "/v1/models", ops.models, "The served model", None, oa.ModelList),
     Route("POST", "/v2/models/{model}/generate", mindie.generate_once, "MindIE generate",
           mi.GenerateRequest, mi.GenerateResponse),
@@ -51,7 +54,8 @@ ROUTES = (
     Route("POST", "/serving-endpoints/{name}/invocations", databricks.invocations,
           "Databricks Foundation Model API: chat, completions or embeddings by body shape",
           (dbx.DatabricksChatRequest, dbx.DatabricksCompletionRequest,
-           dbx.DatabricksEmbeddingRequest), (oa.ChatCompletion, dbx.DatabricksCompletion)),
+           dbx.DatabricksEmbeddingRequest),
+          (oa.ChatCompletion, dbx.DatabricksCompletion, emb.DatabricksEmbeddingResponse)),
     Route("GET", "/health", ops.health, "Engine running"),
     Route("GET", "/v2/health/live", ops.live, "Process live"),
     Route("GET", "/v2/health/ready", ops.ready, "Engine loaded and making progress"),

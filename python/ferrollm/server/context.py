@@ -7,7 +7,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ferrollm._core import Limits
 from ferrollm.config import ServerConfig
@@ -16,6 +16,7 @@ from ferrollm.server.metrics import Metrics
 
 if TYPE_CHECKING:
     from ferrollm.engine import AsyncEngine
+    from ferrollm.engine.embed_async import AsyncEmbedder
     from ferrollm.tokenizer import Tokenizer
 
 
@@ -23,7 +24,9 @@ if TYPE_CHECKING:
 class ServerContext:
     """One server's shared state; lives on the event loop (no locking)."""
 
-    engine: AsyncEngine
+    #: The generation engine, or the embedding engine of a ``--task embed`` server; both give
+    #: the health and metrics surface (``is_running``, ``seconds_since_progress``, ``stats``).
+    engine: AsyncEngine | AsyncEmbedder
     config: ServerConfig
     model_name: str
     limits: Limits
@@ -35,8 +38,11 @@ class ServerContext:
     _counter: itertools.count[int] = field(default_factory=itertools.count)
 
     @classmethod
-    def build(cls, engine: AsyncEngine, config: ServerConfig) -> ServerContext:
+    def build(cls, engine: AsyncEngine | AsyncEmbedder, config: ServerConfig) -> ServerContext:
         """The context for ``engine``; limits come from the model and ``config``."""
+        if engine.task == "embed":
+            return cls._build_embed(cast("AsyncEmbedder", engine), config)
+        engine = cast("AsyncEngine", engine)
         model_config = engine.model_config
         max_model_len = engine.max_model_len
         limits = Limits(
@@ -50,10 +56,55 @@ class ServerContext:
         name = config.served_model_name or model_name_of(engine)
         return cls(engine, config, name, limits, Metrics(name, engine.stats))
 
+    @classmethod
+    def _build_embed(cls, embedder: AsyncEmbedder, config: ServerConfig) -> ServerContext:
+        max_input = embedder.embedder.max_input_tokens
+        limits = Limits(
+            max_model_len=max_input + 1,
+            max_input_tokens=min(config.max_input_tokens or max_input, max_input),
+            max_position_embeddings=None,
+            max_iter_times=1,
+            vocab_size=embedder.embedder.tokenizer.vocab_size,
+            max_beam_width=1,
+        )
+        name = config.served_model_name or model_name_of(embedder)
+        return cls(embedder, config, name, limits, Metrics(name, embedder.stats))
+
+    @property
+    def task(self) -> str:
+        """ "generate" or "embed": what this server runs (``--task``)."""
+        return self.engine.task
+
+    @property
+    def generator(self) -> AsyncEngine:
+        """The generation engine; 400 on an embedding server."""
+        if self.engine.task != "generate":
+            raise ApiError(
+                400,
+                f"this server runs the embed task ({self.model_name!r} is an embedding model); "
+                "it serves /v1/embeddings and the Databricks embeddings task, not generation",
+                code="unsupported_task",
+            )
+        return cast("AsyncEngine", self.engine)
+
+    @property
+    def embedder(self) -> AsyncEmbedder:
+        """The embedding engine; 400 on a generation server."""
+        if self.engine.task != "embed":
+            raise ApiError(
+                400,
+                "`input`: this endpoint does not support the embeddings task: "
+                f"{self.model_name!r} is served for generation (start the server with "
+                "`--task embed` and an embedding model)",
+                param="input",
+                code="unsupported_task",
+            )
+        return cast("AsyncEmbedder", self.engine)
+
     @property
     def tokenizer(self) -> Tokenizer:
         """The served model's tokenizer and chat template."""
-        return self.engine.tokenizer
+        return self.generator.tokenizer
 
     def next_id(self) -> str:
         """A fresh response id, MindIE's ``endpoint_common_<n>`` (→A-59)."""
@@ -70,7 +121,7 @@ class ServerContext:
             )
 
 
-def model_name_of(engine: AsyncEngine) -> str:
+def model_name_of(engine: AsyncEngine | AsyncEmbedder) -> str:
     """The default served name: the model file's stem or the model directory's name."""
     if engine.model_path is None:
         return "model"

@@ -67,7 +67,7 @@ async def generate(
 ) -> AsyncIterator[RequestOutput]:
     """The request's outputs as the engine produces them; closing the iterator aborts it."""
     metrics = ctx.metrics
-    stream = ctx.engine.generate(request)
+    stream = ctx.generator.generate(request)
     try:
         async for out in stream:
             if num_new := timing.observe(out):

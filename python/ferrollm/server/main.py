@@ -15,18 +15,45 @@ logger = logging.getLogger("ferrollm.server")
 
 def build_context(engine_config: EngineConfig, server_config: ServerConfig) -> ServerContext:
     """Load the model and wrap the engine for serving (blocking: seconds to minutes)."""
+    url = f"http://{server_config.host}:{server_config.port}"
+    if engine_config.task == "embed":
+        return _build_embed_context(engine_config, server_config, url)
     from ferrollm.engine import AsyncEngine
 
     engine = AsyncEngine.from_config(engine_config)
     ctx = ServerContext.build(engine, server_config)
-    url = f"http://{server_config.host}:{server_config.port}"
     logger.info(
-        "serving %r (max_model_len %d) at %s: /v1/chat/completions, /v1/completions, "
-        "/v2/models/%s/generate[_stream], /serving-endpoints/%s/invocations",
+        "serving %r (task generate, max_model_len %d) at %s: /v1/chat/completions, "
+        "/v1/completions, /v2/models/%s/generate[_stream], /serving-endpoints/%s/invocations",
         ctx.model_name,
         ctx.limits.max_model_len,
         url,
         ctx.model_name,
+        ctx.model_name,
+    )
+    return ctx
+
+
+def _build_embed_context(
+    engine_config: EngineConfig, server_config: ServerConfig, url: str
+) -> ServerContext:
+    from ferrollm.engine.embed_async import AsyncEmbedder
+
+    embedder = AsyncEmbedder.from_config(engine_config)
+    ctx = ServerContext.build(embedder, server_config)
+    e = embedder.embedder
+    logger.info(
+        "serving %r (task embed: %d dimensions, %s pooling%s, max %d input tokens, %d tokens "
+        "per step) on %s %s at %s: /v1/embeddings, /serving-endpoints/%s/invocations",
+        ctx.model_name,
+        e.dimensions,
+        e.spec.pooling,
+        ", normalized" if e.spec.normalize else "",
+        ctx.limits.max_input_tokens,
+        e.max_num_batched_tokens,
+        e.device,
+        next(e.model.parameters()).dtype,
+        url,
         ctx.model_name,
     )
     return ctx

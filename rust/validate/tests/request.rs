@@ -105,7 +105,6 @@ fn the_capability_table_refuses_unbuilt_features_by_field() {
             r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]}"#,
             "tools",
         ),
-        (Route::DatabricksEmbeddings, r#"{"input": "x"}"#, "input"),
     ];
     for (route, body, field) in cases {
         assert_eq!(
@@ -144,6 +143,10 @@ fn the_capability_table_refuses_unbuilt_features_by_field() {
         (
             Route::DatabricksCompletions,
             r#"{"prompt": "a", "suffix": "z", "echo": true}"#,
+        ),
+        (
+            Route::DatabricksEmbeddings,
+            r#"{"input": ["x", "y"], "instruction": "Represent this:"}"#,
         ),
         (
             Route::Chat,

@@ -246,6 +246,8 @@ class ModelCard(Struct, kw_only=True):
     owned_by: str = "ferrollm"
     root: str
     max_model_len: int
+    #: What the server runs: "generate" or "embed" (``--task``).
+    task: str = "generate"
 
 
 class ModelList(Struct):

@@ -55,6 +55,8 @@ def decode_body(body: bytes) -> dict[str, Any]:
 def accept(ctx: ServerContext, route: str, body: Mapping[str, Any]) -> ValidRequest:
     """The request path's one validation: the route's rules (400 naming the field), the
     ``model`` of the ``/v1`` routes (404), then the capability table (400 ``unsupported``)."""
+    if route != "databricks_embeddings":
+        ctx.generator  # noqa: B018 (400 on an embedding server, before any field is read)
     valid = validate(route, body, ctx.limits)
     if route in _MODEL_ROUTES:
         ctx.check_model(valid.model)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import ApiError, bad_request
 from ferrollm.server.http import Request, Response
-from ferrollm.server.routes import chat, completions
-from ferrollm.server.routes.common import accept, decode_body
+from ferrollm.server.routes import chat, completions, embeddings
+from ferrollm.server.routes.common import decode_body
 
 _TASK_KEYS = ("messages", "prompt", "input")
 
@@ -35,5 +35,4 @@ async def invocations(ctx: ServerContext, request: Request) -> Response:
         return await chat.serve_chat(ctx, request, body, chat.DATABRICKS)
     if keys[0] == "prompt":
         return await completions.serve_completions(ctx, request, body, databricks=True)
-    accept(ctx, "databricks_embeddings", body)  # refused until an embedding model exists
-    raise AssertionError("the capability table refuses the embeddings task")
+    return await embeddings.databricks_embeddings(ctx, request, body)

@@ -20,6 +20,7 @@ async def models(ctx: ServerContext, request: Request) -> Response:
         created=ctx.created,
         root=ctx.model_name,
         max_model_len=ctx.limits.max_model_len,
+        task=ctx.task,
     )
     return JSONResponse(msgspec.json.encode(ModelList([card])))
 
