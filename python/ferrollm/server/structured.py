@@ -17,5 +17,5 @@ async def compiled_grammar(ctx: ServerContext, valid: ValidRequest) -> CompiledG
     if valid.grammar is None:
         return None
     kind, text, field = valid.grammar
-    compiler = ctx.engine.grammar_compiler
+    compiler = ctx.generator.grammar_compiler
     return await asyncio.to_thread(compiler.compile, kind, text, field)
