@@ -156,6 +156,7 @@ class LLMEngine:
             request.params,
             priority=request.priority,
             arrival_time=request.arrival_time,
+            deadline=request.deadline,
         )
         self._tracker.add(request, internal_id)
 

@@ -34,6 +34,9 @@ class EngineRequest:
     priority: int | None = None
     #: The prompt's text, when known (echoed in outputs).
     prompt: str | None = None
+    #: ``time.perf_counter()`` when the request times out; None = arrival +
+    #: ``params.timeout_s`` (if set). The server puts its ``--request-timeout`` here.
+    deadline: float | None = None
 
     @classmethod
     def of(
