@@ -9,7 +9,8 @@ use super::Route;
 
 use super::codes;
 use super::common::{
-    float_in, int_in, make_greedy, normalise_top_k, prompt_chars, prompts, timeout_extra, u32_in, FloatRange, UNIT,
+    float_in, int_in, make_greedy, normalise_top_k, prompt_chars, prompts, timeout_extra, u32_in,
+    FloatRange, UNIT,
 };
 use super::limits::{EndpointType, Limits};
 use super::messages::messages;

@@ -10,9 +10,9 @@ use super::Route;
 
 use super::codes;
 use super::common::{
-    float_in, int_in, make_greedy, timeout_extra, prompt_chars, prompts, seed, settle_include_stop_str,
-    top_k_minus_one_or_positive, u32_in, FloatRange, I32_MAX, NON_NEGATIVE, PENALTY, REPETITION_V1,
-    UNIT_OPEN,
+    float_in, int_in, make_greedy, prompt_chars, prompts, seed, settle_include_stop_str,
+    timeout_extra, top_k_minus_one_or_positive, u32_in, FloatRange, I32_MAX, NON_NEGATIVE, PENALTY,
+    REPETITION_V1, UNIT_OPEN,
 };
 use super::limits::Limits;
 use super::messages::messages;

@@ -11,16 +11,71 @@ use crate::validate::{validate_request, Route};
 
 /// Field names of every route (top level and nested), so random bodies reach deep rules.
 const NAMES: &[&str] = &[
-    "model", "messages", "role", "content", "type", "text", "image_url", "url", "prompt",
-    "input", "text_input", "parameters", "id", "max_tokens", "max_new_tokens", "temperature",
-    "top_p", "top_k", "min_p", "typical_p", "seed", "stop", "stop_token_ids", "n", "best_of",
-    "use_beam_search", "logprobs", "top_logprobs", "echo", "suffix", "stream", "details",
-    "do_sample", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
-    "ignore_eos", "min_tokens", "timeout", "priority", "tools", "tool_choice", "function",
-    "name", "arguments", "description", "response_format", "json_schema", "schema",
-    "error_behavior", "prompt_logprobs", "allowed_token_ids", "skip_special_tokens",
-    "include_stop_str_in_output", "tool_calls", "tool_call_id", "batch_size", "watermark",
-    "input_ids", "beam_width", "end_id", "pad_id", "bad_words_list", "stop_words_list",
+    "model",
+    "messages",
+    "role",
+    "content",
+    "type",
+    "text",
+    "image_url",
+    "url",
+    "prompt",
+    "input",
+    "text_input",
+    "parameters",
+    "id",
+    "max_tokens",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "typical_p",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "n",
+    "best_of",
+    "use_beam_search",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "suffix",
+    "stream",
+    "details",
+    "do_sample",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "ignore_eos",
+    "min_tokens",
+    "timeout",
+    "priority",
+    "tools",
+    "tool_choice",
+    "function",
+    "name",
+    "arguments",
+    "description",
+    "response_format",
+    "json_schema",
+    "schema",
+    "error_behavior",
+    "prompt_logprobs",
+    "allowed_token_ids",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+    "tool_calls",
+    "tool_call_id",
+    "batch_size",
+    "watermark",
+    "input_ids",
+    "beam_width",
+    "end_id",
+    "pad_id",
+    "bad_words_list",
+    "stop_words_list",
 ];
 
 const ROUTES: &[Route] = &[
@@ -56,13 +111,38 @@ impl Rng {
 
 fn string(rng: &mut Rng) -> String {
     const PIECES: &[&str] = &[
-        "", "a", "Hello", "user", "assistant", "system", "tool", "text", "function", "auto",
-        "none", "json_object", "json_schema", "truncate", "error", "\u{0}", "\u{fffd}", "\u{1f600}",
-        "\u{202e}", "</s>", "<|im_end|>", "{{ x }}", "\\ud800", "\n", " ", "-1", "1e309",
+        "",
+        "a",
+        "Hello",
+        "user",
+        "assistant",
+        "system",
+        "tool",
+        "text",
+        "function",
+        "auto",
+        "none",
+        "json_object",
+        "json_schema",
+        "truncate",
+        "error",
+        "\u{0}",
+        "\u{fffd}",
+        "\u{1f600}",
+        "\u{202e}",
+        "</s>",
+        "<|im_end|>",
+        "{{ x }}",
+        "\\ud800",
+        "\n",
+        " ",
+        "-1",
+        "1e309",
     ];
     let mut s = String::new();
     for _ in 0..rng.below(4) {
-        s.push_str(rng.pick(PIECES));
+        let piece: &&str = rng.pick(PIECES);
+        s.push_str(piece);
     }
     if rng.below(50) == 0 {
         s.push_str(&"x".repeat(40_000)); // past the stop-string and id limits
@@ -72,12 +152,40 @@ fn string(rng: &mut Rng) -> String {
 
 fn number(rng: &mut Rng) -> Raw {
     const INTS: &[i128] = &[
-        0, 1, -1, 2, 5, 20, 128, 129, 3600, 3601, 2147483647, 2147483648, -2147483649,
-        u64::MAX as i128, u64::MAX as i128 + 1, i128::MAX, i128::MIN,
+        0,
+        1,
+        -1,
+        2,
+        5,
+        20,
+        128,
+        129,
+        3600,
+        3601,
+        2147483647,
+        2147483648,
+        -2147483649,
+        u64::MAX as i128,
+        u64::MAX as i128 + 1,
+        i128::MAX,
+        i128::MIN,
     ];
     const FLOATS: &[f64] = &[
-        0.0, -0.0, 0.5, 1.0, 1.5, 2.0, 2.01, 1e-7, 1e308, -1e308, f64::NAN, f64::INFINITY,
-        f64::NEG_INFINITY, f64::MIN_POSITIVE, 3600.5,
+        0.0,
+        -0.0,
+        0.5,
+        1.0,
+        1.5,
+        2.0,
+        2.01,
+        1e-7,
+        1e308,
+        -1e308,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::MIN_POSITIVE,
+        3600.5,
     ];
     if rng.below(2) == 0 {
         Raw::Int(*rng.pick(INTS))
@@ -94,7 +202,11 @@ fn value(rng: &mut Rng, depth: u32) -> Raw {
         2 => number(rng),
         3 => Raw::Str(string(rng)),
         4 => {
-            let len = if rng.below(40) == 0 { 5000 } else { rng.below(4) };
+            let len = if rng.below(40) == 0 {
+                5000
+            } else {
+                rng.below(4)
+            };
             let item = value(rng, depth + 1);
             Raw::List((0..len).map(|_| item.clone()).collect())
         }
