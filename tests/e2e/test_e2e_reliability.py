@@ -160,9 +160,11 @@ def test_sigterm_drains_in_flight_streams_then_exits_0(
         assert chunks[-1]["usage"]["completion_tokens"] == 48
         completed += 1
     assert server.process.wait(60) == 0
+    # Granian finishes the open connections' requests before the lifespan's shutdown, so the
+    # app's own drain finds nothing left to wait for: nothing was cut.
     log = server.log()
-    assert f"draining: {num} requests in flight" in log, log
-    assert f"drained: all {num} requests in flight finished" in log
+    assert "Shutting down granian" in log and "drained: all 0 requests" in log, log
+    assert "Killing worker" not in log
     print(f"drain: {num} in flight at SIGTERM, {completed} completed")
 
 

@@ -16,8 +16,9 @@ from ferrollm.config import ServerConfig
 HEADER_READ_TIMEOUT_MS = 10_000
 #: Bytes of request headers buffered at most (a header flood is refused).
 MAX_HEADER_BUFFER = 64 * 1024
-#: Seconds past ``drain_timeout`` the worker gets to stop before Granian kills it.
-KILL_MARGIN_S = 10
+#: Seconds past ``drain_timeout`` the worker gets to stop (the engine thread's last step, the
+#: lifespan shutdown) before Granian kills it.
+KILL_MARGIN_S = 2
 
 
 def granian_options(config: ServerConfig) -> dict[str, Any]:
