@@ -325,3 +325,28 @@ def test_engine_thread_death_fails_in_flight_requests_and_turns_health_503(
     assert whole.status_code == 503 and "engine" in whole.json()["error"]["message"]
     assert (health.status_code, ready.status_code) == (503, 503)
     assert len(deaths) == 1 and isinstance(deaths[0], _Fatal)
+
+
+# ---- hostile input ---------------------------------------------------------------------------
+
+HOSTILE = {
+    "deeply nested": b'{"prompt": ' + b"[" * 20_000 + b"]" * 20_000 + b"}",
+    "NaN": b'{"prompt": "x", "temperature": NaN}',
+    "Infinity": b'{"prompt": "x", "temperature": 1e999}',
+    "a huge integer": b'{"prompt": "x", "max_tokens": ' + b"9" * 4000 + b"}",
+    "invalid UTF-8": b'{"prompt": "\xff\xfe"}',
+    "a lone surrogate": b'{"prompt": "\\ud800"}',
+    "not an object": b"[1, 2]",
+    "truncated": b'{"prompt": "x", "max_tok',
+}
+
+
+@pytest.mark.parametrize("route", list(BODIES))
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_bodies_get_a_400_never_a_500(server: Server, route: str, name: str) -> None:
+    body = HOSTILE[name]
+    if route.startswith("generate"):
+        body = body.replace(b'"prompt"', b'"text_input"')
+    response = server.post(ROUTE_PATHS[route], content=body)
+    assert response.status_code == 400, (name, response.text)
+    assert server.post(ROUTE_PATHS[route], BODIES[route]).status_code == 200

@@ -44,6 +44,10 @@ def decode_body(body: bytes) -> dict[str, Any]:
         value = msgspec.json.decode(body)
     except msgspec.DecodeError as e:
         raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:  # msgspec recurses per nesting level
+        raise bad_request(
+            "the request body is nested too deeply to decode", code="invalid_json"
+        ) from None
     if not isinstance(value, dict):
         raise bad_request(
             f"the request body must be a JSON object; got {type(value).__name__}",
