@@ -225,3 +225,60 @@ def test_engine_death_fails_in_flight_requests_turns_health_503_and_exits_nonzer
         assert "the engine thread died" in server.log()
     finally:
         server.stop()
+
+
+def test_overload_and_the_per_key_cap_over_the_wire(tmp_path: Path) -> None:
+    """A burst past the queue bound gets 503s with Retry-After and loses nothing; a key past
+    its cap gets 429 while another key is served."""
+    keys = [f"key-{i}" for i in range(6)]
+    flags = [f for key in keys for f in ("--api-key", key)]
+    server = launch_server(
+        tmp_path, "--max-waiting-requests", "1", "--max-concurrent-per-key", "2", *flags
+    )
+    try:
+        server.wait_ready()
+        results: list[httpx.Response | BaseException] = []
+
+        def send(key: str) -> None:
+            body = {"model": MODEL, "prompt": "Hello", "max_tokens": 8, "ignore_eos": True}
+            try:
+                headers = {"authorization": f"Bearer {key}"}
+                results.append(server.http.post("/v1/completions", json=body, headers=headers))
+            except BaseException as e:
+                results.append(e)
+
+        threads = [threading.Thread(target=send, args=(key,)) for key in keys * 2]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert len(results) == 12 and all(isinstance(r, httpx.Response) for r in results)
+        statuses = sorted(r.status_code for r in results if isinstance(r, httpx.Response))
+        assert set(statuses) == {200, 503}, statuses
+        for r in results:
+            assert isinstance(r, httpx.Response)
+            if r.status_code == 503:
+                assert int(r.headers["retry-after"]) >= 1
+                assert r.json()["error"]["code"] == "overloaded"
+            else:
+                assert r.json()["usage"]["completion_tokens"] == 8
+        # Two streams of key 0 in flight: a third is over its cap; key 1 is served.
+        body = {**LONG, "max_tokens": 64, "stream": True}
+        headers = {"authorization": f"Bearer {keys[0]}"}
+        with (
+            server.http.stream("POST", "/v1/completions", json=body, headers=headers) as one,
+            server.http.stream("POST", "/v1/completions", json=body, headers=headers) as two,
+        ):
+            next(one.iter_bytes())
+            next(two.iter_bytes())
+            small = {"model": MODEL, "prompt": "Hi", "max_tokens": 1}
+            third = server.http.post("/v1/completions", json=small, headers=headers)
+            other = server.http.post(
+                "/v1/completions", json=small, headers={"authorization": f"Bearer {keys[1]}"}
+            )
+        assert third.status_code == 429, third.text
+        assert third.json()["error"]["type"] == "rate_limit_error"
+        assert other.status_code == 200, other.text
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log()
