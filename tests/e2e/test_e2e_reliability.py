@@ -263,19 +263,23 @@ def test_overload_and_the_per_key_cap_over_the_wire(tmp_path: Path) -> None:
             else:
                 assert r.json()["usage"]["completion_tokens"] == 8
         # Two streams of key 0 in flight: a third is over its cap; key 1 is served.
-        body = {**LONG, "max_tokens": 64, "stream": True}
+        body = {**LONG, "stream": True}  # 400 tokens: in flight for seconds
         headers = {"authorization": f"Bearer {keys[0]}"}
-        with (
-            server.http.stream("POST", "/v1/completions", json=body, headers=headers) as one,
-            server.http.stream("POST", "/v1/completions", json=body, headers=headers) as two,
-        ):
-            next(one.iter_bytes())
-            next(two.iter_bytes())
-            small = {"model": MODEL, "prompt": "Hi", "max_tokens": 1}
-            third = server.http.post("/v1/completions", json=small, headers=headers)
-            other = server.http.post(
-                "/v1/completions", json=small, headers={"authorization": f"Bearer {keys[1]}"}
-            )
+        # One at a time: with --max-waiting-requests 1 the second would be refused (503)
+        # while the first waits for its first step.
+        with server.http.stream("POST", "/v1/completions", json=body, headers=headers) as one:
+            assert one.status_code == 200
+            one_chunks = one.iter_bytes()  # kept: a dropped iterator closes the connection
+            next(one_chunks)
+            with server.http.stream("POST", "/v1/completions", json=body, headers=headers) as two:
+                assert two.status_code == 200
+                two_chunks = two.iter_bytes()
+                next(two_chunks)
+                small = {"model": MODEL, "prompt": "Hi", "max_tokens": 1}
+                third = server.http.post("/v1/completions", json=small, headers=headers)
+                other = server.http.post(
+                    "/v1/completions", json=small, headers={"authorization": f"Bearer {keys[1]}"}
+                )
         assert third.status_code == 429, third.text
         assert third.json()["error"]["type"] == "rate_limit_error"
         assert other.status_code == 200, other.text
