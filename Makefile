@@ -19,7 +19,7 @@ RUNTIME_PIP_ARGS ?=
 export PYO3_PYTHON := $(VPY)
 
 .PHONY: help venv build test test-rust test-python lint fmt bench bench-throughput serve clean \
-	check-runtime-install
+	check-runtime-install fuzz bench-overload bench-soak
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -78,6 +78,16 @@ bench: build ## criterion benches, then the Python-side benches (scheduler, stop
 
 bench-throughput: build ## offline tokens/s on the default model, ferrollm vs transformers
 	$(VPY) benches/throughput.py
+
+FUZZ_CASES ?= 200000
+fuzz: ## (slow) the Rust validation fuzz test with FUZZ_CASES random bodies per route
+	FERROLLM_FUZZ_CASES=$(FUZZ_CASES) cargo test --release --quiet --lib fuzz
+
+bench-overload: build ## (slow) closed-loop load at 1x, 2x and 5x capacity on a server it starts
+	$(VPY) benches/overload.py
+
+bench-soak: build ## (slow) 20,000 requests with disconnects and aborts: RSS and KV blocks
+	$(VPY) benches/soak.py
 
 serve: build ## set up and serve the default model at http://127.0.0.1:8000 (SERVE_ARGS="MODEL --port N ...")
 	$(VENV)/bin/ferrollm serve $(SERVE_ARGS)

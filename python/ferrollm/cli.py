@@ -45,7 +45,22 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--seed": ("seed", int, "base seed of requests that give none (reproducible sampling)"),
     "--task": ("task", str, "generate (default) or embed (an embedding model, /v1/embeddings)"),
     "--pooling": ("pooling", str, "embed: mean, cls, last or max (default: as the model says)"),
+    "--api-key-file": ("api_key_file", str, "file of API keys, one a line"),
+    "--max-concurrent-per-key": ("max_concurrent_per_key", int, "in-flight requests per key"),
+    "--request-timeout": ("request_timeout", float, "seconds a request may take (default none)"),
+    "--max-waiting-requests": ("max_waiting_requests", int, "queued requests before 503"),
+    "--max-waiting-tokens": ("max_waiting_tokens", int, "queued prompt tokens before 503"),
+    "--ssl-certfile": ("ssl_certfile", str, "TLS certificate (PEM)"),
+    "--ssl-keyfile": ("ssl_keyfile", str, "TLS private key (PEM)"),
+    "--ssl-ca-certs": ("ssl_ca_certs", str, "CA bundle: require and verify client certificates"),
+    "--drain-timeout": ("drain_timeout", float, "seconds in-flight requests get after SIGTERM"),
 }
+# Repeatable flags: flag -> (option name, help).
+_LIST_FLAGS: dict[str, tuple[str, str]] = {
+    "--api-key": ("api_keys", "an API key clients must send as a Bearer token (repeatable)"),
+    "--public-path": ("public_paths", "a path served without a key (repeatable; replaces the "
+                      "default: health, metrics, /openapi.json)"),
+}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
             serve.add_argument(flag, dest=name, action="store_true", default=None, help=help_text)
         else:
             serve.add_argument(flag, dest=name, type=kind, default=None, help=help_text)
+    for flag, (name, help_text) in _LIST_FLAGS.items():
+        serve.add_argument(flag, dest=name, action="append", default=None, help=help_text)
     serve.add_argument("--config", type=Path, help="JSON file of options (keys mirror the flags)")
     serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
     return parser
@@ -74,7 +91,7 @@ def serve_options(args: argparse.Namespace) -> dict[str, Any]:
         options.update({k.replace("-", "_"): v for k, v in read_options_file(args.config).items()})
     if args.model is not None:
         options["model"] = args.model
-    for name, _, _ in _FLAGS.values():
+    for name in [n for n, _, _ in _FLAGS.values()] + [n for n, _ in _LIST_FLAGS.values()]:
         value = getattr(args, name)
         if value is not None:
             options[name] = value
@@ -101,6 +118,8 @@ def _run_granian(options: dict[str, Any], log_level: str) -> int:
     from granian.constants import Interfaces
     from granian.log import LogLevels
 
+    from ferrollm.server.transport import granian_options
+
     _, server = split_options(options)
     os.environ[OPTIONS_ENV] = json.dumps(options)
     Granian(
@@ -111,6 +130,7 @@ def _run_granian(options: dict[str, Any], log_level: str) -> int:
         workers=1,
         factory=True,
         log_level=LogLevels(log_level),
+        **granian_options(server),
     ).serve()
     return 0
 

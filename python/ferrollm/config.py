@@ -308,6 +308,14 @@ def _positive_int(name: str, value: object) -> None:
 
 #: The default limit on a request body (SPEC 1.14: 413 past it).
 DEFAULT_MAX_BODY_BYTES = 16 * 1024**2
+#: Paths that need no API key: health, metrics and the OpenAPI document.
+DEFAULT_PUBLIC_PATHS = (
+    "/health",
+    "/v2/health/live",
+    "/v2/health/ready",
+    "/metrics",
+    "/openapi.json",
+)
 
 
 @dataclass(frozen=True)
@@ -335,8 +343,32 @@ class ServerConfig:
     #: counts on from where choice k-1's text ended, as MindIE's samples do, →A-52; whole
     #: responses only: a stream interleaves its choices).
     text_offset_mode: str = "openai"
+    #: API keys a client must send as ``Authorization: Bearer <key>`` (with those of
+    #: ``api_key_file`` and ``FERROLLM_API_KEYS``); none at all = no authentication.
+    api_keys: tuple[str, ...] = ()
+    #: A file of API keys, one a line (blank lines and ``#`` comments skipped).
+    api_key_file: str | None = None
+    #: Paths served without a key while keys are configured.
+    public_paths: tuple[str, ...] = DEFAULT_PUBLIC_PATHS
+    #: Requests one API key may have in flight at once; more get 429.
+    max_concurrent_per_key: int = 64
+    #: Seconds a request may take, queue time included, when it names no ``timeout`` of its
+    #: own; None = no server deadline.
+    request_timeout: float | None = None
+    #: Admission: requests waiting for their first step, and their prompt tokens, at most;
+    #: past either, new requests get 503 with ``Retry-After``.
+    max_waiting_requests: int = 256
+    max_waiting_tokens: int = 262144
+    #: TLS: the server's certificate and key (PEM); ``ssl_ca_certs`` turns on client
+    #: certificate verification against those CAs (mutual TLS).
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_ca_certs: str | None = None
+    #: Seconds in-flight requests get to finish after SIGTERM before the process exits.
+    drain_timeout: float = 30.0
 
     def __post_init__(self) -> None:
+        check_reliability_options(self)
         if not isinstance(self.host, str) or not self.host:
             raise EngineConfigError("host", f"`host` must be a non-empty string; got {self.host!r}")
         port = self.port
@@ -410,3 +442,35 @@ def read_options_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(options, dict):
         raise EngineConfigError("config", f"{os.fspath(path)!r} must hold a JSON object of options")
     return options
+
+
+def check_reliability_options(config: ServerConfig) -> None:
+    """Check (and normalise: lists -> tuples) the keys, deadline, admission, TLS and drain
+    options of ``config``; raises EngineConfigError naming the option."""
+    for option in ("api_keys", "public_paths"):
+        value = getattr(config, option)
+        if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
+            raise EngineConfigError(
+                option, f"`{option}` must be a list of non-empty strings; got {value!r}"
+            )
+        object.__setattr__(config, option, tuple(value))
+    for option in ("max_concurrent_per_key", "max_waiting_requests", "max_waiting_tokens"):
+        _positive_int(option, getattr(config, option))
+    for option in ("request_timeout", "drain_timeout"):
+        value = getattr(config, option)
+        if value is None and option == "request_timeout":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise EngineConfigError(option, f"`{option}` must be a number > 0; got {value!r}")
+    if (config.ssl_certfile is None) != (config.ssl_keyfile is None):
+        raise EngineConfigError(
+            "ssl_certfile", "`ssl_certfile` and `ssl_keyfile` must be given together"
+        )
+    if config.ssl_ca_certs is not None and config.ssl_certfile is None:
+        raise EngineConfigError(
+            "ssl_ca_certs", "`ssl_ca_certs` (client verification) needs `ssl_certfile`"
+        )
+    for option in ("api_key_file", "ssl_certfile", "ssl_keyfile", "ssl_ca_certs"):
+        path = getattr(config, option)
+        if path is not None and not os.path.isfile(path):
+            raise EngineConfigError(option, f"`{option}` {path!r} is not a readable file")

@@ -100,6 +100,23 @@ pub(crate) fn float_in(f: Field<'_>, range: FloatRange, hint: &str) -> CoreResul
     }
 }
 
+/// The `timeout` extra of the `/v1` and Databricks routes, in seconds.
+pub(crate) const TIMEOUT_EXTRA: FloatRange = FloatRange::new(0.0, true, 3600.0, false);
+
+/// The `timeout` extra of the `/v1` and Databricks routes: seconds in (0, 3600] (MindIE's
+/// range, fractions allowed), a wall-clock deadline counted from arrival, queue time included
+/// (→A-30). Absent or null = the server's `request_timeout`.
+pub(crate) fn timeout_extra(f: Field<'_>) -> CoreResult<Option<f64>> {
+    match (f.float()?, f.raw) {
+        (Some(x), Some(raw)) if !TIMEOUT_EXTRA.contains(x) => Err(fail(
+            f.path,
+            codes::OUT_OF_RANGE,
+            format_args!("must be {TIMEOUT_EXTRA} seconds; got {raw}"),
+        )),
+        (x, _) => Ok(x),
+    }
+}
+
 /// An integer field in `[lo, hi]`.
 pub(crate) fn int_in(f: Field<'_>, lo: i128, hi: i128) -> CoreResult<Option<i128>> {
     match f.int()? {

@@ -9,7 +9,8 @@ use super::Route;
 
 use super::codes;
 use super::common::{
-    float_in, int_in, make_greedy, normalise_top_k, prompt_chars, prompts, u32_in, FloatRange, UNIT,
+    float_in, int_in, make_greedy, normalise_top_k, prompt_chars, prompts, timeout_extra, u32_in,
+    FloatRange, UNIT,
 };
 use super::limits::{EndpointType, Limits};
 use super::messages::messages;
@@ -109,6 +110,7 @@ fn sampling(o: &Obj<'_>, limits: &Limits) -> CoreResult<(SamplingParams, Option<
         top_p: float_in(o.field("top_p"), UNIT, "")?.unwrap_or(1.0),
         top_k: top_k.map_or(0, |k| normalise_top_k(k, limits.vocab_size)),
         stop: stop(o.field("stop"), limits)?,
+        timeout_s: timeout_extra(o.field("timeout"))?,
         ..SamplingParams::default()
     };
     let n_field = o.field("n");

@@ -11,8 +11,8 @@ use super::Route;
 use super::codes;
 use super::common::{
     float_in, int_in, make_greedy, prompt_chars, prompts, seed, settle_include_stop_str,
-    top_k_minus_one_or_positive, u32_in, FloatRange, I32_MAX, NON_NEGATIVE, PENALTY, REPETITION_V1,
-    UNIT_OPEN,
+    timeout_extra, top_k_minus_one_or_positive, u32_in, FloatRange, I32_MAX, NON_NEGATIVE, PENALTY,
+    REPETITION_V1, UNIT_OPEN,
 };
 use super::limits::Limits;
 use super::messages::messages;
@@ -66,6 +66,7 @@ fn v1_sampling(
     };
     vllm_extras(o, &mut p, limits)?;
     p.prompt_logprobs = prompt_logprobs(o, limits)?;
+    p.timeout_s = timeout_extra(o.field("timeout"))?;
     let max_tokens = int_in(o.field("max_tokens"), rules.min_max_tokens, I32_MAX)?;
     let max_tokens = max_tokens.map(|m| m as u64);
     min_tokens_at_most(o, p.min_tokens, max_tokens)?;

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ferrollm._core import GrammarCompiler, SamplingParams
@@ -48,6 +48,8 @@ class AsyncEngine:
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, asyncio.Queue[Delivery]] = {}
         self._closed = False
+        #: Called on the event loop if the engine thread dies (after open streams failed).
+        self.on_death: Callable[[BaseException], None] | None = None
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
@@ -165,14 +167,21 @@ class AsyncEngine:
         event_loop = asyncio.get_running_loop()
         if self._loop is None:
             self._event_loop = event_loop
-            self._loop = EngineLoop(self.engine, event_loop, self._dispatch)
+            self._loop = EngineLoop(self.engine, event_loop, self._dispatch, self._died)
             self._loop.start()
         elif event_loop is not self._event_loop:
             raise RuntimeError("an AsyncEngine serves the one event loop that first used it")
         return self._loop
 
-    def _fail_open_streams(self) -> None:
-        error = EngineDeadError("the engine was shut down")
+    def _died(self, cause: BaseException) -> None:
+        """On the event loop: the engine thread died; nothing more can be served."""
+        self._closed = True
+        self._fail_open_streams(EngineDeadError(f"the engine stopped: {cause!r}"))
+        if self.on_death is not None:
+            self.on_death(cause)
+
+    def _fail_open_streams(self, error: EngineDeadError | None = None) -> None:
+        error = error or EngineDeadError("the engine was shut down")
         self._dispatch([RequestFailure(request_id, error) for request_id in self._streams])
 
     def _dispatch(self, deliveries: list[Delivery]) -> None:

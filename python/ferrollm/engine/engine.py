@@ -172,6 +172,7 @@ class LLMEngine:
             priority=request.priority,
             arrival_time=request.arrival_time,
             grammar=request.grammar,
+            deadline=request.deadline,
         )
         self._tracker.add(request, internal_id)
 

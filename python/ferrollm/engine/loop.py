@@ -11,6 +11,7 @@ nothing to do the thread sleeps on the condition. A request whose handling raise
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -41,7 +42,8 @@ class EngineLoop:
     """Runs an `LLMEngine` on a daemon thread; ``add``/``abort`` are safe from any thread.
 
     ``on_outputs(deliveries)`` is called on ``event_loop``, once per step that produced
-    anything (outputs and failures of that step, in order).
+    anything (outputs and failures of that step, in order); ``on_death(error)`` once, there
+    too, if the thread dies of an exception that escaped the per-request handling.
     """
 
     def __init__(
@@ -49,10 +51,12 @@ class EngineLoop:
         engine: LLMEngine,
         event_loop: asyncio.AbstractEventLoop,
         on_outputs: Callable[[list[Delivery]], None],
+        on_death: Callable[[BaseException], None] = lambda error: None,
     ) -> None:
         self.engine = engine
         self._event_loop = event_loop
         self._on_outputs = on_outputs
+        self._on_death = on_death
         self._cond = threading.Condition()
         self._inbox: list[_Add | _Abort] = []
         self._stopping = False
@@ -94,6 +98,21 @@ class EngineLoop:
             self._cond.notify()
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:
+            # Whatever killed the thread, its requests must not hang: every open stream
+            # gets a clean error, and `on_death` lets the owner decide about the process.
+            logger.critical("the engine thread died: %r", e, exc_info=e)
+            with self._cond:
+                self._stopping = True
+            self._post_death(e)
+
+    def _post_death(self, error: BaseException) -> None:
+        with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody listens
+            self._event_loop.call_soon_threadsafe(self._on_death, error)
+
+    def _serve(self) -> None:
         while (commands := self._wait_for_work()) is not None:
             deliveries = self._apply(commands)
             if self.engine.has_unfinished_requests():

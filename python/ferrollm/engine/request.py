@@ -37,6 +37,9 @@ class EngineRequest:
     #: Structured output: the compiled grammar the output must follow (each request follows
     #: its own copy), from ``LLMEngine.grammar_compiler``.
     grammar: CompiledGrammar | None = None
+    #: ``time.perf_counter()`` when the request times out; None = arrival +
+    #: ``params.timeout_s`` (if set). The server puts its ``--request-timeout`` here.
+    deadline: float | None = None
 
     @classmethod
     def of(

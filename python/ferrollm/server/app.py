@@ -12,8 +12,10 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from ferrollm.engine import AsyncEngine
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import ApiError, ErrorStyle, error_body, to_api_error
+from ferrollm.server.guard import exit_on_engine_death
 from ferrollm.server.http import (
     ClientDisconnected,
     JSONResponse,
@@ -108,6 +110,9 @@ class App:
                 try:
                     if self._ctx is None and self._load is not None:
                         self._ctx = await asyncio.to_thread(self._load)
+                        if isinstance(self._ctx.engine, AsyncEngine):
+                            # An embedding server's thread reports through is_running only.
+                            self._ctx.engine.on_death = exit_on_engine_death
                 except Exception as e:
                     logger.exception("startup failed")
                     await send({"type": "lifespan.startup.failed", "message": str(e)})
@@ -115,6 +120,7 @@ class App:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 if self._ctx is not None:
+                    await self._ctx.guard.drain(self._ctx.config.drain_timeout)
                     self._ctx.engine.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -140,19 +146,30 @@ class App:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         style = error_style(path)
+        headers = header_map(scope)
         try:
-            if path == "/openapi.json" and scope["method"] == "GET":
-                await JSONResponse(self._openapi).send_to(send)
-                return
-            route, params = self._match(scope["method"], path)
-            headers = header_map(scope)
-            limit = self.ctx.config.max_body_size
-            body = await read_body(headers, receive, limit) if route.method == "POST" else b""
+            with self.ctx.guard.admit(path, headers):  # keys, per-key cap, drain
+                await self._admitted(scope, headers, receive, send, style)
         except ClientDisconnected:
             return
         except ApiError as e:
             await _send_error(send, style, e)
+
+    async def _admitted(
+        self,
+        scope: Scope,
+        headers: dict[bytes, bytes],
+        receive: Receive,
+        send: Send,
+        style: ErrorStyle,
+    ) -> None:
+        path = scope["path"]
+        if path == "/openapi.json" and scope["method"] == "GET":
+            await JSONResponse(self._openapi).send_to(send)
             return
+        route, params = self._match(scope["method"], path)
+        limit = self.ctx.config.max_body_size
+        body = await read_body(headers, receive, limit) if route.method == "POST" else b""
         request = Request(scope["method"], path, headers, body, params)
         work = asyncio.create_task(self._respond(route, request, send, style))
         watch = asyncio.create_task(_wait_for_disconnect(receive))

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, cast
 from ferrollm._core import Limits
 from ferrollm.config import ServerConfig
 from ferrollm.server.errors import ApiError
+from ferrollm.server.guard import Guard
 from ferrollm.server.metrics import Metrics
+from ferrollm.server.overload import Admission
 
 if TYPE_CHECKING:
     from ferrollm.engine import AsyncEngine
@@ -36,6 +38,13 @@ class ServerContext:
     #: Client-chosen MindIE ids of requests in flight (a duplicate gets 409, SPEC 1.12).
     active_ids: set[str] = field(default_factory=set)
     _counter: itertools.count[int] = field(default_factory=itertools.count)
+    #: Keys, the per-key cap and the drain (`Guard`); the queue bound (`Admission`).
+    guard: Guard = field(init=False)
+    admission: Admission = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.guard = Guard(self.config)
+        self.admission = Admission(self.config)
 
     @classmethod
     def build(cls, engine: AsyncEngine | AsyncEmbedder, config: ServerConfig) -> ServerContext:

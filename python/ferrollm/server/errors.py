@@ -87,6 +87,8 @@ def _is_engine_dead(error: BaseException) -> bool:
 
 _OPENAI_TYPES = {
     400: "invalid_request_error",
+    401: "authentication_error",
+    429: "rate_limit_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
     409: "invalid_request_error",
@@ -96,6 +98,8 @@ _OPENAI_TYPES = {
 }
 _MINDIE_TYPES = {
     400: "validation",
+    401: "unauthorized",
+    429: "too_many_requests",
     404: "not_found",
     405: "method_not_allowed",
     409: "conflict",
@@ -105,6 +109,8 @@ _MINDIE_TYPES = {
 }
 _DATABRICKS_CODES = {
     400: "BAD_REQUEST",
+    401: "UNAUTHENTICATED",
+    429: "REQUEST_LIMIT_EXCEEDED",
     404: "RESOURCE_DOES_NOT_EXIST",
     405: "BAD_REQUEST",
     409: "RESOURCE_CONFLICT",

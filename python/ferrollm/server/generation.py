@@ -10,6 +10,7 @@ computed the next one).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -65,22 +66,42 @@ class Timing:
 async def generate(
     ctx: ServerContext, request: EngineRequest, timing: Timing
 ) -> AsyncIterator[RequestOutput]:
-    """The request's outputs as the engine produces them; closing the iterator aborts it."""
+    """The request's outputs as the engine produces them; closing the iterator aborts it.
+
+    The request enters the engine only past the admission bound (503 otherwise), and gets the
+    server's ``request_timeout`` as its deadline when it names no timeout of its own."""
+    request = with_server_deadline(ctx, request)
+    with ctx.admission.waiting(request.num_prompt_tokens) as ticket:
+        stream = ctx.generator.generate(request)
+        try:
+            async for out in stream:
+                ticket.started()
+                yield _observed(ctx, request, timing, out)
+        finally:
+            await aclose(stream)
+
+
+def with_server_deadline(ctx: ServerContext, request: EngineRequest) -> EngineRequest:
+    """``request`` with the server's default deadline, unless it has a timeout of its own."""
+    timeout = ctx.config.request_timeout
+    if timeout is None or request.params.timeout_s is not None or request.deadline is not None:
+        return request
+    return dataclasses.replace(request, deadline=request.arrival_time + timeout)
+
+
+def _observed(
+    ctx: ServerContext, request: EngineRequest, timing: Timing, out: RequestOutput
+) -> RequestOutput:
     metrics = ctx.metrics
-    stream = ctx.generator.generate(request)
-    try:
-        async for out in stream:
-            if num_new := timing.observe(out):
-                metrics.generation_tokens.inc(num_new)
-                if timing.decode_ms:
-                    metrics.inter_token_latency.observe(timing.decode_ms[-1] / 1e3)
-                elif timing.prefill_ms is not None:
-                    metrics.time_to_first_token.observe(timing.prefill_ms / 1e3)
-            if out.finished:
-                _observe_finished(ctx, out, timing, request.num_prompt_tokens)
-            yield out
-    finally:
-        await aclose(stream)
+    if num_new := timing.observe(out):
+        metrics.generation_tokens.inc(num_new)
+        if timing.decode_ms:
+            metrics.inter_token_latency.observe(timing.decode_ms[-1] / 1e3)
+        elif timing.prefill_ms is not None:
+            metrics.time_to_first_token.observe(timing.prefill_ms / 1e3)
+    if out.finished:
+        _observe_finished(ctx, out, timing, request.num_prompt_tokens)
+    return out
 
 
 def _observe_finished(ctx: ServerContext, out: RequestOutput, timing: Timing, num: int) -> None:

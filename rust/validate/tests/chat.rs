@@ -37,6 +37,13 @@ const FIELDS: &[Case] = &[
     ("top_k", "-2", Some(("top_k", OUT_OF_RANGE))),
     ("top_k", "2147483648", Some(("top_k", OUT_OF_RANGE))),
     ("top_k", "1.5", Some(("top_k", WRONG_TYPE))),
+    // the `timeout` extra: seconds in (0, 3600], fractions allowed
+    ("timeout", "0.5", None),
+    ("timeout", "3600", None),
+    ("timeout", "0", Some(("timeout", OUT_OF_RANGE))),
+    ("timeout", "3600.5", Some(("timeout", OUT_OF_RANGE))),
+    ("timeout", "-1", Some(("timeout", OUT_OF_RANGE))),
+    ("timeout", r#""10""#, Some(("timeout", WRONG_TYPE))),
     // seed [0, 2^64-1]: 0 allowed here
     ("seed", "0", None),
     ("seed", "18446744073709551615", None),

@@ -28,6 +28,13 @@ const FIELDS: &[Case] = &[
     ("top_p", "1", None),
     ("top_p", "0.000001", Some(("top_p", OUT_OF_RANGE))),
     ("top_p", "0", Some(("top_p", OUT_OF_RANGE))),
+    // the `timeout` extra: seconds in (0, 3600], fractions allowed
+    ("timeout", "0.5", None),
+    ("timeout", "3600", None),
+    ("timeout", "0", Some(("timeout", OUT_OF_RANGE))),
+    ("timeout", "3600.5", Some(("timeout", OUT_OF_RANGE))),
+    ("timeout", "-1", Some(("timeout", OUT_OF_RANGE))),
+    ("timeout", r#""10""#, Some(("timeout", WRONG_TYPE))),
     // seed (0, 2^64-1]: 0 rejected here
     ("seed", "1", None),
     ("seed", "0", Some(("seed", OUT_OF_RANGE))),

@@ -16,6 +16,13 @@ const CHAT_FIELDS: &[Case] = &[
     ("max_tokens", "0", Some(("max_tokens", OUT_OF_RANGE))),
     ("max_tokens", "2.5", Some(("max_tokens", WRONG_TYPE))),
     ("stream", "false", None),
+    // the `timeout` extra: seconds in (0, 3600], fractions allowed
+    ("timeout", "0.5", None),
+    ("timeout", "3600", None),
+    ("timeout", "0", Some(("timeout", OUT_OF_RANGE))),
+    ("timeout", "3600.5", Some(("timeout", OUT_OF_RANGE))),
+    ("timeout", "-1", Some(("timeout", OUT_OF_RANGE))),
+    ("timeout", r#""10""#, Some(("timeout", WRONG_TYPE))),
     // temperature [0, 2]
     ("temperature", "0", None),
     ("temperature", "2", None),

@@ -5,6 +5,7 @@
 mod chat;
 mod completions;
 mod databricks;
+mod fuzz;
 mod generate;
 mod json;
 mod limits;

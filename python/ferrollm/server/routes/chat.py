@@ -32,6 +32,7 @@ from ferrollm.server.protocol.openai import (
 )
 from ferrollm.server.routes.common import (
     accept,
+    check_deadline,
     decode_body,
     engine_request,
     error_message,
@@ -96,6 +97,7 @@ async def serve_chat(
     async for out in stream:
         last = out
     assert last is not None  # the engine always ends a request with a finished output
+    check_deadline(last.outputs, req.params, truncate=valid.truncate)
     return JSONResponse(msgspec.json.encode(_response(chat, last, timing)))
 
 

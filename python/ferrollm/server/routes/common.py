@@ -13,7 +13,7 @@ import msgspec
 from ferrollm._core import CompiledGrammar, SamplingParams, ValidRequest, validate
 from ferrollm.engine.request import EngineRequest
 from ferrollm.server.context import ServerContext
-from ferrollm.server.errors import bad_request
+from ferrollm.server.errors import ApiError, bad_request
 
 T = TypeVar("T")
 
@@ -44,6 +44,10 @@ def decode_body(body: bytes) -> dict[str, Any]:
         value = msgspec.json.decode(body)
     except msgspec.DecodeError as e:
         raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:  # msgspec recurses per nesting level
+        raise bad_request(
+            "the request body is nested too deeply to decode", code="invalid_json"
+        ) from None
     if not isinstance(value, dict):
         raise bad_request(
             f"the request body must be a JSON object; got {type(value).__name__}",
@@ -134,6 +138,8 @@ def usage_counts(num_prompt_tokens: int, outputs: Sequence[Any]) -> tuple[int, i
 
 def error_message(reason: str | None, params: SamplingParams) -> str | None:
     """``err_msg`` for a request the engine ended abnormally (timeout, abort), else None."""
+    if reason == "timeout" and params.timeout_s is None:
+        return "request timed out (the server's request_timeout)"
     if reason == "timeout":
         return f"request timed out after {params.timeout_s:g} s"
     if reason == "abort":
@@ -146,3 +152,14 @@ def openai_finish_reason(reason: str | None) -> str | None:
     if reason is None:
         return None
     return "length" if reason == "length" else "stop"
+
+
+def check_deadline(outputs: Sequence[Any], params: SamplingParams, *, truncate: bool) -> None:
+    """A whole (non-streamed) response whose request ran past its deadline is a 504 (SPEC
+    1.14), unless Databricks ``error_behavior: "truncate"`` asked for the partial text."""
+    if truncate or not any(c.finish_reason == "timeout" for c in outputs):
+        return
+    message = error_message("timeout", params) if params.timeout_s is not None else None
+    raise ApiError(
+        504, message or "request timed out (the server's request_timeout)", code="timeout"
+    )

@@ -41,6 +41,7 @@ from ferrollm.server.protocol.openai import (
 )
 from ferrollm.server.routes.common import (
     accept,
+    check_deadline,
     decode_body,
     engine_request,
     error_message,
@@ -84,6 +85,8 @@ class _Batch:
     score_only: bool = False
     #: Per choice index: the next ``text_offset`` (streamed logprobs keep counting).
     offsets: dict[int, int] = field(default_factory=dict)
+    #: Databricks ``error_behavior: "truncate"``: a timeout returns the partial text.
+    truncate: bool = False
 
     @property
     def n(self) -> int:
@@ -112,6 +115,7 @@ async def serve_completions(
         valid.params.logprobs,
         valid.prompt_logprobs,
         valid.score_only,
+        truncate=valid.truncate,
     )
     grammar = await compiled_grammar(ctx, valid)
     for i, prompt in enumerate(valid.prompts):
@@ -126,7 +130,10 @@ async def serve_completions(
         return SSEResponse(_fake_stream(batch, await prime(merge(streams))))
     if valid.stream:
         return SSEResponse(_events(batch, await prime(merge(streams))))
-    return JSONResponse(msgspec.json.encode(_response(batch, await _finals(merge(streams)))))
+    finals = await _finals(merge(streams))
+    for i, out in finals.items():
+        check_deadline(out.outputs, batch.prompts[i].request.params, truncate=valid.truncate)
+    return JSONResponse(msgspec.json.encode(_response(batch, finals)))
 
 
 async def _finals(stream: AsyncIterator[tuple[int, RequestOutput]]) -> dict[int, RequestOutput]:
@@ -297,9 +304,24 @@ async def _events(
                     _finish(batch, chunks[-1], finals)
             for chunk in chunks:
                 yield sse_event(msgspec.json.encode(chunk))
+            if out.finished and len(finals) == len(batch.prompts):
+                timeout = _databricks_timeout(batch, finals)
+                if timeout is not None:
+                    yield _error_event(batch, timeout)
     except Exception as e:
         yield _error_event(batch, to_api_error(e))
     yield SSE_DONE
+
+
+def _databricks_timeout(batch: _Batch, finals: dict[int, RequestOutput]) -> ApiError | None:
+    """A Databricks stream that ran past its deadline ends with a DEADLINE_EXCEEDED error
+    event (its chunks have no ``err_msg``), unless ``error_behavior`` is "truncate"."""
+    if not batch.databricks or batch.truncate:
+        return None
+    message = _error_message(batch, [finals[i] for i in range(len(batch.prompts))])
+    if message is None or "timed out" not in message:
+        return None
+    return ApiError(504, message, code="timeout")
 
 
 def _stream_chunk(

@@ -41,6 +41,8 @@ async def ready(ctx: ServerContext, request: Request) -> Response:
     stalled = ctx.engine.seconds_since_progress()
     if not ctx.engine.is_running:
         return JSONResponse(b'{"ready": false, "reason": "engine stopped"}', 503)
+    if ctx.guard.draining:
+        return JSONResponse(b'{"ready": false, "reason": "shutting down"}', 503)
     if stalled > STALL_S:
         body = msgspec.json.encode(
             {"ready": False, "reason": f"no engine step finished for {stalled:.0f} s"}

@@ -1,0 +1,91 @@
+"""What every request passes before its handler: API keys, the per-key cap, and the drain.
+
+`Guard.admit(path, headers)` is the app's one call site: it refuses a request whose key is
+missing or wrong (401), whose key has too many requests in flight (429), or that arrives while
+the server drains (503), and counts the request in flight until the response is written.
+`Guard.drain(timeout)` runs at shutdown (Granian turns SIGTERM into the lifespan's shutdown):
+readiness turns 503, new requests get 503, and the requests in flight get up to ``timeout``
+seconds to finish before the engine stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from ferrollm.config import ServerConfig
+from ferrollm.server.auth import KeyRing
+from ferrollm.server.errors import ApiError
+
+logger = logging.getLogger("ferrollm.server")
+
+#: The worker's exit status when the engine thread died (Granian then exits non-zero too).
+EXIT_ENGINE_DEAD = 70
+#: Seconds the clean errors of in-flight requests get to reach their clients before the
+#: process exits after the engine died.
+DEATH_FLUSH_S = 1.0
+
+
+class Guard:
+    """Keys, the per-key cap and the drain of one server (lives on the event loop)."""
+
+    def __init__(self, config: ServerConfig, environ: Mapping[str, str] = os.environ) -> None:
+        self.keys = KeyRing(config, environ)
+        self._public = frozenset(config.public_paths)
+        self.draining = False
+        self.num_in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextmanager
+    def admit(self, path: str, headers: Mapping[bytes, bytes]) -> Iterator[None]:
+        """Hold one request in flight for the block; raises 401, 429 or 503 (draining)."""
+        public = path in self._public
+        if self.draining and not public:
+            raise ApiError(
+                503,
+                "the server is shutting down and takes no new requests",
+                code="shutting_down",
+                headers=((b"connection", b"close"),),
+            )
+        index = self.keys.identify(path, headers)
+        with self.keys.hold(index):
+            if public:
+                yield
+                return
+            self.num_in_flight += 1
+            self._idle.clear()
+            try:
+                yield
+            finally:
+                self.num_in_flight -= 1
+                if self.num_in_flight == 0:
+                    self._idle.set()
+
+    async def drain(self, timeout: float) -> bool:
+        """Refuse new requests and wait up to ``timeout`` s for those in flight; whether all
+        of them finished."""
+        self.draining = True
+        num = self.num_in_flight
+        logger.info("draining: %d requests in flight, up to %g s", num, timeout)
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            logger.warning(
+                "drain timeout: %d of %d requests still in flight are cut",
+                self.num_in_flight,
+                num,
+            )
+            return False
+        logger.info("drained: all %d requests in flight finished", num)
+        return True
+
+
+def exit_on_engine_death(cause: BaseException) -> None:
+    """The engine thread died: let the in-flight requests' errors go out, then exit the
+    worker non-zero so that a supervisor restarts the server."""
+    logger.critical("the engine died (%r); exiting with status %d", cause, EXIT_ENGINE_DEAD)
+    asyncio.get_running_loop().call_later(DEATH_FLUSH_S, os._exit, EXIT_ENGINE_DEAD)
