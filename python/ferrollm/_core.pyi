@@ -9,8 +9,10 @@ import numpy.typing as npt
 
 __all__ = [
     "FINISH_REASON_NAMES",
+    "CompiledGrammar",
     "DecodeStream",
     "Detokenizer",
+    "GrammarCompiler",
     "Limits",
     "QueueFullError",
     "SampleResult",
