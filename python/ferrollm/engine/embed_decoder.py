@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
-from ferrollm.executor.runner import ModelRunner
+from ferrollm.executor.runner import ModelRunner, SyntheticPlan
 from ferrollm.platforms import Platform
 
 
@@ -28,18 +27,6 @@ class DecoderShape:
 
     hidden_size: int
     max_input_tokens: int
-
-
-@dataclass(frozen=True)
-class _PrefillPlan:
-    input_ids: npt.NDArray[np.int64]
-    positions: npt.NDArray[np.int64]
-    slot_mapping: npt.NDArray[np.int64]
-    cu_seqlens_q: npt.NDArray[np.int32]
-    context_lens: npt.NDArray[np.int32]
-    block_tables: npt.NDArray[np.int32]
-    logits_indices: npt.NDArray[np.int64]
-    block_copies: npt.NDArray[np.int32]
 
 
 class DecoderEncoder:
@@ -73,7 +60,7 @@ class DecoderEncoder:
         table = np.zeros((len(lens), int(blocks_per.max())), dtype=np.int32)
         for i, (start, n) in enumerate(zip(first, blocks_per, strict=True)):
             table[i, :n] = np.arange(start, start + n)
-        plan = _PrefillPlan(
+        plan = SyntheticPlan(
             input_ids=input_ids.cpu().numpy(),
             positions=positions,
             slot_mapping=(first[row] * bs + positions).astype(np.int64),

@@ -108,8 +108,9 @@ class ModelRunner:
 
 
 @dataclass(frozen=True)
-class _DummyPlan:
-    """A synthetic one-row step for profiling: every key lives in block 1, over and over."""
+class SyntheticPlan:
+    """A step built outside the scheduler (profiling, scoring, prefill-only embedding): the
+    columns ``ModelRunner.run`` reads, as plain arrays."""
 
     input_ids: npt.NDArray[np.int64]
     positions: npt.NDArray[np.int64]
@@ -137,7 +138,7 @@ def profile_run(
     which is fine for a measurement). Size the real KV cache from the free memory after this.
     """
     positions = np.arange(num_tokens, dtype=np.int64)
-    plan = _DummyPlan(
+    plan = SyntheticPlan(
         input_ids=np.zeros(num_tokens, dtype=np.int64),
         positions=positions,
         slot_mapping=spec.block_size + positions % spec.block_size,
@@ -167,7 +168,7 @@ def teacher_forced_scores(
     n = len(token_ids)
     positions = np.arange(n, dtype=np.int64)
     num_blocks = -(-n // spec.block_size)
-    plan = _DummyPlan(
+    plan = SyntheticPlan(
         input_ids=token_ids.astype(np.int64),
         positions=positions,
         slot_mapping=spec.block_size + positions,
