@@ -137,7 +137,8 @@ impl Scheduler {
         let mut steps: Vec<BeamStep> = Vec::new();
         for (i, &key) in samples.iter().enumerate() {
             let s = self.seq(key);
-            if self.requests[&s.req_id].beam.is_none() {
+            // A request's group exists exactly when its parameters ask for beam search.
+            if !s.params.use_beam_search {
                 continue;
             }
             match steps.iter_mut().find(|g| g.req_id == s.req_id) {

@@ -164,9 +164,13 @@ impl Scheduler {
             .rows
             .iter()
             .zip(&rec.num_samples)
-            .filter(|(_, &n)| n > 0)
+            .filter(|(row, &n)| n > 0 && self.seq(row.key).grammar.is_some())
             .map(|(row, _)| (row.key, ()))
             .collect();
+        // A step without constrained rows (the usual one) touches nothing more.
+        if sampled.is_empty() {
+            return GrammarMasks::default();
+        }
         let mut states: Vec<(SeqKey, &mut crate::grammar::GrammarState)> = self
             .seqs
             .iter_mut()
