@@ -136,6 +136,9 @@ class SamplingParams:
     def stop_token_sequences(self) -> list[list[int]]: ...
     @property
     def include_stop_str_in_output(self) -> bool: ...
+    def keeping_special_tokens(self) -> SamplingParams:
+        """A copy that keeps special tokens in the output text (for a tool-call parser whose
+        marker is a special token)."""
     @property
     def skip_special_tokens(self) -> bool: ...
     @property
@@ -520,6 +523,10 @@ class SchedulerConfig:
 @final
 class CompiledGrammar:
     """A compiled grammar's initial state; each request that uses it follows its own copy."""
+
+    def check_tokens(self, token_ids: Sequence[int]) -> tuple[int, bool]:
+        """How many of ``token_ids`` the grammar takes in order from its start (it stops at
+        the first it refuses), and whether it could end right after them."""
 
 @final
 class GrammarCompiler:

@@ -108,6 +108,15 @@ impl GrammarState {
             .map_err(|e| self.error("grammar_error", e))
     }
 
+    /// How many of `tokens` the grammar takes in order from this state (it stops at the first
+    /// it refuses), and whether it could end right after them. This state is left unchanged.
+    pub fn check_tokens(&self, tokens: &[TokenId]) -> (usize, bool) {
+        let mut m = self.matcher.clone();
+        let taken = m.try_consume_tokens(tokens).unwrap_or(0);
+        let accepting = taken == tokens.len() && m.is_accepting().unwrap_or(false);
+        (taken, accepting)
+    }
+
     /// Whether the grammar has ended the output (nothing but EOS can follow).
     pub fn is_stopped(&self) -> bool {
         self.matcher.is_stopped()
@@ -279,7 +288,12 @@ fn check_regex_sizes(spec: &GrammarSpec) -> Result<(), String> {
                 schema_patterns(&schema, &mut regexes);
             }
         }
-        GrammarKind::Lark => regexes.extend(lark_terminals(&spec.text)),
+        GrammarKind::Lark => {
+            regexes.extend(lark_terminals(&spec.text));
+            for schema in lark_json_schemas(&spec.text) {
+                schema_patterns(&schema, &mut regexes);
+            }
+        }
         GrammarKind::JsonObject | GrammarKind::Choice => {}
     }
     for rx in &regexes {
@@ -315,6 +329,20 @@ fn schema_patterns(v: &serde_json::Value, out: &mut Vec<String>) {
         serde_json::Value::Array(items) => items.iter().for_each(|x| schema_patterns(x, out)),
         _ => {}
     }
+}
+
+/// The JSON schemas a Lark grammar embeds with `%json { ... }` (tool-call grammars do).
+fn lark_json_schemas(text: &str) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("%json") {
+        rest = &rest[at + "%json".len()..];
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<serde_json::Value>();
+        if let Some(Ok(schema)) = values.next() {
+            out.push(schema);
+        }
+    }
+    out
 }
 
 /// The `/.../` terminals of a Lark grammar (escaped slashes kept), roughly: enough to size them.

@@ -472,8 +472,7 @@ impl PyValidRequest {
     fn messages<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.member(py, "messages")
     }
-    /// The tools to show the chat template: the body's list when it has any (only with
-    /// `tool_choice: "none"` until tool calling is built), else None.
+    /// The body's `tools` when it has any, else None.
     #[getter]
     fn tools<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         match self.inner.switches.has_tools {
