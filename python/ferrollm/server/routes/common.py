@@ -77,11 +77,15 @@ def engine_request(
     prompt: str | None = None,
     index: int | None = None,
     grammar: CompiledGrammar | None = None,
+    keep_special_tokens: bool = False,
 ) -> EngineRequest:
     """The engine's request for one tokenized prompt of ``valid`` (``index``: its place in a
     batch): cut under ``error_behavior: "truncate"``, then the prompt-token limit and the
-    output cap, in one call; ``grammar`` is its compiled structured-output grammar."""
+    output cap, in one call; ``grammar`` is its compiled structured-output or tool grammar;
+    ``keep_special_tokens`` keeps them in the text (a tool-call marker that is one)."""
     ids, params = valid.fit_prompt(token_ids, index)
+    if keep_special_tokens:
+        params = params.keeping_special_tokens()
     return EngineRequest(request_id, ids, params, arrival, prompt=prompt, grammar=grammar)
 
 
