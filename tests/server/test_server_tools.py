@@ -313,3 +313,29 @@ def test_a_server_without_a_parser_refuses_tools(hermes: Server) -> None:
     assert error["param"] == "tools" and error["code"] == "unsupported"
     response = hermes.post(ROUTE_PATHS["chat"], chat(tool_choice="none", max_tokens=2), app=app)
     assert response.status_code == 200
+
+
+def test_each_of_n_choices_reads_its_own_calls(hermes: Server) -> None:
+    body = chat(tool_choice="required", seed=11, n=3)
+    whole = hermes.post(ROUTE_PATHS["chat"], body).json()["choices"]
+    assert len(whole) == 3
+    for choice in whole:
+        if choice["finish_reason"] == "tool_calls":
+            check_calls(choice["message"], set(SCHEMAS))
+    # Streamed, the chunks of the three interleave; each index re-assembles to its own calls.
+    response = hermes.post(ROUTE_PATHS["chat"], {**body, "stream": True})
+    calls: dict[int, dict[int, list[str]]] = {}
+    for event in sse_json(response, done=True):
+        for choice in event["choices"]:
+            for piece in choice["delta"].get("tool_calls") or []:
+                per = calls.setdefault(choice["index"], {})
+                if "id" in piece:
+                    per[piece["index"]] = [piece["function"]["name"], ""]
+                per[piece["index"]][1] += piece["function"]["arguments"]
+    for choice in whole:
+        expected = [
+            [c["function"]["name"], c["function"]["arguments"]]
+            for c in choice["message"]["tool_calls"] or []
+        ]
+        got = calls.get(choice["index"], {})
+        assert [got[i] for i in sorted(got)] == expected or choice["finish_reason"] == "length"
