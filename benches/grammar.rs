@@ -3,9 +3,15 @@
 //! across rows, as the scheduler does) and the consumption of one allowed token. Vocabularies of
 //! 49,152 (SmolLM2's size) and 151,936 (Qwen2.5's) synthetic byte-level tokens; rows 1/32/128.
 //! A row that completes its object starts over from a fresh state, so every step is mid-output.
+//! With `FERROLLM_BENCH_TOKENIZER` (a tokenizer.json) and `FERROLLM_BENCH_EOS` (its EOS id), the
+//! same steps run over that real vocabulary too (`benches/grammar_backends.py` sets them, to put
+//! xgrammar and outlines-core beside it on the same tokenizer).
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use _core::detok::Detokenizer;
 use _core::grammar::{GrammarCompiler, GrammarKind, GrammarSpec, GrammarState};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rand::rngs::SmallRng;
@@ -66,16 +72,16 @@ fn vocabulary(size: usize) -> Vec<(Vec<u8>, bool)> {
 
 /// One decoding step for every row: its mask, then one allowed token (not EOS while another
 /// is allowed) consumed; a finished row starts over.
-fn step(rows: &mut [(GrammarState, SmallRng)], fresh: &GrammarState) {
+fn step(rows: &mut [(GrammarState, SmallRng)], fresh: &GrammarState, eos: u32) {
     rows.par_iter_mut().for_each(|(state, rng)| {
         let mask = state.mask().expect("mask");
         let vocab = mask.len();
         let start = rng.random_range(0..vocab);
         let pick = (0..vocab)
             .map(|i| (start + i) % vocab)
-            .find(|&t| t != 0 && mask.is_allowed(t as u32))
-            .unwrap_or(0);
-        if pick == 0 || state.consume(pick as u32).is_err() || state.is_stopped() {
+            .find(|&t| t as u32 != eos && mask.is_allowed(t as u32))
+            .map_or(eos, |t| t as u32);
+        if pick == eos || state.consume(pick).is_err() || state.is_stopped() {
             *state = fresh.clone();
         }
     });
@@ -85,8 +91,29 @@ fn bench_grammar(c: &mut Criterion) {
     let mut group = c.benchmark_group("grammar_step");
     group.measurement_time(Duration::from_secs(3));
     group.warm_up_time(Duration::from_secs(1));
-    for vocab in [49_152usize, 151_936] {
-        let compiler = GrammarCompiler::from_vocab(&vocabulary(vocab), &[0]).expect("compiler");
+    let mut compilers: Vec<(String, GrammarCompiler, u32)> = [49_152usize, 151_936]
+        .into_iter()
+        .map(|size| {
+            let compiler = GrammarCompiler::from_vocab(&vocabulary(size), &[0]).expect("compiler");
+            (format!("vocab{size}"), compiler, 0)
+        })
+        .collect();
+    if let Ok(path) = std::env::var("FERROLLM_BENCH_TOKENIZER") {
+        let json = std::fs::read_to_string(&path).expect("FERROLLM_BENCH_TOKENIZER is readable");
+        let detok = Arc::new(Detokenizer::from_json(&json).expect("a tokenizer.json"));
+        let eos: u32 = std::env::var("FERROLLM_BENCH_EOS")
+            .ok()
+            .and_then(|e| e.parse().ok())
+            .unwrap_or(0);
+        let name = format!("tokenizer{}", detok.vocab_size());
+        compilers.push((
+            name,
+            GrammarCompiler::new(detok, &[eos]).expect("compiler"),
+            eos,
+        ));
+    }
+    for (name, compiler, eos) in &compilers {
+        let eos = *eos;
         let spec = GrammarSpec {
             kind: GrammarKind::JsonSchema,
             text: SCHEMA.to_string(),
@@ -100,14 +127,14 @@ fn bench_grammar(c: &mut Criterion) {
             // Spread the rows over different points of the object.
             for k in 0..rows {
                 for _ in 0..(k * 7) % 40 {
-                    step(&mut states[k..=k], &fresh);
+                    step(&mut states[k..=k], &fresh, eos);
                 }
             }
             group.throughput(Throughput::Elements(rows as u64));
             group.bench_with_input(
-                BenchmarkId::new(format!("vocab{vocab}"), format!("rows{rows}")),
+                BenchmarkId::new(name, format!("rows{rows}")),
                 &rows,
-                |b, _| b.iter(|| step(&mut states, &fresh)),
+                |b, _| b.iter(|| step(&mut states, &fresh, eos)),
             );
         }
     }
