@@ -475,11 +475,16 @@ class SchedulerConfig:
         logprobs_mode: str = "raw",
         vocab_size: int = 0,
         seed: int | None = None,
+        prefill_only: bool = False,
     ) -> SchedulerConfig:
         """``logprobs_mode`` is ``"raw"`` (vLLM's default: log-softmax of the model's logits)
         or ``"processed"`` (the distribution actually sampled from). ``vocab_size`` (0 =
         unknown) lets ``add_request`` reject prompts and parameters that do not fit the model.
-        ``seed`` makes the seeds of unseeded requests deterministic, so a run replays."""
+        ``seed`` makes the seeds of unseeded requests deterministic, so a run replays.
+        ``prefill_only`` (embedding models): each request is one whole forward over its prompt,
+        packed by the token budget, never chunked, ended by ``update(step_id, [])`` with its
+        blocks freed; needs ``max_model_len <= max_num_batched_tokens`` and no prefix
+        caching."""
     @property
     def num_blocks(self) -> int:
         """KV blocks in the pool, the null block included."""
@@ -516,6 +521,9 @@ class SchedulerConfig:
     @property
     def seed(self) -> int | None:
         """Seed of the seeds of unseeded requests; None = OS-random."""
+    @property
+    def prefill_only(self) -> bool:
+        """Prefill-only (embedding) mode: one whole forward per request, nothing kept."""
 
 @final
 class CompiledGrammar:

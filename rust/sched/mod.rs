@@ -26,6 +26,7 @@ mod finish;
 mod intake;
 mod invariants;
 mod plan;
+mod prefill;
 mod preempt;
 mod queue;
 mod rank;
