@@ -79,7 +79,9 @@ impl Scheduler {
             Some(field) => Err(CoreError::invalid(
                 field,
                 "unsupported",
-                format!("`{field}` is not supported by a prefill-only scheduler: it samples nothing"),
+                format!(
+                    "`{field}` is not supported by a prefill-only scheduler: it samples nothing"
+                ),
             )),
             None => Ok(()),
         }

@@ -47,8 +47,15 @@ fn run_step(s: &mut Scheduler, now: f64) -> Vec<u64> {
     assert_eq!(plan.num_decode_tokens, 0);
     let out = s.update(plan.step_id, &[]).unwrap();
     s.check_invariants().unwrap();
-    assert_eq!(out.finished_req_ids, plan.req_ids, "every row ends, in row order");
-    assert_eq!(s.stats().num_used_blocks, 0, "no block kept after the forward");
+    assert_eq!(
+        out.finished_req_ids, plan.req_ids,
+        "every row ends, in row order"
+    );
+    assert_eq!(
+        s.stats().num_used_blocks,
+        0,
+        "no block kept after the forward"
+    );
     assert_eq!(s.stats().num_running_seqs, 0);
     plan.req_ids
 }
@@ -56,7 +63,16 @@ fn run_step(s: &mut Scheduler, now: f64) -> Vec<u64> {
 #[test]
 fn packs_whole_inputs_in_order_within_budget_and_seats() {
     let mut s = Scheduler::new(prefill_cfg(10, 3, 10)).unwrap();
-    for (id, len) in [(1, 5), (2, 5), (3, 5), (4, 10), (5, 1), (6, 1), (7, 1), (8, 1)] {
+    for (id, len) in [
+        (1, 5),
+        (2, 5),
+        (3, 5),
+        (4, 10),
+        (5, 1),
+        (6, 1),
+        (7, 1),
+        (8, 1),
+    ] {
         s.add_request(input(id, len, 3, id as f64)).unwrap();
     }
     let plan = s.schedule(100.0);
@@ -66,7 +82,11 @@ fn packs_whole_inputs_in_order_within_budget_and_seats() {
     assert_eq!(plan.positions, [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]);
     assert_eq!(plan.context_lens, vec![5, 5]);
     assert!(plan.logits_indices.is_empty());
-    assert_eq!(s.stats().num_used_blocks, 4, "blocks are held during the forward only");
+    assert_eq!(
+        s.stats().num_used_blocks,
+        4,
+        "blocks are held during the forward only"
+    );
     s.update(plan.step_id, &[]).unwrap();
     // 10 tokens do not fit beside the 5 left at the head: it waits (no overtaking).
     assert_eq!(run_step(&mut s, 101.0), vec![3]);
