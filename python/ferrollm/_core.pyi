@@ -255,10 +255,11 @@ def validate(
 
     ``route`` is "generate", "generate_stream", "chat", "completions", "databricks_chat",
     "databricks_completions", "databricks_embeddings", "embeddings" (``/v1/embeddings``), "trt"
-    or "offline". Each route keeps its own ranges. The rules that need the prompt's token count come after tokenizing:
-    ``ValidRequest.fit_prompt`` / ``with_prompt_tokens`` apply the prompt-token limit and the
-    output cap ``min(max_tokens or the route default, max_iter_times, max_model_len -
-    prompt_tokens)``. Raises ValidationError whose ``param`` is the field path as the client
+    or "offline". Each route keeps its own ranges. The rules that need the prompt's token count
+    come after tokenizing: ``ValidRequest.fit_prompt`` / ``with_prompt_tokens`` apply the
+    prompt-token limit and the output cap ``min(max_tokens or the route default,
+    max_iter_times, max_model_len - prompt_tokens)`` (``check_input_tokens`` the embeddings
+    limits). Raises ValidationError whose ``param`` is the field path as the client
     wrote it (``messages[0].content[1].type``) and whose ``code`` is a stable tag
     (``out_of_range``, ``wrong_type``, ``missing``, ``too_long``, ``empty``, ``conflict``,
     ``unsupported_content_type``, ``invalid_format``, ``invalid_value``, ``too_many``,

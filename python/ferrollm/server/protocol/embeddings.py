@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from msgspec import Struct
 
+
 class EmbeddingRequest(Struct, kw_only=True):
     """OpenAI ``POST /v1/embeddings`` (and vLLM's ``truncate_prompt_tokens``)."""
 

@@ -35,14 +35,15 @@ async def embeddings(ctx: ServerContext, request: Request) -> Response:
     inputs = valid.prompts
     e = embedder.embedder
     truncate = valid.truncate_prompt_tokens
+    texts = [t for t in inputs if isinstance(t, str)]
     ids: list[list[int]]
-    if isinstance(inputs[0], str):
-        texts: list[str] = [str(t) for t in inputs]
+    if texts:  # the validator refuses a mix of text and token ids
         ids = await run_sized(sum(map(len, texts)), e.encode, texts)
         if truncate:
             ids = [e.tokenizer.truncate(i, truncate) for i in ids]
     else:
-        ids = [list(i)[:truncate] if truncate else list(i) for i in inputs]
+        lists = [i for i in inputs if not isinstance(i, str)]
+        ids = [i[:truncate] if truncate else list(i) for i in lists]
     num_tokens = valid.check_input_tokens([len(i) for i in ids])
     vectors = await embedder.embed(ids)
     response = EmbeddingResponse(
