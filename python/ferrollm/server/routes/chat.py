@@ -18,7 +18,7 @@ import msgspec
 from ferrollm.engine import CompletionOutput, RequestOutput
 from ferrollm.engine.request import EngineRequest
 from ferrollm.server.context import ServerContext
-from ferrollm.server.errors import ErrorStyle, error_body, to_api_error
+from ferrollm.server.errors import ApiError, ErrorStyle, error_body, to_api_error
 from ferrollm.server.generation import Timing, generate, prime
 from ferrollm.server.http import SSE_DONE, JSONResponse, Request, Response, SSEResponse, sse_event
 from ferrollm.server.protocol.openai import (
@@ -107,7 +107,7 @@ def _response(chat: _Chat, out: RequestOutput, timing: Timing) -> ChatCompletion
             c.index,
             ResponseMessage(c.text),
             None if c.logprobs is None else chat_logprobs(c.logprobs),
-            openai_finish_reason(c.finish_reason),
+            openai_finish_reason(c.finish_reason, databricks=not chat.flavor.mindie),
             c.stop_reason,
         )
         for c in out.outputs
@@ -148,6 +148,10 @@ async def _events(chat: _Chat, stream: AsyncIterator[RequestOutput]) -> AsyncIte
                 _finish(chat, chunks[-1], out)
             for chunk in chunks:
                 yield sse_event(msgspec.json.encode(chunk))
+            if out.finished and not chat.flavor.mindie:
+                timeout = _databricks_timeout(chat, out)
+                if timeout is not None:  # Databricks: an error event, not err_msg (SPEC 1.13)
+                    yield sse_event(error_body(ErrorStyle.DATABRICKS, timeout))
     except Exception as e:
         error = to_api_error(e)
         if not chat.flavor.mindie:  # Databricks: an error event, then [DONE]
@@ -172,7 +176,10 @@ def _chunk(chat: _Chat, c: CompletionOutput, done: set[int]) -> ChatCompletionCh
         logprobs = chat_logprobs(c.new_logprobs)
     content = c.text if chat.full_text else c.new_text
     choice = ChatChunkChoice(
-        c.index, Delta(content), logprobs, openai_finish_reason(c.finish_reason)
+        c.index,
+        Delta(content),
+        logprobs,
+        openai_finish_reason(c.finish_reason, databricks=not chat.flavor.mindie),
     )
     return _new_chunk(chat, choice)
 
@@ -193,5 +200,14 @@ def _finish(chat: _Chat, chunk: ChatCompletionChunk, out: RequestOutput) -> None
     if chat.full_text:
         chunk.full_text = c.text
     message = error_message(c.finish_reason, chat.request.params)
-    if message is not None:
+    if message is not None and chat.flavor.mindie:
         chunk.err_msg = message
+
+
+def _databricks_timeout(chat: _Chat, out: RequestOutput) -> ApiError | None:
+    """The DEADLINE_EXCEEDED error a Databricks stream past its deadline ends with."""
+    for c in out.outputs:
+        if c.finish_reason == "timeout":
+            message = error_message(c.finish_reason, chat.request.params)
+            return ApiError(504, message or "request timed out", code="timeout")
+    return None
