@@ -80,8 +80,9 @@ bench-throughput: build ## offline tokens/s on the default model, ferrollm vs tr
 	$(VPY) benches/throughput.py
 
 FUZZ_CASES ?= 200000
-fuzz: ## (slow) the Rust validation fuzz test with FUZZ_CASES random bodies per route
-	FERROLLM_FUZZ_CASES=$(FUZZ_CASES) cargo test --release --quiet --lib fuzz
+fuzz: $(STAMP) ## (slow) the fuzz tests (validation, detok stream, stop matcher, GGUF readers) with FUZZ_CASES cases each
+	FERROLLM_FUZZ_CASES=$(FUZZ_CASES) cargo test --release --quiet --lib fuzz -- --nocapture
+	FERROLLM_FUZZ_CASES=$(FUZZ_CASES) $(VPY) -m pytest -q -s tests/engine/test_gguf_fuzz.py
 
 FUZZ_HTTP_EXAMPLES ?= 1000
 fuzz-http: build ## (slow) schemathesis on /openapi.json of a real server, FUZZ_HTTP_EXAMPLES per operation

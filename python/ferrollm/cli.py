@@ -54,8 +54,11 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--ssl-keyfile": ("ssl_keyfile", str, "TLS private key (PEM)"),
     "--ssl-ca-certs": ("ssl_ca_certs", str, "CA bundle: require and verify client certificates"),
     "--drain-timeout": ("drain_timeout", float, "seconds in-flight requests get after SIGTERM"),
-    "--body-read-timeout": ("body_read_timeout", float, "seconds a client may take to send a "
-                            "request body (default 30; slower: 408)"),
+    "--body-read-timeout": (
+        "body_read_timeout",
+        float,
+        "seconds a client may take to send a request body (default 30; slower: 408)",
+    ),
 }
 # Repeatable flags: flag -> (option name, help).
 _LIST_FLAGS: dict[str, tuple[str, str]] = {

@@ -355,15 +355,15 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
             )
         if operator == "*":
             for seq, times in ((left, right), (right, left)):
-                if isinstance(seq, (str, list)) and isinstance(times, int):
-                    if len(seq) * times > MAX_RENDER_CHARS:
-                        raise _too_large(len(seq) * times)
-        if operator == "+" and isinstance(left, (str, list)) and isinstance(right, (str, list)):
-            if len(left) + len(right) > MAX_RENDER_CHARS:
-                raise _too_large(len(left) + len(right))
+                size = len(seq) * times if isinstance(seq, (str, list)) else 0
+                if isinstance(times, int) and size > MAX_RENDER_CHARS:
+                    raise _too_large(size)
+        sequences = isinstance(left, (str, list)) and isinstance(right, (str, list))
+        if operator == "+" and sequences and len(left) + len(right) > MAX_RENDER_CHARS:
+            raise _too_large(len(left) + len(right))
         return super().call_binop(context, operator, left, right)
 
-    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         _tick()
         for arg in (*args, *kwargs.values()):  # "x".ljust(10**10) would allocate first
             if isinstance(arg, int) and not isinstance(arg, bool) and arg > MAX_RENDER_CHARS:

@@ -18,11 +18,12 @@ from .e2e_support import MODEL, Server, launch_server
 SMALL = {"model": MODEL, "prompt": "Hi", "max_tokens": 1}
 #: Every JSON route of a generation server, with a body that names one key twice (at the top
 #: or nested). (/v1/embeddings shares `decode_body`; on this server it is a 400 before that.)
+M = f'"model": "{MODEL}"'
 DUPLICATES = {
-    "/v1/completions": ('{"model": "%s", "prompt": "Hi", "max_tokens": 1, "max_tokens": 2}'
-                        % MODEL, "max_tokens"),
-    "/v1/chat/completions": ('{"model": "%s", "messages": [{"role": "user", "content": "a", '
-                             '"content": "b"}]}' % MODEL, "content"),
+    "/v1/completions": (f'{{{M}, "prompt": "Hi", "max_tokens": 1, "max_tokens": 2}}',
+                        "max_tokens"),
+    "/v1/chat/completions": (f'{{{M}, "messages": [{{"role": "user", "content": "a", '
+                             '"content": "b"}]}', "content"),
     f"/v2/models/{MODEL}/generate": ('{"text_input": "Hi", "parameters": {"max_new_tokens": 1, '
                                      '"max_new_tokens": 2}}', "max_new_tokens"),
     f"/v2/models/{MODEL}/generate_stream": ('{"text_input": "a", "text_input": "b"}',
@@ -43,8 +44,8 @@ def test_a_duplicate_json_key_is_refused_naming_the_key(server: Server, path: st
     assert response.status_code == 400, response.text
     assert f"`{key}`: the key appears twice in one JSON object" in response.text
     # the same keys in different objects are not duplicates
-    ok = '{"model": "%s", "messages": [{"role": "user", "content": "a"}, ' % MODEL
-    ok += '{"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}], "max_tokens": 1}'
+    ok = f'{{{M}, "max_tokens": 1, "messages": [{{"role": "user", "content": "a"}}, '
+    ok += '{"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]}'
     assert server.http.post("/v1/chat/completions", content=ok).status_code == 200
 
 
@@ -88,7 +89,9 @@ def test_a_header_flood_is_refused_and_serving_goes_on(server: Server, flood: st
 
 
 def test_any_host_is_served_by_default(server: Server) -> None:
-    answer = _raw(server, b"GET /health HTTP/1.1\r\nhost: evil.example\r\nconnection: close\r\n\r\n")
+    answer = _raw(
+        server, b"GET /health HTTP/1.1\r\nhost: evil.example\r\nconnection: close\r\n\r\n"
+    )
     assert _status(answer) == 200, answer[:200]
 
 

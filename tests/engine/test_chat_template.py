@@ -202,7 +202,8 @@ def _tiny_detokenizer() -> Any:
 
 
 _RUNAWAY = {
-    "nested loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "nested loops": "{% for i in range(100000) %}{% for j in range(100000) %}"
+    "{% endfor %}{% endfor %}",
     "a loop of lookups": "{% for i in range(100000) %}{% for j in range(100000) %}"
     "{{ messages[0].role[:0] }}{% endfor %}{% endfor %}",
 }
@@ -223,11 +224,13 @@ def test_a_template_that_loops_is_stopped_at_the_time_bound(
 ) -> None:
     monkeypatch.setattr("ferrollm.tokenizer.MAX_RENDER_SECONDS", 0.3)
     started = time.monotonic()
-    with pytest.raises(ChatTemplateError, match="longer than 0.3 s"):
+    with pytest.raises(ChatTemplateError, match=r"longer than 0\.3 s"):
         ChatTemplate(source).render([{"role": "user", "content": "Hi"}])
     assert time.monotonic() - started < 3.0
     # the bound belongs to one render: the next one has its own
-    assert ChatTemplate("{{ messages[0].content }}").render([{"role": "u", "content": "ok"}]) == "ok"
+    assert (
+        ChatTemplate("{{ messages[0].content }}").render([{"role": "u", "content": "ok"}]) == "ok"
+    )
 
 
 @pytest.mark.parametrize("source", list(_HUGE.values()), ids=list(_HUGE))
@@ -235,7 +238,7 @@ def test_a_template_that_builds_an_enormous_string_is_stopped_before_it_allocate
     source: str,
 ) -> None:
     started = time.monotonic()
-    with pytest.raises(ChatTemplateError, match="MAX_RENDER_CHARS|exponent|recursed"):
+    with pytest.raises(ChatTemplateError, match=r"MAX_RENDER_CHARS|exponent|recursed"):
         ChatTemplate(source).render([{"role": "user", "content": "Hi"}])
     assert time.monotonic() - started < 3.0
 

@@ -107,10 +107,12 @@ def test_the_valid_file_reads(tmp_path: Path) -> None:
          + b"general.alignment" + struct.pack("<II", 4, 0)),
     ],
 )  # fmt: skip
-def test_corrupt_headers_raise_the_readers_own_error(tmp_path: Path, name: str, data: bytes) -> None:
+def test_corrupt_headers_raise_the_readers_own_error(
+    tmp_path: Path, name: str, data: bytes
+) -> None:
     path = tmp_path / "bad.gguf"
     path.write_bytes(data)
-    with pytest.raises(GGUFFormatError, match="bad.gguf"):
+    with pytest.raises(GGUFFormatError, match=r"bad\.gguf"):
         GGUFFile(path)
 
 
@@ -118,7 +120,8 @@ def test_malformed_tokenizer_metadata_raises_unsupported_model_error() -> None:
     for meta in [
         {"tokenizer.ggml.model": "gpt2"},  # no tokens
         {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": 5},
-        {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"], "tokenizer.ggml.scores": 1},
+        {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"],
+         "tokenizer.ggml.scores": 1},
         {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a"],
          "tokenizer.ggml.merges": ["a"], "tokenizer.ggml.bos_token_id": "x"},
         {"tokenizer.ggml.model": 7},
