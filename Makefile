@@ -19,7 +19,7 @@ RUNTIME_PIP_ARGS ?=
 export PYO3_PYTHON := $(VPY)
 
 .PHONY: help venv build test test-rust test-python lint fmt bench bench-throughput serve clean \
-	check-runtime-install fuzz bench-overload bench-soak
+	check-runtime-install fuzz fuzz-http bench-overload bench-soak
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -80,8 +80,13 @@ bench-throughput: build ## offline tokens/s on the default model, ferrollm vs tr
 	$(VPY) benches/throughput.py
 
 FUZZ_CASES ?= 200000
-fuzz: ## (slow) the Rust validation fuzz test with FUZZ_CASES random bodies per route
-	FERROLLM_FUZZ_CASES=$(FUZZ_CASES) cargo test --release --quiet --lib fuzz
+fuzz: $(STAMP) ## (slow) the fuzz tests (validation, detok stream, stop matcher, GGUF readers) with FUZZ_CASES cases each
+	FERROLLM_FUZZ_CASES=$(FUZZ_CASES) cargo test --release --quiet --lib fuzz -- --nocapture
+	FERROLLM_FUZZ_CASES=$(FUZZ_CASES) $(VPY) -m pytest -q -s tests/engine/test_gguf_fuzz.py
+
+FUZZ_HTTP_EXAMPLES ?= 1000
+fuzz-http: build ## (slow) schemathesis on /openapi.json of a real server, FUZZ_HTTP_EXAMPLES per operation
+	FERROLLM_FUZZ_HTTP_EXAMPLES=$(FUZZ_HTTP_EXAMPLES) $(VPY) -m pytest -q tests/e2e/test_e2e_schemathesis.py
 
 bench-overload: build ## (slow) closed-loop load at 1x, 2x and 5x capacity on a server it starts
 	$(VPY) benches/overload.py

@@ -59,12 +59,19 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
         "tool calls: auto (from the chat template), none, hermes, llama3_json, mistral or chatglm3",
     ),
     "--drain-timeout": ("drain_timeout", float, "seconds in-flight requests get after SIGTERM"),
+    "--body-read-timeout": (
+        "body_read_timeout",
+        float,
+        "seconds a client may take to send a request body (default 30; slower: 408)",
+    ),
 }
 # Repeatable flags: flag -> (option name, help).
 _LIST_FLAGS: dict[str, tuple[str, str]] = {
     "--api-key": ("api_keys", "an API key clients must send as a Bearer token (repeatable)"),
     "--public-path": ("public_paths", "a path served without a key (repeatable; replaces the "
                       "default: health, metrics, /openapi.json)"),
+    "--allowed-host": ("allowed_hosts", "a Host header name the server answers to (repeatable; "
+                       "default: any); others get 400"),
 }  # fmt: skip
 
 

@@ -372,6 +372,13 @@ class ServerConfig:
     #: How tool calls are written and parsed: a family, "auto" (detected from the chat
     #: template) or "none" (requests with tools are refused unless ``tool_choice`` is "none").
     tool_call_parser: str = "auto"
+    #: ``Host`` header values (the name, without the port; case-insensitive) the server
+    #: answers to; any other gets 400. Empty (the default) = any host (no DNS-rebinding
+    #: protection: put the names the server is reached by here when that matters).
+    allowed_hosts: tuple[str, ...] = ()
+    #: Seconds a client may take to send its whole request body after its headers; a client
+    #: that trickles it slower gets 408 and the connection is closed.
+    body_read_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         check_reliability_options(self)
@@ -459,7 +466,7 @@ def read_options_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 def check_reliability_options(config: ServerConfig) -> None:
     """Check (and normalise: lists -> tuples) the keys, deadline, admission, TLS and drain
     options of ``config``; raises EngineConfigError naming the option."""
-    for option in ("api_keys", "public_paths"):
+    for option in ("api_keys", "public_paths", "allowed_hosts"):
         value = getattr(config, option)
         if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
             raise EngineConfigError(
@@ -468,7 +475,8 @@ def check_reliability_options(config: ServerConfig) -> None:
         object.__setattr__(config, option, tuple(value))
     for option in ("max_concurrent_per_key", "max_waiting_requests", "max_waiting_tokens"):
         _positive_int(option, getattr(config, option))
-    for option in ("request_timeout", "drain_timeout"):
+    object.__setattr__(config, "allowed_hosts", tuple(h.lower() for h in config.allowed_hosts))
+    for option in ("request_timeout", "drain_timeout", "body_read_timeout"):
         value = getattr(config, option)
         if value is None and option == "request_timeout":
             continue

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +24,7 @@ import jinja2.ext
 import jinja2.nodes
 import jinja2.parser
 import numpy as np
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 from ferrollm._core import Detokenizer
 
@@ -35,6 +37,15 @@ Message = Mapping[str, Any]
 
 class ChatTemplateError(ValueError):
     """The chat template failed to compile or render; the message is the template's."""
+
+
+#: A render that takes longer than this (seconds) is stopped: a template that loops (a
+#: ``range`` nested in a ``range``, a recursive macro) ends its request, not the server.
+MAX_RENDER_SECONDS = 5.0
+#: Characters a render may produce (and any string or list it builds on the way) at most.
+MAX_RENDER_CHARS = 32 * 1024 * 1024
+#: The largest exponent ``**`` may take (``2 ** 10**9`` would compute for minutes).
+_MAX_EXPONENT = 4096
 
 
 class ChatTemplate:
@@ -73,10 +84,24 @@ class ChatTemplate:
             "documents": None,
             "add_generation_prompt": add_generation_prompt,
         }
+        _budget.deadline = time.monotonic() + MAX_RENDER_SECONDS
         try:
-            return self._template.render(**variables)
+            pieces = []
+            size = 0
+            for piece in self._template.generate(**variables):
+                size += len(piece)
+                if size > MAX_RENDER_CHARS:
+                    raise _too_large(size)
+                pieces.append(piece)
+            return "".join(pieces)
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"chat template error: {e.message or e}") from e
+        except (RecursionError, MemoryError) as e:
+            raise ChatTemplateError(
+                f"chat template error: the template recursed or allocated without bound ({e!r})"
+            ) from None
+        finally:
+            _budget.deadline = None
 
 
 class Tokenizer:
@@ -217,6 +242,8 @@ class _Namespace(jinja2.utils.Namespace):
 
     def __setitem__(self, name: str, value: Any) -> None:
         _Namespace._check(name)
+        _tick()
+        _check_size(value)  # a string doubled through a namespace in a loop
         jinja2.utils.Namespace.__setitem__(self, name, value)
 
     @staticmethod
@@ -258,9 +285,105 @@ def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
 
+class _Budget(threading.local):
+    """The deadline of the render running on this thread (None: none running)."""
+
+    deadline: float | None = None
+
+
+_budget = _Budget()
+
+
+def _tick() -> None:
+    deadline = _budget.deadline
+    if deadline is not None and time.monotonic() > deadline:
+        raise ChatTemplateError(
+            f"chat template error: rendering took longer than {MAX_RENDER_SECONDS:g} s "
+            "(MAX_RENDER_SECONDS); the template loops or does too much work"
+        )
+
+
+def _too_large(size: int) -> ChatTemplateError:
+    return ChatTemplateError(
+        f"chat template error: the template produced {size} characters or more, past the "
+        f"limit of {MAX_RENDER_CHARS} (MAX_RENDER_CHARS)"
+    )
+
+
+def _check_size(value: Any) -> None:
+    if isinstance(value, (str, list, tuple, dict)) and len(value) > MAX_RENDER_CHARS:
+        raise _too_large(len(value))
+
+
+class _Range:
+    """``range()`` for templates: at most jinja2's ``MAX_RANGE`` items, and each step checks
+    the render's deadline (a loop nested in a loop spends its time here)."""
+
+    def __init__(self, *args: int) -> None:
+        self._range = safe_range(*args)
+
+    def __len__(self) -> int:
+        return len(self._range)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._range[index]
+
+    def __iter__(self) -> Iterator[int]:
+        for i in self._range:
+            _tick()
+            yield i
+
+    def __reversed__(self) -> Iterator[int]:
+        for i in reversed(self._range):
+            _tick()
+            yield i
+
+
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, with the render's time and size bounds checked on every call, attribute
+    and item lookup and arithmetic operation (where a runaway template spends its time), and
+    string and list repetition or concatenation refused past ``MAX_RENDER_CHARS`` before it
+    allocates."""
+
+    intercepted_binops = frozenset(["*", "+", "**"])
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        _tick()
+        if operator == "**" and isinstance(right, int) and abs(right) > _MAX_EXPONENT:
+            raise ChatTemplateError(
+                f"chat template error: the exponent {right} is past {_MAX_EXPONENT}"
+            )
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                size = len(seq) * times if isinstance(seq, (str, list)) else 0
+                if isinstance(times, int) and size > MAX_RENDER_CHARS:
+                    raise _too_large(size)
+        sequences = isinstance(left, (str, list)) and isinstance(right, (str, list))
+        if operator == "+" and sequences and len(left) + len(right) > MAX_RENDER_CHARS:
+            raise _too_large(len(left) + len(right))
+        return super().call_binop(context, operator, left, right)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        _tick()
+        for arg in (*args, *kwargs.values()):  # "x".ljust(10**10) would allocate first
+            if isinstance(arg, int) and not isinstance(arg, bool) and arg > MAX_RENDER_CHARS:
+                raise _too_large(arg)
+        result = super().call(__context, __obj, *args, **kwargs)
+        _check_size(result)
+        return result
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        _tick()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        _tick()
+        return super().getitem(obj, argument)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
     # The same options, filters and globals as transformers, so templates render identically.
-    env = ImmutableSandboxedEnvironment(
+    env = _BoundedEnvironment(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[_GenerationTag, jinja2.ext.loopcontrols],
@@ -270,4 +393,5 @@ def _environment() -> ImmutableSandboxedEnvironment:
     env.globals["strftime_now"] = _strftime_now
     env.globals["namespace"] = _Namespace
     env.globals["dict"] = _Dict()
+    env.globals["range"] = _Range
     return env

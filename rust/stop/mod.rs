@@ -41,6 +41,8 @@ mod strings;
 mod tokens;
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;
 
 pub use matcher::StopMatcher;

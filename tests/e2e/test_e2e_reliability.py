@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from .e2e_support import MODEL, Server, launch_server, sse_payloads
 
@@ -275,6 +276,11 @@ def test_overload_and_the_per_key_cap_over_the_wire(tmp_path: Path) -> None:
                 assert two.status_code == 200
                 two_chunks = two.iter_bytes()
                 next(two_chunks)
+                # both streams are in flight (the gauge), neither is waiting any more
+                gauges = server.metrics()
+                assert gauges["ferrollm_requests_in_flight"] == 2
+                assert gauges["ferrollm_admission_waiting_requests"] == 0
+                assert gauges["ferrollm_admission_waiting_prompt_tokens"] == 0
                 small = {"model": MODEL, "prompt": "Hi", "max_tokens": 1}
                 third = server.http.post("/v1/completions", json=small, headers=headers)
                 other = server.http.post(
@@ -283,6 +289,30 @@ def test_overload_and_the_per_key_cap_over_the_wire(tmp_path: Path) -> None:
         assert third.status_code == 429, third.text
         assert third.json()["error"]["type"] == "rate_limit_error"
         assert other.status_code == 200, other.text
+        # a wrong key (401) and a deadline that has passed before any step (504)
+        wrong = server.http.post("/v1/completions", json=small, headers={"authorization": "x"})
+        assert wrong.status_code == 401
+        late = {**small, "timeout": 1e-6}
+        assert server.http.post("/v1/completions", json=late, headers=headers).status_code == 504
+        # the admission metrics count every refusal by its reason
+        rejected = _rejected(server)
+        assert rejected["overloaded"] == statuses.count(503) > 0
+        assert rejected["per_key_limit"] == 1
+        assert rejected["unauthorized"] == 1
+        assert rejected["deadline"] == 1
+        assert rejected["shutting_down"] == rejected["invalid"] == rejected["error"] == 0
+        assert server.metrics()["ferrollm_requests_in_flight"] == 0
     finally:
         server.stop()
     assert "Traceback" not in server.log()
+
+
+def _rejected(server: Server) -> dict[str, float]:
+    """``ferrollm_requests_rejected_total`` by reason."""
+    text = server.http.get("/metrics").text
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "ferrollm_requests_rejected_total":
+                found[sample.labels["reason"]] = sample.value
+    return found

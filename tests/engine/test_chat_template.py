@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -198,3 +199,54 @@ def _tiny_detokenizer() -> Any:
     from ferrollm import Detokenizer
 
     return Detokenizer.from_str(HFTokenizer(models.BPE()).to_str())
+
+
+_RUNAWAY = {
+    "nested loops": "{% for i in range(100000) %}{% for j in range(100000) %}"
+    "{% endfor %}{% endfor %}",
+    "a loop of lookups": "{% for i in range(100000) %}{% for j in range(100000) %}"
+    "{{ messages[0].role[:0] }}{% endfor %}{% endfor %}",
+}
+_HUGE = {
+    "repetition": "{{ 'x' * 1000000000 }}",
+    "doubling through a namespace": "{% set ns = namespace(s='xx') %}"
+    "{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+    "output": "{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}",
+    "a padded string": "{{ 'x'.ljust(10000000000) }}",
+    "a huge power": "{{ 2 ** 1000000000 }}",
+    "recursion": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+}
+
+
+@pytest.mark.parametrize("source", list(_RUNAWAY.values()), ids=list(_RUNAWAY))
+def test_a_template_that_loops_is_stopped_at_the_time_bound(
+    source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ferrollm.tokenizer.MAX_RENDER_SECONDS", 0.3)
+    started = time.monotonic()
+    with pytest.raises(ChatTemplateError, match=r"longer than 0\.3 s"):
+        ChatTemplate(source).render([{"role": "user", "content": "Hi"}])
+    assert time.monotonic() - started < 3.0
+    # the bound belongs to one render: the next one has its own
+    assert (
+        ChatTemplate("{{ messages[0].content }}").render([{"role": "u", "content": "ok"}]) == "ok"
+    )
+
+
+@pytest.mark.parametrize("source", list(_HUGE.values()), ids=list(_HUGE))
+def test_a_template_that_builds_an_enormous_string_is_stopped_before_it_allocates(
+    source: str,
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(ChatTemplateError, match=r"MAX_RENDER_CHARS|exponent|recursed"):
+        ChatTemplate(source).render([{"role": "user", "content": "Hi"}])
+    assert time.monotonic() - started < 3.0
+
+
+def test_bounded_range_still_behaves_like_range() -> None:
+    source = (
+        "{% for i in range(4)|reverse %}{{ i }}{% endfor %}|{{ range(2, 9, 3)|list }}|"
+        "{{ range(5)|length }}|{% for i in range(3) %}{{ loop.last }}{% endfor %}"
+    )
+    out = ChatTemplate(source).render([{"role": "user", "content": "Hi"}])
+    assert out == "3210|[2, 5, 8]|5|FalseFalseTrue"

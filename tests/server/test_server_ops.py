@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,7 +205,20 @@ def test_openapi(server: Server) -> None:
         "$ref": "#/components/schemas/ChatCompletionRequest"
     }
     stream = doc["paths"]["/v2/models/{model}/generate_stream"]["post"]
-    assert "text/event-stream" in stream["responses"]["200"]["content"]
+    assert set(stream["responses"]["200"]["content"]) == {"text/event-stream"}
+    # A route that may stream documents both bodies: an SSE event's data is JSON of the chunk.
+    ok = chat["responses"]["200"]["content"]
+    assert set(ok) == {"application/json", "text/event-stream"}
+    data = ok["text/event-stream"]["schema"]["properties"]["data"]["anyOf"]
+    assert data[0] == {"const": "[DONE]"} and data[1]["contentMediaType"] == "application/json"
+    assert data[1]["contentSchema"]["title"] == "ChatCompletionChunk"
+    # Path parameters are declared; 503 (with Retry-After) and 504 are documented.
+    for route in ROUTES:
+        operation = doc["paths"][route.path][route.method.lower()]
+        names = [p["name"] for p in operation.get("parameters", []) if p["in"] == "path"]
+        assert names == re.findall(r"\{(\w+)\}", route.path), route.path
+        assert "Retry-After" in operation["responses"]["503"]["headers"]
+        assert ("504" in operation["responses"]) == (route.request is not None), route.path
     # Every reference resolves.
     refs = set()
 

@@ -200,20 +200,64 @@ def test_the_server_deadline_ends_a_whole_response_with_504(server: Server, rout
 @pytest.mark.parametrize("route", ["chat", "completions", "databricks"])
 def test_a_deadline_ends_a_stream_with_the_routes_timeout_frame(server: Server, route: str) -> None:
     # (MindIE's own `timeout` is whole seconds: tests/e2e covers generate_stream's frame.)
-    _, client = _app(server, request_timeout=0.05)
+    # Databricks has no `ignore_eos`: the tiny model may end at EOS within 50 ms, so its
+    # deadline is shorter than a step.
+    _, client = _app(server, request_timeout=0.001 if route == "databricks" else 0.05)
     body = {**BODIES[route], "stream": True, "max_tokens": 240, "ignore_eos": True}
     response = _post(server, client, route, body)
     events = sse_json(response, done=True)
     if route == "databricks":  # chunks without err_msg, then an error event (SPEC 1.13)
-        assert events[-1]["error_code"] == "DEADLINE_EXCEEDED", events[-1]
+        assert events[-1].get("error_code") == "DEADLINE_EXCEEDED", events[-3:]
         assert "timed out" in events[-1]["message"]
         events = events[:-1]
+        # no chunk claims a normal end: the error event is the stream's end (SPEC 6.5)
+        reasons = [c["finish_reason"] for e in events for c in e.get("choices", [])]
+        assert set(reasons) == {None} and not any("err_msg" in e for e in events), events[-2:]
     else:
         finals = [e for e in events if e.get("err_msg")]
         assert len(finals) == 1 and finals[0] is events[-1], events[-3:]
         assert "timed out" in finals[0]["err_msg"]
-    reasons = [c["finish_reason"] for e in events for c in e.get("choices", [])]
-    assert reasons[-1] == "stop" and "length" not in reasons
+        reasons = [c["finish_reason"] for e in events for c in e.get("choices", [])]
+        assert reasons[-1] == "stop" and "length" not in reasons
+    assert _num_used_blocks(server) == 0
+    server.run(client.aclose())
+
+
+DATABRICKS_CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 240}
+
+
+def test_a_deadline_ends_a_databricks_chat_stream_with_an_error_event(server: Server) -> None:
+    _, client = _app(server, request_timeout=0.001)  # shorter than a step (no ignore_eos)
+    body = {**DATABRICKS_CHAT, "stream": True}
+    events = sse_json(_post(server, client, "databricks", body), done=True)
+    assert events[-1]["error_code"] == "DEADLINE_EXCEEDED", events[-1]
+    assert "timed out" in events[-1]["message"]
+    chunks = events[:-1]
+    assert all(c["finish_reason"] is None for e in chunks for c in e["choices"]), chunks[-2:]
+    assert not any("err_msg" in e for e in chunks)
+    whole = _post(server, client, "databricks", DATABRICKS_CHAT)
+    assert_error_shape("databricks", whole, 504, "DEADLINE_EXCEEDED")
+    assert _num_used_blocks(server) == 0
+    server.run(client.aclose())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_deadline_under_error_behavior_truncate_returns_the_partial_text_as_length(
+    server: Server, stream: bool
+) -> None:
+    """SPEC 6.5 / A-62: on timeout, "truncate" returns the text so far, finish "length"."""
+    _, client = _app(server, request_timeout=0.001)  # shorter than a step (no ignore_eos)
+    body = {"prompt": "Hello", "max_tokens": 240, "error_behavior": "truncate", "stream": stream}
+    response = _post(server, client, "databricks", body)
+    assert response.status_code == 200, response.text
+    if stream:
+        events = sse_json(response, done=True)
+        assert all("error_code" not in e for e in events), events[-1]
+        reasons = [c["finish_reason"] for e in events for c in e["choices"]]
+        assert reasons[-1] == "length" and reasons.count("length") == 1, reasons[-3:]
+    else:
+        choice = response.json()["choices"][0]
+        assert choice["finish_reason"] == "length", choice
     assert _num_used_blocks(server) == 0
     server.run(client.aclose())
 

@@ -45,6 +45,15 @@ _PLAIN_TENSORS = {
 }
 
 
+class GGUFFormatError(ValueError):
+    """The file is not a GGUF file this reader can read: truncated, corrupt or out of range.
+    The message names the file and what was wrong."""
+
+
+#: What a corrupt header makes ``struct``, ``numpy`` and ``bytes.decode`` raise.
+_CORRUPT = (struct.error, UnicodeDecodeError, ValueError, OverflowError, TypeError, MemoryError)
+
+
 @dataclass(frozen=True)
 class GGUFTensor:
     """One tensor's header: ``shape`` in numpy (row-major) order, data as stored."""
@@ -59,21 +68,43 @@ class GGUFFile:
     """A memory-mapped GGUF file: parsed ``metadata`` and ``tensors``; data read on demand."""
 
     def __init__(self, path: str | Path) -> None:
+        self._path = str(path)
         with open(path, "rb") as f:
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except ValueError:  # an empty file cannot be mapped
+                raise GGUFFormatError(f"{self._path!r} is not a GGUF file (empty)") from None
         self._pos = 0
-        if self._take(4) != _MAGIC:
-            raise ValueError(f"{str(path)!r} is not a GGUF file (bad magic)")
+        if self._map[:4] != _MAGIC:
+            raise GGUFFormatError(f"{self._path!r} is not a GGUF file (bad magic)")
+        try:
+            self._parse()
+        except GGUFFormatError:
+            raise
+        except _CORRUPT as e:
+            raise GGUFFormatError(
+                f"{self._path!r}: corrupt GGUF header at byte {self._pos}: {e}"
+            ) from None
+
+    def _parse(self) -> None:
+        self._pos = 4
         version = self._scalar("<I")
         if version not in (2, 3):
-            raise ValueError(f"{str(path)!r}: GGUF version {version} is not supported (2 or 3)")
+            raise GGUFFormatError(
+                f"{self._path!r}: GGUF version {version} is not supported (2 or 3)"
+            )
         num_tensors, num_kv = self._scalar("<Q"), self._scalar("<Q")
         self.metadata: dict[str, Any] = {}
         for _ in range(num_kv):
             key = self._string()
             self.metadata[key] = self._value(self._scalar("<I"))
         infos = [self._tensor_info() for _ in range(num_tensors)]
-        alignment = int(self.metadata.get("general.alignment", _DEFAULT_ALIGNMENT))
+        alignment = self.metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
+        if type(alignment) is not int or not 0 < alignment <= 1 << 20:
+            raise GGUFFormatError(
+                f"{self._path!r}: general.alignment must be an integer in [1, 2^20]; "
+                f"got {alignment!r}"
+            )
         data_start = -(-self._pos // alignment) * alignment
         self.tensors = [
             GGUFTensor(name, shape, ggml_type, data_start + offset)
@@ -81,7 +112,17 @@ class GGUFFile:
         ]
 
     def data(self, tensor: GGUFTensor) -> np.ndarray[Any, Any]:
-        """A read-only view of ``tensor``'s bytes, shaped as ``gguf.quants.dequantize`` wants."""
+        """A read-only view of ``tensor``'s bytes, shaped as ``gguf.quants.dequantize`` wants;
+        GGUFFormatError when the file does not hold them."""
+        try:
+            return self._data(tensor)
+        except _CORRUPT as e:
+            raise GGUFFormatError(
+                f"{self._path!r}: tensor {tensor.name!r} (type {tensor.ggml_type}, shape "
+                f"{tensor.shape}) is not readable: {e}"
+            ) from None
+
+    def _data(self, tensor: GGUFTensor) -> np.ndarray[Any, Any]:
         plain = _PLAIN_TENSORS.get(tensor.ggml_type)
         if plain is not None:
             count = int(np.prod(tensor.shape))
@@ -99,7 +140,7 @@ class GGUFFile:
     def _take(self, size: int) -> bytes:
         chunk = self._map[self._pos : self._pos + size]
         if len(chunk) != size:
-            raise ValueError("truncated GGUF file")
+            raise GGUFFormatError(f"{self._path!r}: truncated GGUF file at byte {self._pos}")
         self._pos += size
         return chunk
 
@@ -124,7 +165,9 @@ class GGUFFile:
             return [self._value(item_type) for _ in range(count)]
         if value_type in _SCALARS:
             return self._scalar(_SCALARS[value_type])
-        raise ValueError(f"unknown GGUF metadata value type {value_type}")
+        raise GGUFFormatError(
+            f"{self._path!r}: unknown GGUF metadata value type {value_type} at byte {self._pos}"
+        )
 
     def _tensor_info(self) -> tuple[str, tuple[int, ...], int, int]:
         name = self._string()

@@ -71,7 +71,26 @@ _GPT2 = frozenset(["gpt-2", "gpt2", "mpt", "olmo", "jais", "default"])
 
 
 def build_tokenizer_json(meta: Mapping[str, Any]) -> str:
-    """The ``tokenizer.json`` text for the tokenizer a GGUF's metadata describes."""
+    """The ``tokenizer.json`` text for the tokenizer a GGUF's metadata describes;
+    UnsupportedModelError for a tokenizer it does not support or metadata that is malformed
+    (a missing or mistyped key, an id out of range)."""
+    try:
+        return _tokenizer_json(meta)
+    except UnsupportedModelError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError) as e:
+        raise UnsupportedModelError(
+            f"the GGUF tokenizer metadata is malformed ({type(e).__name__}: {str(e)[:200]})"
+        ) from None
+    except Exception as e:  # the tokenizers library's own errors (a bad vocabulary, merges)
+        if type(e).__name__ != "Exception":
+            raise
+        raise UnsupportedModelError(
+            f"the GGUF tokenizer metadata does not make a tokenizer: {str(e)[:200]}"
+        ) from None
+
+
+def _tokenizer_json(meta: Mapping[str, Any]) -> str:
     kind = meta.get("tokenizer.ggml.model")
     if kind == "gpt2":
         tokenizer = _byte_level_bpe(meta)

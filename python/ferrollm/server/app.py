@@ -14,7 +14,13 @@ from collections.abc import Callable
 
 from ferrollm.engine import AsyncEngine
 from ferrollm.server.context import ServerContext
-from ferrollm.server.errors import ApiError, ErrorStyle, error_body, to_api_error
+from ferrollm.server.errors import (
+    ApiError,
+    DatabricksErrorBody,
+    ErrorStyle,
+    error_body,
+    to_api_error,
+)
 from ferrollm.server.guard import exit_on_engine_death
 from ferrollm.server.http import (
     ClientDisconnected,
@@ -39,16 +45,16 @@ logger = logging.getLogger("ferrollm.server")
 
 ROUTES = (
     Route("POST", "/v1/chat/completions", chat.chat_completions, "Chat completion (MindIE/vLLM)",
-          oa.ChatCompletionRequest, (oa.ChatCompletion, oa.ChatCompletionChunk)),
+          oa.ChatCompletionRequest, oa.ChatCompletion, oa.ChatCompletionChunk),
     Route("POST", "/v1/completions", completions.completions, "Text completion (MindIE/vLLM)",
-          oa.CompletionRequest, oa.Completion),
+          oa.CompletionRequest, oa.Completion, oa.Completion),
     Route("POST", "/v1/embeddings", embeddings.embeddings, "Embeddings (OpenAI; --task embed)",
           emb.EmbeddingRequest, emb.EmbeddingResponse),
     Route("GET", "/v1/models", ops.models, "The served model", None, oa.ModelList),
     Route("POST", "/v2/models/{model}/generate", mindie.generate_once, "MindIE generate",
           mi.GenerateRequest, mi.GenerateResponse),
     Route("POST", "/v2/models/{model}/generate_stream", mindie.generate_stream,
-          "MindIE generate_stream (SSE)", mi.GenerateRequest, mi.GenerateStreamFrame),
+          "MindIE generate_stream (SSE)", mi.GenerateRequest, None, mi.GenerateStreamFrame),
     Route("POST", "/v2/models/{model}/versions/{version}/generate", mindie.versions_unsupported,
           "Model versions: not supported (404)"),
     Route("POST", "/v2/models/{model}/versions/{version}/generate_stream",
@@ -57,7 +63,8 @@ ROUTES = (
           "Databricks Foundation Model API: chat, completions or embeddings by body shape",
           (dbx.DatabricksChatRequest, dbx.DatabricksCompletionRequest,
            dbx.DatabricksEmbeddingRequest),
-          (oa.ChatCompletion, dbx.DatabricksCompletion, emb.DatabricksEmbeddingResponse)),
+          (oa.ChatCompletion, dbx.DatabricksCompletion, emb.DatabricksEmbeddingResponse),
+          (oa.ChatCompletionChunk, dbx.DatabricksCompletion, DatabricksErrorBody)),
     Route("GET", "/health", ops.health, "Engine running"),
     Route("GET", "/v2/health/live", ops.live, "Process live"),
     Route("GET", "/v2/health/ready", ops.ready, "Engine loaded and making progress"),
@@ -155,7 +162,13 @@ class App:
         except ClientDisconnected:
             return
         except ApiError as e:
-            await _send_error(send, style, e)
+            await self._reject(send, style, e)
+
+    async def _reject(self, send: Send, style: ErrorStyle, error: ApiError) -> None:
+        """Answer with ``error`` in the route's shape, counted in the metrics by reason."""
+        if self._ctx is not None:
+            self._ctx.metrics.request_rejected(error.status, error.code)
+        await _send_error(send, style, error)
 
     async def _admitted(
         self,
@@ -170,8 +183,10 @@ class App:
             await JSONResponse(self._openapi).send_to(send)
             return
         route, params = self._match(scope["method"], path)
-        limit = self.ctx.config.max_body_size
-        body = await read_body(headers, receive, limit) if route.method == "POST" else b""
+        config = self.ctx.config
+        body = b""
+        if route.method == "POST":
+            body = await read_body(headers, receive, config.max_body_size, config.body_read_timeout)
         request = Request(scope["method"], path, headers, body, params)
         work = asyncio.create_task(self._respond(route, request, send, style))
         watch = asyncio.create_task(_wait_for_disconnect(receive))
@@ -198,7 +213,7 @@ class App:
             if started:  # too late for a status: the stream itself reported what it could
                 logger.warning("response to %s failed after it began: %r", request.path, e)
                 return
-            await _send_error(send, style, to_api_error(e))
+            await self._reject(send, style, to_api_error(e))
 
 
 async def _send_error(send: Send, style: ErrorStyle, error: ApiError) -> None:

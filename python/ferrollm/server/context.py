@@ -45,6 +45,14 @@ class ServerContext:
     def __post_init__(self) -> None:
         self.guard = Guard(self.config)
         self.admission = Admission(self.config)
+        self.metrics.watch_admission(self._admission_state)
+
+    def _admission_state(self) -> dict[str, int]:
+        return {
+            "num_waiting": self.admission.num_waiting,
+            "num_waiting_tokens": self.admission.num_waiting_tokens,
+            "num_in_flight": self.guard.num_in_flight,
+        }
 
     @classmethod
     def build(cls, engine: AsyncEngine | AsyncEmbedder, config: ServerConfig) -> ServerContext:

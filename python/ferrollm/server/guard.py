@@ -34,6 +34,7 @@ class Guard:
 
     def __init__(self, config: ServerConfig, environ: Mapping[str, str] = os.environ) -> None:
         self.keys = KeyRing(config, environ)
+        self._hosts = frozenset(config.allowed_hosts)
         self._public = frozenset(config.public_paths)
         self.draining = False
         self.num_in_flight = 0
@@ -42,7 +43,10 @@ class Guard:
 
     @contextmanager
     def admit(self, path: str, headers: Mapping[bytes, bytes]) -> Iterator[None]:
-        """Hold one request in flight for the block; raises 401, 429 or 503 (draining)."""
+        """Hold one request in flight for the block; raises 400 (a Host not allowed), 401,
+        429 or 503 (draining)."""
+        if self._hosts:
+            self._check_host(headers.get(b"host"))
         public = path in self._public
         if self.draining and not public:
             raise ApiError(
@@ -64,6 +68,20 @@ class Guard:
                 self.num_in_flight -= 1
                 if self.num_in_flight == 0:
                     self._idle.set()
+
+    def _check_host(self, value: bytes | None) -> None:
+        host = (value or b"").decode("latin-1").strip().lower()
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host  # drop the port
+        if name.startswith("[") and "]" in name:  # an IPv6 literal: [::1]:8000
+            name = name[: name.index("]") + 1]
+        if name not in self._hosts:
+            raise ApiError(
+                400,
+                f"the Host header {host[:200]!r} is not a name this server answers to "
+                "(--allowed-host)",
+                param="host",
+                code="host_not_allowed",
+            )
 
     async def drain(self, timeout: float) -> bool:
         """Refuse new requests and wait up to ``timeout`` s for those in flight; whether all

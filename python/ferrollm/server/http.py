@@ -6,6 +6,7 @@ a `JSONResponse` or an `SSEResponse`, which the app writes with ``send``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -103,12 +104,27 @@ def header_map(scope: Scope) -> dict[bytes, bytes]:
     return {bytes(k).lower(): bytes(v) for k, v in scope.get("headers", ())}
 
 
-async def read_body(headers: dict[bytes, bytes], receive: Receive, limit: int) -> bytes:
+async def read_body(
+    headers: dict[bytes, bytes], receive: Receive, limit: int, timeout: float | None = None
+) -> bytes:
     """The request body, refused with 413 as soon as it is known to exceed ``limit`` bytes
-    (from ``content-length`` before reading anything, else while reading)."""
+    (from ``content-length`` before reading anything, else while reading), and with 408 when
+    it has not all arrived within ``timeout`` seconds (a client trickling it)."""
     declared = headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
+    try:
+        return await asyncio.wait_for(_read(receive, limit), timeout)
+    except asyncio.TimeoutError:
+        raise ApiError(
+            408,
+            f"the request body did not arrive within {timeout:g} s (body_read_timeout)",
+            code="body_timeout",
+            headers=((b"connection", b"close"),),
+        ) from None
+
+
+async def _read(receive: Receive, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:

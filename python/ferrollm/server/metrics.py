@@ -16,6 +16,19 @@ from prometheus_client.registry import Collector
 #: The exposition format's content type.
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
+#: The ``reason`` label of ``ferrollm_requests_rejected_total`` by ApiError code (or status).
+REJECT_REASONS = {
+    "overloaded": "overloaded",
+    "shutting_down": "shutting_down",
+    "too_many_requests": "per_key_limit",
+    "invalid_api_key": "unauthorized",
+    "timeout": "deadline",
+    "body_too_large": "body_too_large",
+    "401": "unauthorized",
+    "429": "per_key_limit",
+    "504": "deadline",
+}
+
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0,
@@ -61,6 +74,28 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_EngineCollector(model_name, engine_stats))
+        self._rejected = Counter(
+            "ferrollm_requests_rejected",
+            "Requests answered with an error before any response began, by reason: "
+            + ", ".join(REJECT_REASONS.values())
+            + ", invalid (any other 4xx) or error (any other 5xx).",
+            [*labels, "reason"],
+            registry=self.registry,
+        )
+        for reason in {*REJECT_REASONS.values(), "invalid", "error"}:  # every series from 0
+            self._rejected.labels(model_name, reason)
+
+    def watch_admission(self, admission: Callable[[], dict[str, int]]) -> None:
+        """Expose the admission state ``admission()`` returns (waiting requests and prompt
+        tokens, requests in flight) as gauges read at scrape time."""
+        self.registry.register(_AdmissionCollector(self.model_name, admission))
+
+    def request_rejected(self, status: int, code: str | None) -> None:
+        """Count a request refused with ``status`` (the ApiError's ``code``)."""
+        reason = REJECT_REASONS.get(code or "", REJECT_REASONS.get(str(status), "invalid"))
+        if status >= 500 and reason == "invalid":
+            reason = "error"
+        self._rejected.labels(self.model_name, reason).inc()
 
     def request_finished(self, reason: str) -> None:
         """Count a request that ended with ``reason`` ("stop", "length", "timeout", ...)."""
@@ -69,6 +104,33 @@ class Metrics:
     def render(self) -> bytes:
         """The exposition text."""
         return generate_latest(self.registry)
+
+
+class _AdmissionCollector(Collector):
+    def __init__(self, model_name: str, state: Callable[[], dict[str, int]]) -> None:
+        self._model_name = model_name
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._state()
+        docs = {
+            "ferrollm_admission_waiting_requests": (
+                "num_waiting",
+                "Admitted requests not yet past their first step (max_waiting_requests).",
+            ),
+            "ferrollm_admission_waiting_prompt_tokens": (
+                "num_waiting_tokens",
+                "Prompt tokens of those requests (max_waiting_tokens).",
+            ),
+            "ferrollm_requests_in_flight": (
+                "num_in_flight",
+                "Requests past the keys and the drain check, not yet answered.",
+            ),
+        }
+        for name, (key, doc) in docs.items():
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([self._model_name], s[key])
+            yield family
 
 
 class _EngineCollector(Collector):

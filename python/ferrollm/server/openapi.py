@@ -3,6 +3,7 @@ msgspec Structs each route decodes and encodes."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ def openapi_document(routes: Sequence[Route]) -> bytes:
     """The encoded document for ``routes``."""
     types: list[Any] = [OpenAIErrorBody, MindIEErrorBody, DatabricksErrorBody]
     for route in routes:
-        for t in (route.request, route.response):
+        for t in (route.request, route.response, route.stream):
             types += t if isinstance(t, tuple) else [t] if t is not None else []
     schemas, components = msgspec.json.schema_components(types, ref_template=_REF)
     by_type = dict(zip(types, schemas, strict=True))
@@ -32,20 +33,42 @@ def openapi_document(routes: Sequence[Route]) -> bytes:
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
         operation: dict[str, Any] = {"summary": route.summary, "responses": {}}
+        names = re.findall(r"\{(\w+)\}", route.path)
+        if names:
+            operation["parameters"] = [
+                {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                for name in names
+            ]
         if route.request is not None:
             operation["requestBody"] = {
                 "required": True,
                 "content": {"application/json": {"schema": schema(route.request)}},
             }
-        ok: dict[str, Any] = {"description": "OK"}
+        ok: dict[str, Any] = {"description": "OK", "content": {}}
         if route.response is not None:
-            media = "text/event-stream" if route.path.endswith("_stream") else "application/json"
-            ok["content"] = {media: {"schema": schema(route.response)}}
+            ok["content"]["application/json"] = {"schema": schema(route.response)}
+        if route.stream is not None:
+            data = _inline(schema(route.stream), components)
+            ok["content"]["text/event-stream"] = {"schema": _event(data)}
+        if not ok["content"]:
+            del ok["content"]
         operation["responses"]["200"] = ok
         operation["responses"]["4XX"] = {
             "description": "Bad request (the error body of the route's API, SPEC 1.14)",
             "content": {"application/json": {"schema": by_type[_error_type(route.path)]}},
         }
+        error = {"application/json": {"schema": by_type[_error_type(route.path)]}}
+        unavailable: dict[str, Any] = {
+            "description": "Overloaded, shutting down or not ready (SPEC 1.14)",
+            "headers": {"Retry-After": {"schema": {"type": "string"}}},
+        }
+        operation["responses"]["503"] = unavailable
+        if route.request is not None:
+            unavailable["content"] = error
+            operation["responses"]["504"] = {
+                "description": "The request's deadline passed before its response began",
+                "content": error,
+            }
         paths.setdefault(route.path, {})[route.method.lower()] = operation
     document = {
         "openapi": "3.1.0",
@@ -54,6 +77,32 @@ def openapi_document(routes: Sequence[Route]) -> bytes:
         "components": {"schemas": components},
     }
     return msgspec.json.encode(document)
+
+
+def _event(data: dict[str, Any]) -> dict[str, Any]:
+    """One SSE event (the schema of a ``text/event-stream`` before OpenAPI 3.2): its ``data``
+    is one line of JSON of schema ``data``, or the ``[DONE]`` sentinel of the OpenAI-style
+    routes."""
+    json_data = {"type": "string", "contentMediaType": "application/json", "contentSchema": data}
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_data]}},
+    }
+
+
+def _inline(schema: Any, components: dict[str, Any]) -> Any:
+    """``schema`` with every ``$ref`` replaced by its component (the Structs are not
+    recursive): a ``contentSchema`` is checked as a document of its own, where references to
+    the enclosing document's components do not resolve."""
+    if isinstance(schema, list):
+        return [_inline(item, components) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+        return _inline(components[ref.rsplit("/", 1)[1]], components)
+    return {key: _inline(value, components) for key, value in schema.items()}
 
 
 def _error_type(path: str) -> Any:

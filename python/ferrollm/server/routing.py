@@ -18,7 +18,8 @@ Handler = Callable[["ServerContext", "Request"], Awaitable["Response"]]
 @dataclass(frozen=True)
 class Route:
     """One row of the routing table; ``request``/``response`` (a Struct type, or a tuple of
-    alternatives) document it in OpenAPI."""
+    alternatives) document it in OpenAPI, and ``stream`` the events of its SSE response (the
+    data of each event; None: the route does not stream)."""
 
     method: str
     path: str
@@ -26,6 +27,7 @@ class Route:
     summary: str
     request: Any = None
     response: Any = None
+    stream: Any = None
 
     @property
     def pattern(self) -> re.Pattern[str]:

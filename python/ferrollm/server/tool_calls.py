@@ -82,7 +82,7 @@ def response_message(
 ) -> tuple[ResponseMessage, str | None]:
     """Sequence ``c``'s message and finish reason: its calls when it made any (``content``
     "" on the MindIE route, null on Databricks, with only calls; →A-37), else its text."""
-    reason = openai_finish_reason(c.finish_reason)
+    reason = openai_finish_reason(c.finish_reason, databricks=databricks)
     none: Any = UNSET if databricks else None
     if plan is None:
         return ResponseMessage(c.text, tool_calls=none), reason
@@ -106,6 +106,8 @@ class StreamedCalls:
     """The tool-call readers of one streamed chat, one per returned sequence."""
 
     plan: ToolPlan
+    #: The Databricks route (its finish reasons differ on deadlines).
+    databricks: bool
     _streams: dict[int, ToolStream] = field(default_factory=dict)
     _content: dict[int, str] = field(default_factory=dict)
 
@@ -135,7 +137,7 @@ class StreamedCalls:
 
     def finish_reason(self, c: CompletionOutput) -> str | None:
         """``tool_calls`` when sequence ``c`` ended (on its own) having made calls."""
-        reason = openai_finish_reason(c.finish_reason)
+        reason = openai_finish_reason(c.finish_reason, databricks=self.databricks)
         stream = self._streams.get(c.index)
         if stream is not None and stream.has_calls:
             return _calls_reason(reason)

@@ -2,6 +2,7 @@
 //! the worked examples in `examples.rs`.
 
 mod examples;
+mod fuzz;
 mod props;
 
 use std::sync::LazyLock;

@@ -18,7 +18,7 @@ import msgspec
 from ferrollm.engine import CompletionOutput, RequestOutput
 from ferrollm.engine.request import EngineRequest
 from ferrollm.server.context import ServerContext
-from ferrollm.server.errors import ErrorStyle, error_body, to_api_error
+from ferrollm.server.errors import ApiError, ErrorStyle, error_body, to_api_error
 from ferrollm.server.generation import Timing, generate, prime
 from ferrollm.server.http import SSE_DONE, JSONResponse, Request, Response, SSEResponse, sse_event
 from ferrollm.server.protocol.openai import (
@@ -136,7 +136,7 @@ async def _events(chat: _Chat, stream: AsyncIterator[RequestOutput]) -> AsyncIte
     """The chunks of a streamed chat, then ``[DONE]``; an error after the stream began ends it
     with a "stop" chunk carrying ``err_msg`` (SPEC 1.13)."""
     done: set[int] = set()
-    calls = None if chat.tools is None else StreamedCalls(chat.tools)
+    calls = None if chat.tools is None else StreamedCalls(chat.tools, not chat.flavor.mindie)
     try:
         async for out in stream:
             chunks = [
@@ -148,6 +148,10 @@ async def _events(chat: _Chat, stream: AsyncIterator[RequestOutput]) -> AsyncIte
                 _finish(chat, chunks[-1], out)
             for chunk in chunks:
                 yield sse_event(msgspec.json.encode(chunk))
+            if out.finished and not chat.flavor.mindie:
+                timeout = _databricks_timeout(chat, out)
+                if timeout is not None:  # Databricks: an error event, not err_msg (SPEC 1.13)
+                    yield sse_event(error_body(ErrorStyle.DATABRICKS, timeout))
     except Exception as e:
         error = to_api_error(e)
         if not chat.flavor.mindie:  # Databricks: an error event, then [DONE]
@@ -175,7 +179,7 @@ def _chunk(
         logprobs = chat_logprobs(c.new_logprobs)
     if calls is None:
         delta: Delta | None = Delta(c.text if chat.full_text else c.new_text)
-        finish_reason = openai_finish_reason(c.finish_reason)
+        finish_reason = openai_finish_reason(c.finish_reason, databricks=not chat.flavor.mindie)
     else:
         delta = calls.delta(c, chat.full_text)
         finish_reason = calls.finish_reason(c)
@@ -200,5 +204,14 @@ def _finish(chat: _Chat, chunk: ChatCompletionChunk, out: RequestOutput) -> None
     if chat.full_text:
         chunk.full_text = c.text
     message = error_message(c.finish_reason, chat.request.params)
-    if message is not None:
+    if message is not None and chat.flavor.mindie:
         chunk.err_msg = message
+
+
+def _databricks_timeout(chat: _Chat, out: RequestOutput) -> ApiError | None:
+    """The DEADLINE_EXCEEDED error a Databricks stream past its deadline ends with."""
+    for c in out.outputs:
+        if c.finish_reason == "timeout":
+            message = error_message(c.finish_reason, chat.request.params)
+            return ApiError(504, message or "request timed out", code="timeout")
+    return None

@@ -13,6 +13,7 @@ import msgspec
 from ferrollm._core import CompiledGrammar, SamplingParams, ValidRequest, validate
 from ferrollm.engine.request import EngineRequest
 from ferrollm.server.context import ServerContext
+from ferrollm.server.duplicates import duplicate_key
 from ferrollm.server.errors import ApiError, bad_request
 
 T = TypeVar("T")
@@ -54,6 +55,18 @@ def decode_body(body: bytes) -> dict[str, Any]:
         raise bad_request(
             f"the request body must be a JSON object; got {type(value).__name__}",
             code="wrong_type",
+        )
+    try:
+        key = duplicate_key(body)
+    except RecursionError:
+        raise bad_request(
+            "the request body is nested too deeply to decode", code="invalid_json"
+        ) from None
+    if key is not None:
+        raise bad_request(
+            f"`{key}`: the key appears twice in one JSON object; keys must be unique",
+            param=key,
+            code="duplicate_key",
         )
     return value
 
@@ -153,10 +166,17 @@ def error_message(reason: str | None, params: SamplingParams) -> str | None:
     return None
 
 
-def openai_finish_reason(reason: str | None) -> str | None:
-    """The ``/v1`` and Databricks finish reason (SPEC 1.13): errors end as "stop"."""
+def openai_finish_reason(
+    reason: str | None, *, databricks: bool = False, truncate: bool = False
+) -> str | None:
+    """The ``/v1`` and Databricks finish reason (SPEC 1.13): errors end as "stop" on /v1.
+    A Databricks deadline is "decided by ``error_behavior``" (SPEC 6.5): "truncate" returns
+    the partial text as "length"; "error" gives no finish reason (None): the stream ends with
+    an error event instead, a whole response with 504."""
     if reason is None:
         return None
+    if reason == "timeout" and databricks:
+        return "length" if truncate else None
     return "length" if reason == "length" else "stop"
 
 

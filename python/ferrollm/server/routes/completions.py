@@ -197,7 +197,11 @@ def _choice(
     logprobs = _logprobs(batch, out, index, c, whole=whole, first=first)
     stop_reason = c.stop_reason
     return CompletionChoice(
-        index, text, logprobs, openai_finish_reason(c.finish_reason), stop_reason
+        index,
+        text,
+        logprobs,
+        openai_finish_reason(c.finish_reason, databricks=batch.databricks, truncate=batch.truncate),
+        stop_reason,
     )
 
 
