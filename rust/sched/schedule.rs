@@ -245,7 +245,7 @@ impl Scheduler {
     /// Reserves the blocks `key` needs to compute `num_tokens` more tokens, copying a shared
     /// partial block first (copy-on-write). Returns None, changing nothing, if too few are free;
     /// else the copy made, if any.
-    fn reserve_blocks(
+    pub(crate) fn reserve_blocks(
         &mut self,
         key: SeqKey,
         num_tokens: usize,
@@ -319,15 +319,17 @@ impl Scheduler {
             for (&key, hits) in keys.iter().zip(&hits) {
                 let num_tokens = self.admit(key, hits, *budget, whole);
                 if num_tokens > 0 {
-                    rows.push(Row {
+                    let mut row = Row {
                         key,
                         num_tokens,
                         copy: None,
                         draft: Vec::new(),
                         client_draft: false,
-                    });
+                    };
+                    self.attach_draft(&mut row, *budget - num_tokens);
+                    *budget -= row.num_tokens;
+                    rows.push(row);
                 }
-                *budget -= num_tokens;
             }
         }
     }

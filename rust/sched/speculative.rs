@@ -79,9 +79,13 @@ fn client_draft_rest(s: &Sequence) -> Option<&[TokenId]> {
     (ahead > 0 && draft.tokens[..output.len()] == *output).then(|| &draft.tokens[output.len()..])
 }
 
-/// Whether `s` may carry draft tokens at all.
+/// Whether `s` may carry draft tokens at all. Prompt logprobs are scored from the prefill's
+/// positions, which a draft would extend, so those requests do not speculate either.
 fn may_speculate(s: &Sequence) -> bool {
-    s.beam.is_none() && s.grammar.is_none() && !s.will_fork()
+    !s.params.use_beam_search
+        && s.grammar.is_none()
+        && !s.will_fork()
+        && s.params.prompt_logprobs.is_none()
 }
 
 fn refuse(param: &'static str, code: &'static str, msg: String) -> CoreError {
@@ -125,9 +129,27 @@ impl Scheduler {
         Err(refuse("draft_tokens", "unsupported", msg))
     }
 
+    /// Gives a just-admitted `row` (its blocks reserved) the draft its sequence has, when
+    /// `budget` tokens and the blocks for them are left: a prompt computed in one step then
+    /// verifies its draft in that same step.
+    pub(crate) fn attach_draft(&mut self, row: &mut Row, budget: usize) {
+        let (draft, client_draft) = self.draft_for(row.key, row.num_tokens, budget);
+        if draft.is_empty()
+            || self
+                .reserve_blocks(row.key, row.num_tokens + draft.len())
+                .is_none()
+        {
+            return;
+        }
+        row.num_tokens += draft.len();
+        row.draft = draft;
+        row.client_draft = client_draft;
+    }
+
     /// The draft `key`'s row carries this step when it computes `num_tokens` and `budget`
-    /// tokens are left after them: empty unless the row is a decode of a sequence that may
-    /// speculate and has a draft. The bool says whether the draft is the client's. The draft
+    /// tokens are left after them: empty unless the row reaches the end of the sequence's
+    /// tokens (a decode, or a prompt's last chunk) of a sequence that may speculate and has a
+    /// draft. The bool says whether the draft is the client's. The draft
     /// never runs past `max_tokens` or `max_model_len` (the bonus token included).
     pub(crate) fn draft_for(
         &self,
@@ -136,10 +158,9 @@ impl Scheduler {
         budget: usize,
     ) -> (Vec<TokenId>, bool) {
         let s = self.seq(key);
-        let decode = s.num_computed_tokens >= s.num_prompt_tokens
-            && s.num_computed_tokens + num_tokens == s.tokens.len();
+        let at_end = s.num_computed_tokens + num_tokens == s.tokens.len();
         let spec = &self.cfg.speculative;
-        if !decode || !may_speculate(s) || (s.draft.is_none() && spec.is_none()) {
+        if !at_end || !may_speculate(s) || (s.draft.is_none() && spec.is_none()) {
             return (Vec::new(), false);
         }
         let mut room = budget.min(self.cfg.max_model_len.saturating_sub(s.tokens.len() + 1));

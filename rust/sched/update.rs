@@ -54,7 +54,7 @@ impl Samples<'_> {
         }
     }
 
-    fn error(&self, i: usize) -> Option<&CoreError> {
+    pub(crate) fn error(&self, i: usize) -> Option<&CoreError> {
         match self {
             Samples::Given(_) => None,
             Samples::Drawn(d) => d[i].as_ref().and_then(|r| r.as_ref().err()),

@@ -115,37 +115,65 @@ fn a_draft_row_computes_its_draft_and_samples_every_position() {
     let mut s = Scheduler::new(spec_cfg(None)).unwrap();
     s.add_request(with_draft(1, vec![1, 2, 3], greedy(10), vec![5, 6, 7, 8]))
         .unwrap();
-    let (plan, _) = step(&mut s, 0.0, 5);
-    assert_eq!(
-        plan.num_draft_tokens,
-        vec![0],
-        "the prefill carries no draft"
-    );
-    // The output [5] follows the draft, so the decode row carries its rest: 6 7 8.
-    let plan = s.schedule(1.0);
-    assert_eq!(plan.input_ids, vec![5, 6, 7, 8]);
-    assert_eq!(plan.positions, vec![3, 4, 5, 6]);
-    assert_eq!(plan.num_draft_tokens, vec![3]);
+    // The prompt's row carries the draft: it is verified in the prompt's own step.
+    let plan = s.schedule(0.0);
+    assert_eq!(plan.input_ids, vec![1, 2, 3, 5, 6, 7, 8]);
+    assert_eq!(plan.positions, vec![0, 1, 2, 3, 4, 5, 6]);
+    assert_eq!(plan.num_draft_tokens, vec![4]);
     assert_eq!(plan.context_lens, vec![7]);
-    assert_eq!(plan.logits_indices, vec![0, 1, 2, 3]);
-    assert_eq!(plan.sample_rows, vec![0; 4]);
-    assert_eq!(plan.num_decode_tokens, 0);
-    // The target agrees with 6 and 7, then says 9: three tokens in one step.
-    let out = s.update(plan.step_id, &[6, 7, 9, 4]).unwrap();
-    assert_eq!(out.token_ids, vec![6, 7, 9]);
+    assert_eq!(plan.logits_indices, vec![2, 3, 4, 5, 6]);
+    assert_eq!(plan.sample_rows, vec![0; 5]);
+    // The target agrees with 5 and 6, then says 9: three tokens in one step.
+    let out = s.update(plan.step_id, &[5, 6, 9, 4, 4]).unwrap();
+    assert_eq!(out.token_ids, vec![5, 6, 9]);
     s.check_invariants().unwrap();
     let v = &s.sequences()[0];
-    assert_eq!(v.tokens, vec![1, 2, 3, 5, 6, 7, 9]);
+    assert_eq!(v.tokens, vec![1, 2, 3, 5, 6, 9]);
     assert_eq!(
-        v.num_computed_tokens, 6,
-        "the rejected 8's KV is not committed"
+        v.num_computed_tokens, 5,
+        "the rejected 7's KV is not committed"
     );
     assert_eq!(v.block_table.len(), 2);
-    assert_eq!(s.stats().num_draft_tokens, 3);
+    assert_eq!(s.stats().num_draft_tokens, 4);
     assert_eq!(s.stats().num_accepted_draft_tokens, 2);
-    // The output left the draft: it is used up.
-    let plan = s.schedule(2.0);
+    // The output left the draft: it is used up; a decode row is one token again.
+    let plan = s.schedule(1.0);
     assert_eq!(plan.num_draft_tokens, vec![0]);
+    assert_eq!(plan.input_ids, vec![9]);
+    assert_eq!(plan.num_decode_tokens, 1);
+}
+
+#[test]
+fn a_decode_row_carries_the_rest_of_a_draft_the_output_follows() {
+    // A budget of 4 computes the prompt alone first; the draft then rides the decode row,
+    // minus the token the prompt's step produced.
+    let mut s = Scheduler::new(SchedulerConfig {
+        max_num_batched_tokens: 4,
+        ..spec_cfg(None)
+    })
+    .unwrap();
+    s.add_request(with_draft(
+        1,
+        vec![1, 2, 3, 4],
+        greedy(10),
+        vec![5, 6, 7, 8],
+    ))
+    .unwrap();
+    let (plan, _) = step(&mut s, 0.0, 5);
+    assert_eq!(plan.num_draft_tokens, vec![0]);
+    let plan = s.schedule(1.0);
+    assert_eq!(plan.input_ids, vec![5, 6, 7, 8]);
+    assert_eq!(plan.positions, vec![4, 5, 6, 7]);
+    assert_eq!(plan.num_draft_tokens, vec![3]);
+    assert_eq!(plan.num_decode_tokens, 0);
+    let out = s.update(plan.step_id, &[6, 7, 8, 2]).unwrap();
+    assert_eq!(
+        out.token_ids,
+        vec![6, 7, 8, 2],
+        "all accepted, plus the bonus token"
+    );
+    s.check_invariants().unwrap();
+    assert_eq!(s.sequences()[0].num_computed_tokens, 8);
 }
 
 #[test]
@@ -158,32 +186,30 @@ fn rejected_positions_give_their_blocks_back() {
         vec![5, 6, 7, 8, 9, 10, 11, 12],
     ))
     .unwrap();
-    step(&mut s, 0.0, 5);
     let free_before = s.pool().num_free();
     let plan = s.schedule(1.0);
-    assert_eq!(plan.num_draft_tokens, vec![7]);
-    // Positions 3..=10 need blocks 0..=2 (block size 4): one more than before.
-    assert_eq!(s.pool().num_free(), free_before - 2);
-    let mut sampled = vec![0u32; 8];
+    assert_eq!(plan.num_draft_tokens, vec![8]);
+    // Positions 0..=10 take blocks 0..=2 (block size 4).
+    assert_eq!(s.pool().num_free(), free_before - 3);
+    let mut sampled = vec![0u32; 9];
     sampled[0] = 13; // the first draft token is rejected
     let out = s.update(plan.step_id, &sampled).unwrap();
     assert_eq!(out.token_ids, vec![13]);
     s.check_invariants().unwrap();
     assert_eq!(
         s.pool().num_free(),
-        free_before,
-        "the draft's blocks are free again"
+        free_before - 1,
+        "only the prompt's block is held"
     );
-    assert_eq!(s.sequences()[0].num_computed_tokens, 4);
+    assert_eq!(s.sequences()[0].num_computed_tokens, 3);
 }
 
 #[test]
 fn a_stop_inside_an_accepted_run_ends_the_sequence_there() {
     // EOS (0) is the second draft token: the sequence ends on it, and nothing after it counts.
     let mut s = Scheduler::new(spec_cfg(None)).unwrap();
-    s.add_request(with_draft(1, vec![1, 2, 3], greedy(20), vec![5, 6, 0, 7]))
+    s.add_request(with_draft(1, vec![1, 2, 3], greedy(20), vec![6, 0, 7]))
         .unwrap();
-    step(&mut s, 0.0, 5);
     let plan = s.schedule(1.0);
     let out = s.update(plan.step_id, &[6, 0, 7, 8]).unwrap();
     assert_eq!(out.token_ids, vec![6, 0]);
@@ -195,26 +221,24 @@ fn a_stop_inside_an_accepted_run_ends_the_sequence_there() {
 
 #[test]
 fn a_draft_never_runs_past_max_tokens_or_the_budget() {
-    // max_tokens 3 with one token out: the draft may hold 1 (plus the bonus token).
+    // max_tokens 2: the draft may hold 1 (plus the bonus token).
     let mut s = Scheduler::new(spec_cfg(None)).unwrap();
-    s.add_request(with_draft(1, vec![1, 2, 3], greedy(3), vec![5, 6, 7, 8]))
+    s.add_request(with_draft(1, vec![1, 2, 3], greedy(2), vec![5, 6, 7, 8]))
         .unwrap();
-    step(&mut s, 0.0, 5);
-    let plan = s.schedule(1.0);
+    let plan = s.schedule(0.0);
     assert_eq!(plan.num_draft_tokens, vec![1]);
-    let out = s.update(plan.step_id, &[6, 7]).unwrap();
-    assert_eq!(out.token_ids, vec![6, 7]);
+    let out = s.update(plan.step_id, &[5, 7]).unwrap();
+    assert_eq!(out.token_ids, vec![5, 7]);
     assert_eq!(out.finish_reasons[1], FinishReason::Length as u8);
-    // A budget of 3 leaves room for 2 draft tokens.
+    // A budget of 4 after a 2-token prompt leaves room for 2 draft tokens.
     let mut s = Scheduler::new(SchedulerConfig {
-        max_num_batched_tokens: 3,
+        max_num_batched_tokens: 4,
         ..spec_cfg(None)
     })
     .unwrap();
     s.add_request(with_draft(1, vec![1, 2], greedy(20), vec![5, 6, 7, 8]))
         .unwrap();
-    step(&mut s, 0.0, 5);
-    assert_eq!(s.schedule(1.0).num_draft_tokens, vec![2]);
+    assert_eq!(s.schedule(0.0).num_draft_tokens, vec![2]);
 }
 
 #[test]
@@ -261,7 +285,7 @@ fn greedy_output_is_the_same_with_a_correct_a_garbage_or_no_draft() {
     );
     assert_eq!(stats.num_accepted_draft_tokens, stats.num_draft_tokens);
     let garbage: Vec<u32> = plain.iter().map(|&t| (t + 1) % VOCAB as u32).collect();
-    // The first token comes from the prefill; a wrong draft is dropped once the output leaves it.
+    // Wrong from the start, or right at first and wrong after: the output leaves the draft.
     let mut wrong_after_first = plain.clone();
     for t in &mut wrong_after_first[1..] {
         *t = (*t + 3) % VOCAB as u32;
