@@ -50,7 +50,7 @@ ROUTE_PATHS = {
 class Server:
     """The engine, its two apps, and the event-loop thread they run on."""
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, **engine_options: Any) -> None:
         config = EngineConfig(
             model=str(model_dir),
             device="cpu",
@@ -58,6 +58,7 @@ class Server:
             max_model_len=MAX_MODEL_LEN,
             kv_cache_memory="8MiB",
             seed=0,
+            **engine_options,
         )
         self.engine = AsyncEngine(LLMEngine.from_config(config))
         self.ctx = ServerContext.build(
