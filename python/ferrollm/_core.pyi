@@ -487,8 +487,9 @@ class SchedulerConfig:
         """``speculative="ngram"`` turns on prompt-lookup speculative decoding: each decode
         row carries up to ``num_speculative_tokens`` draft tokens, the continuation of the
         latest earlier occurrence of the longest ``ngram_min..ngram_max``-gram ending the
-        sequence, verified in the same step. ``logprobs_mode`` is ``"raw"`` (vLLM's default: log-softmax of the model's logits)
-        or ``"processed"`` (the distribution actually sampled from). ``vocab_size`` (0 =
+        sequence, verified in the same step. ``logprobs_mode`` is ``"raw"`` (vLLM's default:
+        log-softmax of the model's logits) or ``"processed"`` (the distribution actually
+        sampled from). ``vocab_size`` (0 =
         unknown) lets ``add_request`` reject prompts and parameters that do not fit the model.
         ``seed`` makes the seeds of unseeded requests deterministic, so a run replays."""
     @property

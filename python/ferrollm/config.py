@@ -292,7 +292,7 @@ def _check_speculative(config: EngineConfig) -> None:
     if config.speculative not in SPECULATIVE_NAMES:
         raise EngineConfigError(
             "speculative",
-            f"`speculative` must be \"ngram\" or None (off); got {config.speculative!r}",
+            f'`speculative` must be "ngram" or None (off); got {config.speculative!r}',
         )
     for name in ("num_speculative_tokens", "ngram_min", "ngram_max"):
         _positive_int(name, getattr(config, name))

@@ -58,7 +58,9 @@ def run(llm: LLM, requests: list[EngineRequest]) -> tuple[dict[str, RequestOutpu
     return done, steps
 
 
-def greedy_ids(llm: LLM, prompt: str, draft: list[int] | None, max_tokens: int = 16) -> tuple[list[int], int]:
+def greedy_ids(
+    llm: LLM, prompt: str, draft: list[int] | None, max_tokens: int = 16
+) -> tuple[list[int], int]:
     ids = llm.get_tokenizer().encode(prompt)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     request = EngineRequest.of("r", ids, params, draft_tokens=draft)
@@ -115,7 +117,9 @@ def test_ngram_speculation_gives_the_same_outputs_and_saves_steps(plain: LLM, ng
                 for x, y in zip(a.logprobs, b.logprobs, strict=True):
                     assert x.token_id == y.token_id
                     assert [t for t, _ in x.top] == [t for t, _ in y.top]
-                    assert [lp for _, lp in x.top] == pytest.approx([lp for _, lp in y.top], abs=1e-4)
+                    assert [lp for _, lp in x.top] == pytest.approx(
+                        [lp for _, lp in y.top], abs=1e-4
+                    )
     after = ngram.engine.scheduler.stats()
     assert after["num_accepted_draft_tokens"] > before["num_accepted_draft_tokens"]
     # The batch takes as many steps as its slowest request, which may accept nothing.
@@ -172,9 +176,17 @@ def test_bad_drafts_and_options_are_refused_naming_the_field(plain: LLM) -> None
     vocab = plain.engine.model_config.vocab_size
     bad = [
         ({"draft_tokens": [vocab]}, SamplingParams(), "draft_tokens"),
-        ({"draft_tokens": [1], "draft_logits": np.zeros((1, vocab + 1), np.float32)}, SamplingParams(), "draft_logits"),
+        (
+            {"draft_tokens": [1], "draft_logits": np.zeros((1, vocab + 1), np.float32)},
+            SamplingParams(),
+            "draft_logits",
+        ),
         ({"draft_logits": np.zeros((1, vocab), np.float32)}, SamplingParams(), "draft_logits"),
-        ({"draft_tokens": [1]}, SamplingParams(use_beam_search=True, best_of=2, temperature=0.0), "draft_tokens"),
+        (
+            {"draft_tokens": [1]},
+            SamplingParams(use_beam_search=True, best_of=2, temperature=0.0),
+            "draft_tokens",
+        ),
     ]
     for fields, params, field in bad:
         with pytest.raises(ValueError, match=field) as info:

@@ -111,7 +111,9 @@ def float32_matrix(values: npt.ArrayLike) -> npt.NDArray[np.float32]:
     try:
         array = np.ascontiguousarray(values, dtype=np.float32)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"`draft_logits` must be a [num_draft_tokens, vocab] float array: {e}")
+        raise ValueError(
+            f"`draft_logits` must be a [num_draft_tokens, vocab] float array: {e}"
+        ) from e
     if array.ndim != 2:
         raise ValueError(
             f"`draft_logits` must be 2-D [num_draft_tokens, vocab]; got shape {array.shape}"
