@@ -389,6 +389,10 @@ class StepPlan:
     @property
     def seq_indices(self) -> npt.NDArray[np.uint32]: ...
     @property
+    def num_draft_tokens(self) -> npt.NDArray[np.uint32]:
+        """Draft tokens at the end of each row (speculative decoding; 0 = none): such a row's
+        last ``1 + num_draft_tokens`` positions are all sampled, in order."""
+    @property
     def logits_indices(self) -> npt.NDArray[np.int64]: ...
     @property
     def sample_rows(self) -> npt.NDArray[np.int32]: ...
@@ -497,9 +501,17 @@ class SchedulerConfig:
         vocab_size: int = 0,
         seed: int | None = None,
         prefill_only: bool = False,
+        speculative: str | None = None,
+        num_speculative_tokens: int = 4,
+        ngram_min: int = 1,
+        ngram_max: int = 3,
     ) -> SchedulerConfig:
-        """``logprobs_mode`` is ``"raw"`` (vLLM's default: log-softmax of the model's logits)
-        or ``"processed"`` (the distribution actually sampled from). ``vocab_size`` (0 =
+        """``speculative="ngram"`` turns on prompt-lookup speculative decoding: each decode
+        row carries up to ``num_speculative_tokens`` draft tokens, the continuation of the
+        latest earlier occurrence of the longest ``ngram_min..ngram_max``-gram ending the
+        sequence, verified in the same step. ``logprobs_mode`` is ``"raw"`` (vLLM's default:
+        log-softmax of the model's logits) or ``"processed"`` (the distribution actually
+        sampled from). ``vocab_size`` (0 =
         unknown) lets ``add_request`` reject prompts and parameters that do not fit the model.
         ``seed`` makes the seeds of unseeded requests deterministic, so a run replays.
         ``prefill_only`` (embedding models): each request is one whole forward over its prompt,
@@ -545,6 +557,18 @@ class SchedulerConfig:
     @property
     def prefill_only(self) -> bool:
         """Prefill-only (embedding) mode: one whole forward per request, nothing kept."""
+    @property
+    def speculative(self) -> str | None:
+        """``"ngram"`` when prompt-lookup speculative decoding is on, else None."""
+    @property
+    def num_speculative_tokens(self) -> int:
+        """Draft tokens the n-gram drafter proposes per step, at most."""
+    @property
+    def ngram_min(self) -> int:
+        """Shortest n-gram the drafter matches."""
+    @property
+    def ngram_max(self) -> int:
+        """Longest n-gram the drafter matches."""
 
 @final
 class CompiledGrammar:
@@ -590,8 +614,16 @@ class Scheduler:
         deadline: float | None = None,
         cache_salt: str | None = None,
         grammar: CompiledGrammar | None = None,
+        draft_tokens: _TokenIds | None = None,
+        draft_logits: npt.NDArray[np.float32] | None = None,
     ) -> None:
         """Queue a request. Raises ValidationError or QueueFullError; nothing is queued then.
+
+        ``draft_tokens`` (speculative decoding) is a guess of the output's first tokens,
+        verified by the model while the output follows it; ``draft_logits``
+        (``[len(draft_tokens), vocab]`` float32) are the drafter's logits at each of them, for
+        the speculative-sampling acceptance rule at temperature > 0. Drafts are refused with
+        beam search and grammars.
 
         ``priority`` defaults to ``params.priority``; ``arrival_time`` to ``time.time()``;
         ``deadline`` to arrival + ``params.timeout_s`` when that is set. With the config's

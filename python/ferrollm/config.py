@@ -123,6 +123,16 @@ class EngineConfig:
     #: Embedding pooling ("mean", "cls", "last", "max") where the model does not declare one
     #: (a sentence-transformers modules.json does); given, it overrides the declared one.
     pooling: str | None = None
+    #: Speculative decoding without a client draft: "ngram" (prompt-lookup decoding: each
+    #: decode step also verifies the continuation of the latest earlier occurrence of the
+    #: sequence's last n-gram) or None (off). Beam search and grammar-constrained requests
+    #: never speculate.
+    speculative: str | None = None
+    #: Draft tokens the n-gram drafter proposes per step, at most.
+    num_speculative_tokens: int = 4
+    #: Shortest and longest n-gram the drafter matches (the longest match wins).
+    ngram_min: int = 1
+    ngram_max: int = 3
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -272,6 +282,7 @@ def _check_fields(config: EngineConfig) -> None:
             f"`pooling` must be one of {', '.join(POOLING_NAMES)} and needs `task` embed; "
             f"got {config.pooling!r} with task {config.task!r}",
         )
+    _check_speculative(config)
     if config.seed is not None and (
         isinstance(config.seed, bool) or not isinstance(config.seed, int) or config.seed < 0
     ):
@@ -279,6 +290,25 @@ def _check_fields(config: EngineConfig) -> None:
             "seed", f"`seed` must be a non-negative integer; got {config.seed!r}"
         )
 
+
+def _check_speculative(config: EngineConfig) -> None:
+    if config.speculative not in SPECULATIVE_NAMES:
+        raise EngineConfigError(
+            "speculative",
+            f'`speculative` must be "ngram" or None (off); got {config.speculative!r}',
+        )
+    for name in ("num_speculative_tokens", "ngram_min", "ngram_max"):
+        _positive_int(name, getattr(config, name))
+    if config.ngram_max < config.ngram_min:
+        raise EngineConfigError(
+            "ngram_max",
+            f"`ngram_max` must be at least `ngram_min` ({config.ngram_min}); "
+            f"got {config.ngram_max}",
+        )
+
+
+#: What `speculative` may be.
+SPECULATIVE_NAMES = (None, "ngram")
 
 #: Generation-only options and their defaults: with ``task`` embed, another value would be
 #: ignored, so it is refused.
@@ -293,6 +323,10 @@ _GENERATION_ONLY = {
     "seed": None,
     "enable_prefix_caching": True,
     "priority_aging_s": 10.0,
+    "speculative": None,
+    "num_speculative_tokens": 4,
+    "ngram_min": 1,
+    "ngram_max": 3,
 }
 
 

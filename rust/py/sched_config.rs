@@ -4,8 +4,9 @@
 use pyo3::prelude::*;
 
 use super::tokens::extract_token_ids;
+use crate::error::CoreError;
 use crate::sampling::LogprobsMode;
-use crate::sched::SchedulerConfig;
+use crate::sched::{NgramConfig, SchedulerConfig};
 use crate::types::TokenId;
 
 #[pyclass(name = "SchedulerConfig", module = "ferrollm._core", frozen, eq)]
@@ -14,13 +15,21 @@ pub struct PySchedulerConfig {
     pub(crate) inner: SchedulerConfig,
 }
 
+impl PySchedulerConfig {
+    /// The n-gram settings in force (the defaults when speculation is off).
+    fn ngram(&self) -> NgramConfig {
+        self.inner.speculative.unwrap_or_default()
+    }
+}
+
 #[pymethods]
 impl PySchedulerConfig {
     #[new]
     #[pyo3(signature = (*, num_blocks, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192,
         max_model_len=8192, max_num_waiting=4096, enable_prefix_caching=true, priority_aging_s=10.0,
-        eos_token_ids=None, logprobs_mode="raw", vocab_size=0, seed=None, prefill_only=false),
-        text_signature = "(*, num_blocks, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, max_num_waiting=4096, enable_prefix_caching=True, priority_aging_s=10.0, eos_token_ids=(), logprobs_mode='raw', vocab_size=0, seed=None, prefill_only=False)")]
+        eos_token_ids=None, logprobs_mode="raw", vocab_size=0, seed=None, prefill_only=false,
+        speculative=None, num_speculative_tokens=4, ngram_min=1, ngram_max=3),
+        text_signature = "(*, num_blocks, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, max_num_waiting=4096, enable_prefix_caching=True, priority_aging_s=10.0, eos_token_ids=(), logprobs_mode='raw', vocab_size=0, seed=None, prefill_only=False, speculative=None, num_speculative_tokens=4, ngram_min=1, ngram_max=3)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: usize,
@@ -36,7 +45,23 @@ impl PySchedulerConfig {
         vocab_size: usize,
         seed: Option<u64>,
         prefill_only: bool,
+        speculative: Option<&str>,
+        num_speculative_tokens: usize,
+        ngram_min: usize,
+        ngram_max: usize,
     ) -> PyResult<Self> {
+        let speculative = match speculative {
+            None => None,
+            Some("ngram") => Some(NgramConfig {
+                min_n: ngram_min,
+                max_n: ngram_max,
+                num_draft_tokens: num_speculative_tokens,
+            }),
+            Some(other) => {
+                let msg = format!("`speculative` must be \"ngram\" or None; got {other:?}");
+                return Err(CoreError::invalid("speculative", "invalid_choice", msg).into());
+            }
+        };
         let eos_token_ids = match eos_token_ids {
             Some(ids) => extract_token_ids("eos_token_ids", ids)?,
             None => Vec::new(),
@@ -55,6 +80,7 @@ impl PySchedulerConfig {
             vocab_size,
             seed,
             prefill_only,
+            speculative,
         };
         inner.validate()?;
         Ok(PySchedulerConfig { inner })
@@ -112,20 +138,44 @@ impl PySchedulerConfig {
     fn prefill_only(&self) -> bool {
         self.inner.prefill_only
     }
+    /// "ngram" when prompt-lookup speculative decoding is on, else None.
+    #[getter]
+    fn speculative(&self) -> Option<&'static str> {
+        self.inner.speculative.map(|_| "ngram")
+    }
+    #[getter]
+    fn num_speculative_tokens(&self) -> usize {
+        self.ngram().num_draft_tokens
+    }
+    #[getter]
+    fn ngram_min(&self) -> usize {
+        self.ngram().min_n
+    }
+    #[getter]
+    fn ngram_max(&self) -> usize {
+        self.ngram().max_n
+    }
 
     fn __repr__(&self) -> String {
         let c = &self.inner;
         let seed = c.seed.map_or_else(|| "None".to_string(), |s| s.to_string());
+        let spec = if c.speculative.is_some() {
+            "'ngram'"
+        } else {
+            "None"
+        };
+        let ngram = self.ngram();
         let prefix = if c.enable_prefix_caching {
             "True"
         } else {
             "False"
         };
         format!(
-            "SchedulerConfig(num_blocks={}, block_size={}, max_num_seqs={}, max_num_batched_tokens={}, max_model_len={}, max_num_waiting={}, enable_prefix_caching={prefix}, priority_aging_s={:?}, eos_token_ids={:?}, logprobs_mode={:?}, vocab_size={}, seed={seed}, prefill_only={})",
+            "SchedulerConfig(num_blocks={}, block_size={}, max_num_seqs={}, max_num_batched_tokens={}, max_model_len={}, max_num_waiting={}, enable_prefix_caching={prefix}, priority_aging_s={:?}, eos_token_ids={:?}, logprobs_mode={:?}, vocab_size={}, seed={seed}, prefill_only={}, speculative={spec}, num_speculative_tokens={}, ngram_min={}, ngram_max={})",
             c.num_blocks, c.block_size, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len,
             c.max_num_waiting, c.priority_aging_s, c.eos_token_ids, c.logprobs_mode.as_str(), c.vocab_size,
-            if c.prefill_only { "True" } else { "False" }
+            if c.prefill_only { "True" } else { "False" },
+            ngram.num_draft_tokens, ngram.min_n, ngram.max_n
         )
     }
 }

@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::arrays::{arr, logits_view};
+use super::arrays::{arr, float32_array, logits_view};
 use super::detok::PyDetokenizer;
 use super::errors::{guard, int_arg, SchedulerError};
 use super::grammar::PyCompiledGrammar;
@@ -20,6 +20,7 @@ use crate::error::CoreError;
 use crate::params::SamplingParams;
 use crate::sched::{NewRequest, Scheduler};
 use crate::types::RequestId;
+use numpy::PyReadonlyArray2;
 
 fn now() -> f64 {
     SystemTime::now()
@@ -32,6 +33,13 @@ fn request_id_arg(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
         let msg = format!("`request_id` must be an integer in [0, 2^64); got {obj}");
         CoreError::invalid("request_id", "out_of_range", msg).into()
     })
+}
+
+/// `draft_logits` as a flat copy of its `[num_draft_tokens, vocab]` float32 values.
+fn draft_logits_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<f32>> {
+    float32_array("draft_logits", obj, 2)?;
+    let array: PyReadonlyArray2<'_, f32> = obj.extract()?;
+    Ok(array.as_array().iter().copied().collect())
 }
 
 #[pyclass(name = "Scheduler", module = "ferrollm._core")]
@@ -57,8 +65,8 @@ impl PyScheduler {
     }
 
     #[pyo3(signature = (request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None,
-        deadline=None, cache_salt=None, grammar=None),
-        text_signature = "(self, request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None, deadline=None, cache_salt=None, grammar=None)")]
+        deadline=None, cache_salt=None, grammar=None, draft_tokens=None, draft_logits=None),
+        text_signature = "(self, request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None, deadline=None, cache_salt=None, grammar=None, draft_tokens=None, draft_logits=None)")]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -70,7 +78,14 @@ impl PyScheduler {
         deadline: Option<f64>,
         cache_salt: Option<String>,
         grammar: Option<PyRef<'_, PyCompiledGrammar>>,
+        draft_tokens: Option<&Bound<'_, PyAny>>,
+        draft_logits: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let draft_tokens = match draft_tokens {
+            Some(ids) => extract_token_ids("draft_tokens", ids)?,
+            None => Vec::new(),
+        };
+        let draft_logits = draft_logits.map(draft_logits_arg).transpose()?;
         let req = NewRequest {
             id: RequestId(request_id_arg(request_id)?),
             prompt_token_ids: extract_token_ids("prompt_token_ids", prompt_token_ids)?,
@@ -82,6 +97,8 @@ impl PyScheduler {
             deadline,
             cache_salt,
             grammar: grammar.map(|g| g.inner.clone()),
+            draft_tokens,
+            draft_logits,
         };
         Ok(self.inner.add_request(req)?)
     }
@@ -158,6 +175,8 @@ impl PyScheduler {
         d.set_item("num_prefix_hit_blocks", s.num_prefix_hit_blocks)?;
         d.set_item("num_preemptions", s.num_preemptions)?;
         d.set_item("num_steps", s.num_steps)?;
+        d.set_item("num_draft_tokens", s.num_draft_tokens)?;
+        d.set_item("num_accepted_draft_tokens", s.num_accepted_draft_tokens)?;
         Ok(d)
     }
 

@@ -57,6 +57,7 @@ mod rng;
 mod run;
 mod scratch;
 mod select;
+mod speculative;
 
 #[cfg(test)]
 mod tests;
@@ -65,6 +66,7 @@ pub use beam::{beam_candidates, BeamCandidate, BeamRow};
 pub use processors::check_fits_vocab;
 pub use rng::uniform;
 pub use run::{filtered_probs, process_logits, sample, SampleResult};
+pub use speculative::{verify_draft, DraftCheck};
 
 use crate::error::{CoreError, CoreResult};
 use crate::params::SamplingParams;

@@ -113,7 +113,7 @@ fn forks(reqs: &[SampleRequest<'_>]) -> Vec<Range<usize>> {
     groups
 }
 
-fn no_finite(row: usize, sample: usize) -> CoreError {
+pub(super) fn no_finite(row: usize, sample: usize) -> CoreError {
     CoreError::invalid(
         format!("logits[{row}]"),
         "no_finite_logit",
@@ -125,7 +125,7 @@ fn no_finite(row: usize, sample: usize) -> CoreError {
 }
 
 /// What a row's processors and filters leave to draw from.
-enum Choice {
+pub(super) enum Choice {
     /// Greedy: the token, whatever the uniform.
     Greedy(u32),
     /// The filtered distribution (kept tokens in the scratch).
@@ -133,7 +133,7 @@ enum Choice {
 }
 
 /// Samples a run of forks sharing one row; `first` is the index of the run's first sample.
-fn sample_group(
+pub(super) fn sample_group(
     raw: &[f32],
     reqs: &[SampleRequest<'_>],
     first: usize,
@@ -172,7 +172,7 @@ fn sample_group(
 /// Runs the processors and filters of `req` on `raw`; `None` when no finite logit is left.
 /// Greedy and top-k rows whose processors are all sparse never copy the row (see `overlay`),
 /// unless processed logprobs of a greedy row need the whole processed row.
-fn choose(
+pub(super) fn choose(
     raw: &[f32],
     req: &SampleRequest<'_>,
     cfg: &SamplerConfig,
@@ -219,7 +219,7 @@ fn choose(
     }
 }
 
-fn no_logprobs(token: u32) -> Sampled {
+pub(super) fn no_logprobs(token: u32) -> Sampled {
     Sampled {
         token,
         logprob: None,
@@ -227,7 +227,7 @@ fn no_logprobs(token: u32) -> Sampled {
     }
 }
 
-fn with_logprobs(
+pub(super) fn with_logprobs(
     raw: &[f32],
     tokens: &[Cand],
     dist: Option<&Dist>,

@@ -39,6 +39,41 @@ pub struct SchedulerConfig {
     /// next `update()` with its blocks freed. Needs `max_model_len <= max_num_batched_tokens`
     /// (so every admissible input fits one step) and no prefix caching.
     pub prefill_only: bool,
+    /// Prompt-lookup speculative decoding (`--speculative ngram`); `None` = off.
+    pub speculative: Option<NgramConfig>,
+}
+
+/// Prompt-lookup decoding: before each decode step, the scheduler looks for the longest
+/// n-gram (`min_n..=max_n` tokens) that ends the sequence and occurred earlier in it, and
+/// proposes the up to `num_draft_tokens` tokens that followed that earlier occurrence as a draft
+/// (see `sched::speculative`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NgramConfig {
+    /// Shortest n-gram matched (at least 1).
+    pub min_n: usize,
+    /// Longest n-gram matched (at least `min_n`).
+    pub max_n: usize,
+    /// Draft tokens proposed per step, at most (at least 1).
+    pub num_draft_tokens: usize,
+}
+
+impl Default for NgramConfig {
+    fn default() -> Self {
+        NgramConfig {
+            min_n: 1,
+            max_n: 3,
+            num_draft_tokens: 4,
+        }
+    }
+}
+
+impl NgramConfig {
+    /// Checks the ranges; errors name the field.
+    pub fn validate(&self) -> CoreResult<()> {
+        at_least("ngram_min", self.min_n, 1)?;
+        at_least("ngram_max", self.max_n, self.min_n)?;
+        at_least("num_speculative_tokens", self.num_draft_tokens, 1)
+    }
 }
 
 impl Default for SchedulerConfig {
@@ -57,6 +92,7 @@ impl Default for SchedulerConfig {
             vocab_size: 0,
             seed: None,
             prefill_only: false,
+            speculative: None,
         }
     }
 }
@@ -111,6 +147,16 @@ impl SchedulerConfig {
         }
         if self.prefill_only {
             super::prefill::check_config(self)?;
+        }
+        if self.prefill_only && self.speculative.is_some() {
+            return Err(CoreError::invalid(
+                "speculative",
+                "conflict",
+                "`speculative` needs decode steps; a prefill-only (embedding) scheduler has none",
+            ));
+        }
+        if let Some(ngram) = &self.speculative {
+            ngram.validate()?;
         }
         let blocks_per_seq = self.max_model_len.div_ceil(self.block_size);
         if blocks_per_seq > self.num_blocks - 1 {

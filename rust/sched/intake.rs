@@ -11,6 +11,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use super::beam::BeamGroup;
 use super::request::{Request, Sequence};
 use super::scheduler::Scheduler;
+use super::speculative::client_draft;
 use super::text::text_state_for;
 use crate::error::{CoreError, CoreResult};
 use crate::grammar::GrammarState;
@@ -38,6 +39,13 @@ pub struct NewRequest {
     /// Constrained decoding: the grammar's initial state (compiled by the caller, off the
     /// engine thread); each of the request's sequences follows its own copy.
     pub grammar: Option<GrammarState>,
+    /// Speculative decoding: the client's guess of the output's first tokens, verified by the
+    /// model (accepted while the target agrees); empty = none.
+    pub draft_tokens: Vec<TokenId>,
+    /// Row-major `[draft_tokens.len(), vocab]`: the drafter's logits at each draft token. With
+    /// them, a sampled request accepts a draft token with probability `min(1, p/q)`; without,
+    /// the draft counts as deterministic (`q` a point mass).
+    pub draft_logits: Option<Vec<f32>>,
 }
 
 impl NewRequest {
@@ -52,6 +60,8 @@ impl NewRequest {
             deadline: None,
             cache_salt: None,
             grammar: None,
+            draft_tokens: Vec::new(),
+            draft_logits: None,
         }
     }
 }
@@ -140,6 +150,7 @@ impl Scheduler {
             token_stops,
             beam: None,
             grammar: req.grammar.map(Box::new),
+            draft: client_draft(req.draft_tokens, req.draft_logits),
         });
         self.waiting
             .push_back(key, r.priority, req.arrival_time, req.id.0, 0);
@@ -183,6 +194,7 @@ impl Scheduler {
                 "`ignore_eos` cannot be used with a grammar (structured output ends where the grammar does)",
             ));
         }
+        self.check_draft(req)?;
         if req.params.use_beam_search {
             self.check_beam_fits(&req.params, req.prompt_token_ids.len())?;
         }

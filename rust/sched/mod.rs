@@ -33,13 +33,15 @@ mod rank;
 mod request;
 mod schedule;
 mod scheduler;
+mod speculative;
 mod text;
 mod update;
 
-pub use config::SchedulerConfig;
+pub use config::{NgramConfig, SchedulerConfig};
 pub use intake::NewRequest;
 pub use plan::{StepOutput, StepPlan};
 pub use scheduler::{Scheduler, SchedulerStats, SeqView};
+pub use speculative::propose_ngram;
 
 #[cfg(test)]
 mod tests;

@@ -14,7 +14,10 @@ pub(crate) struct RowSpec<'a> {
     /// Tokens whose KV is already in `block_table`; the row computes the next `num_tokens`.
     pub num_computed_tokens: usize,
     pub num_tokens: usize,
-    /// The row's blocks, already reserved for its `num_tokens`.
+    /// Draft tokens computed after those `num_tokens` (speculative decoding): the row then
+    /// yields one sample per draft token plus one.
+    pub draft: &'a [TokenId],
+    /// The row's blocks, already reserved for its `num_tokens` and draft.
     pub block_table: &'a [BlockId],
     /// Samples the row yields once it reaches the end of its tokens: `n` for a request's first
     /// sequence that forks, else 1.
@@ -46,7 +49,11 @@ pub struct StepPlan {
     pub req_ids: Vec<u64>,
     /// Sequence index (0..n) of each row within its request.
     pub seq_indices: Vec<u32>,
-    /// Index into `input_ids` of each sample's position (the row's last token).
+    /// Draft tokens at the end of each row (speculative decoding; 0 = none): such a row's last
+    /// `1 + num_draft_tokens` positions are all sampled, in order.
+    pub num_draft_tokens: Vec<u32>,
+    /// Index into `input_ids` of each sample's position (the row's last token; the last
+    /// `1 + num_draft_tokens` of a row with a draft).
     pub logits_indices: Vec<i64>,
     /// Row of each sample.
     pub sample_rows: Vec<i32>,
@@ -87,24 +94,28 @@ impl StepPlan {
     /// Appends row number `row` (the caller has already reserved its blocks). Returns its
     /// samples: 0 while its prefill is unfinished.
     pub(crate) fn push_row(&mut self, spec: &RowSpec<'_>, block_size: usize, row: i32) -> u32 {
-        let (start, num_tokens) = (spec.num_computed_tokens, spec.num_tokens);
-        let end = start + num_tokens;
+        let (start, num_draft) = (spec.num_computed_tokens, spec.draft.len());
+        let end = start + spec.num_tokens;
+        let num_tokens = spec.num_tokens + num_draft;
         let base = *self.cu_seqlens_q.last().unwrap_or(&0);
         if self.cu_seqlens_q.is_empty() {
             self.cu_seqlens_q.push(0);
         }
         self.input_ids
             .extend(spec.tokens[start..end].iter().map(|&t| i64::from(t)));
-        for pos in start..end {
+        self.input_ids
+            .extend(spec.draft.iter().map(|&t| i64::from(t)));
+        for pos in start..end + num_draft {
             let block = spec.block_table[pos / block_size].0 as usize;
             self.positions.push(pos as i64);
             self.slot_mapping
                 .push((block * block_size + pos % block_size) as i64);
         }
         self.cu_seqlens_q.push(base + num_tokens as i32);
-        self.context_lens.push(end as i32);
+        self.context_lens.push((end + num_draft) as i32);
         self.req_ids.push(spec.req_id.0);
         self.seq_indices.push(spec.seq_index);
+        self.num_draft_tokens.push(num_draft as u32);
         let has_output = spec.tokens.len() > spec.num_prompt_tokens;
         if num_tokens == 1 && has_output && end == spec.tokens.len() {
             self.num_decode_tokens += 1;
@@ -113,6 +124,15 @@ impl StepPlan {
         }
         if end < spec.tokens.len() {
             return 0;
+        }
+        if num_draft > 0 {
+            let last = i64::from(base) + num_tokens as i64 - 1;
+            for i in (0..=num_draft as i64).rev() {
+                self.logits_indices.push(last - i);
+                self.sample_rows.push(row);
+                self.sample_seq_indices.push(spec.seq_index);
+            }
+            return num_draft as u32 + 1;
         }
         let samples = spec.num_samples_at_end;
         for j in 0..samples {

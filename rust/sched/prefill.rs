@@ -105,6 +105,8 @@ impl Scheduler {
             rows.push(Row {
                 key,
                 num_tokens,
+                draft: Vec::new(),
+                client_draft: false,
                 copy: None,
             });
             *budget -= num_tokens;

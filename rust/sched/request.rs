@@ -49,6 +49,19 @@ pub(crate) struct Sequence {
     pub beam: Option<Box<Beam>>,
     /// Constrained decoding: the grammar's state after this sequence's output so far.
     pub grammar: Option<Box<GrammarState>>,
+    /// The client's draft of the output's first tokens (see `speculative`), until it is used
+    /// up or the output leaves it.
+    pub draft: Option<Arc<ClientDraft>>,
+}
+
+/// Draft tokens a request brought (TensorRT-LLM's `draft_input_ids` / `draft_logits`): a guess
+/// of the output's first tokens, verified by the target model (see `speculative`).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ClientDraft {
+    pub tokens: Vec<TokenId>,
+    /// Row-major `[tokens.len(), vocab]`: the drafter's logits at each draft token; its
+    /// distribution is their softmax (the rows the draft tokens were drawn from).
+    pub logits: Option<Vec<f32>>,
 }
 
 impl Sequence {

@@ -5,13 +5,18 @@
 use super::plan::{RowSpec, StepPlan};
 use super::rank::SeqKey;
 use super::scheduler::Scheduler;
-use crate::types::{BlockId, SeqStatus};
+use crate::types::{BlockId, SeqStatus, TokenId};
 
-/// One scheduled sequence: `num_tokens` tokens from its `num_computed_tokens` on.
-#[derive(Debug, Clone, Copy)]
+/// One scheduled sequence: `num_tokens` tokens from its `num_computed_tokens` on, the last
+/// `draft.len()` of them draft tokens (see `speculative`).
+#[derive(Debug, Clone)]
 pub(crate) struct Row {
     pub key: SeqKey,
     pub num_tokens: usize,
+    /// Draft tokens computed after the row's own tokens (speculative decoding).
+    pub draft: Vec<TokenId>,
+    /// Whether `draft` is the client's (else the n-gram drafter's).
+    pub client_draft: bool,
     /// Copy-on-write done for this row before its KV is written: (source, destination).
     pub copy: Option<(BlockId, BlockId)>,
 }
@@ -61,7 +66,8 @@ impl Scheduler {
                 tokens: &s.tokens,
                 num_prompt_tokens: s.num_prompt_tokens,
                 num_computed_tokens: s.num_computed_tokens,
-                num_tokens: row.num_tokens,
+                num_tokens: row.num_tokens - row.draft.len(),
+                draft: &row.draft,
                 block_table: &s.block_table,
                 // A beam group's first row yields one sample: the beams come from its logits.
                 // Prefill-only rows sample nothing (`prefill`).
@@ -129,6 +135,13 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
+            let (draft, client_draft) = self.draft_for(key, num_tokens, *budget - num_tokens);
+            if !draft.is_empty()
+                && self.schedule_draft_row(key, num_tokens, draft, client_draft, budget, rows)
+            {
+                i += 1;
+                continue;
+            }
             if !self.schedule_row(key, num_tokens, budget, rows, plan, &mut preempted) {
                 break;
             }
@@ -165,6 +178,34 @@ impl Scheduler {
             key,
             num_tokens,
             copy,
+            draft: Vec::new(),
+            client_draft: false,
+        });
+        *budget -= num_tokens;
+        true
+    }
+
+    /// Gives `key` a row of `num_tokens` plus `draft` when the blocks for all of them are free
+    /// (a draft never preempts anything). Returns false, changing nothing, when they are not.
+    fn schedule_draft_row(
+        &mut self,
+        key: SeqKey,
+        num_tokens: usize,
+        draft: Vec<TokenId>,
+        client_draft: bool,
+        budget: &mut usize,
+        rows: &mut Vec<Row>,
+    ) -> bool {
+        let num_tokens = num_tokens + draft.len();
+        let Some(copy) = self.reserve_blocks(key, num_tokens) else {
+            return false;
+        };
+        rows.push(Row {
+            key,
+            num_tokens,
+            copy,
+            draft,
+            client_draft,
         });
         *budget -= num_tokens;
         true
@@ -210,7 +251,7 @@ impl Scheduler {
     /// Reserves the blocks `key` needs to compute `num_tokens` more tokens, copying a shared
     /// partial block first (copy-on-write). Returns None, changing nothing, if too few are free;
     /// else the copy made, if any.
-    fn reserve_blocks(
+    pub(crate) fn reserve_blocks(
         &mut self,
         key: SeqKey,
         num_tokens: usize,
@@ -284,13 +325,17 @@ impl Scheduler {
             for (&key, hits) in keys.iter().zip(&hits) {
                 let num_tokens = self.admit(key, hits, *budget, whole);
                 if num_tokens > 0 {
-                    rows.push(Row {
+                    let mut row = Row {
                         key,
                         num_tokens,
                         copy: None,
-                    });
+                        draft: Vec::new(),
+                        client_draft: false,
+                    };
+                    self.attach_draft(&mut row, *budget - num_tokens);
+                    *budget -= row.num_tokens;
+                    rows.push(row);
                 }
-                *budget -= num_tokens;
             }
         }
     }

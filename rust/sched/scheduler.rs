@@ -43,6 +43,10 @@ pub struct SchedulerStats {
     pub num_preemptions: u64,
     /// `schedule()` calls so far.
     pub num_steps: u64,
+    /// Draft tokens verified so far (speculative decoding).
+    pub num_draft_tokens: u64,
+    /// Of those, tokens the target accepted.
+    pub num_accepted_draft_tokens: u64,
 }
 
 /// A read-only view of one live sequence (for tests, debugging and invariant checks).
@@ -97,6 +101,8 @@ pub struct Scheduler {
     /// Beam searches ended by an abort or deadline at `schedule()`, with their best hypotheses
     /// so far: the next `update()` emits them (see `beam::keep_beams_of_ended`).
     pub(crate) ended_beams: Vec<EndedBeams>,
+    pub(crate) num_draft_tokens: u64,
+    pub(crate) num_accepted_draft_tokens: u64,
 }
 
 impl Scheduler {
@@ -123,6 +129,8 @@ impl Scheduler {
             detok: None,
             num_added: 0,
             ended_beams: Vec::new(),
+            num_draft_tokens: 0,
+            num_accepted_draft_tokens: 0,
         })
     }
 
@@ -171,6 +179,8 @@ impl Scheduler {
             num_prefix_hit_blocks: cache.num_hit_blocks,
             num_preemptions: self.num_preemptions,
             num_steps: self.step,
+            num_draft_tokens: self.num_draft_tokens,
+            num_accepted_draft_tokens: self.num_accepted_draft_tokens,
         }
     }
 

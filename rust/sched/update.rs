@@ -12,7 +12,7 @@ use super::schedule::PlanRecord;
 use super::scheduler::Scheduler;
 use crate::detok::Detokenizer;
 use crate::error::{CoreError, CoreResult};
-use crate::sampling::{self, BeamCandidate, SampleRequest, SampleResult, Sampled};
+use crate::sampling::{self, BeamCandidate, DraftCheck, SampleRequest, SampleResult, Sampled};
 use crate::types::{FinishReason, RequestId, SeqStatus, TokenId};
 use llguidance::toktrie::SimpleVob;
 use rayon::prelude::*;
@@ -20,8 +20,9 @@ use rustc_hash::FxHashMap;
 
 /// The tokens of one step: given by the caller, or drawn here from the step's logits (where a
 /// sample may have failed).
-/// Beam groups' samples are not drawn (`None`): `beam_step` consumes them.
-enum Samples<'a> {
+/// Beam groups' samples are not drawn (`None`): `beam_step` consumes them, nor are the
+/// positions after a rejected draft token verified with draft logits.
+pub(crate) enum Samples<'a> {
     Given(&'a [TokenId]),
     Drawn(Vec<Option<SampleResult>>),
 }
@@ -38,14 +39,22 @@ impl Samples<'_> {
         }
     }
 
-    fn drawn(&self, i: usize) -> Option<&Sampled> {
+    /// The token of sample `i`, if it was drawn and did not fail.
+    pub(crate) fn token_at(&self, i: usize) -> Option<TokenId> {
+        match self {
+            Samples::Given(t) => t.get(i).copied(),
+            Samples::Drawn(d) => d.get(i)?.as_ref()?.as_ref().ok().map(|s| s.token),
+        }
+    }
+
+    pub(crate) fn drawn(&self, i: usize) -> Option<&Sampled> {
         match self {
             Samples::Given(_) => None,
             Samples::Drawn(d) => d[i].as_ref().and_then(|r| r.as_ref().ok()),
         }
     }
 
-    fn error(&self, i: usize) -> Option<&CoreError> {
+    pub(crate) fn error(&self, i: usize) -> Option<&CoreError> {
         match self {
             Samples::Given(_) => None,
             Samples::Drawn(d) => d[i].as_ref().and_then(|r| r.as_ref().err()),
@@ -140,16 +149,29 @@ impl Scheduler {
         let keys = sample_keys(&rec);
         let steps = self.beam_steps(&keys);
         let masks = self.grammar_masks(&rec);
+        let histories = self.draft_histories(&rec);
         let drawn = {
-            let reqs = self.sample_requests(&rec, &steps, &masks);
-            sampling::sample(logits, vocab, &reqs, &self.sampler)
-                .map(|d| (reqs.iter().map(|r| r.row).collect::<Vec<_>>(), d))
+            let (reqs, checks) = self.sample_requests(&rec, &steps, &masks, &histories);
+            sampling::sample(logits, vocab, &reqs, &self.sampler).map(|d| {
+                let rows = reqs.iter().map(|r| r.row).collect::<Vec<_>>();
+                (rows, d, self.verify_drafts(logits, vocab, &checks))
+            })
         };
         match drawn {
-            Ok((rows, drawn)) => {
+            Ok((rows, drawn, verified)) => {
                 let mut all: Vec<Option<SampleResult>> = vec![None; rec.total_samples];
                 for (row, d) in rows.into_iter().zip(drawn) {
                     all[row] = Some(d);
+                }
+                for (first, tokens) in verified {
+                    match tokens {
+                        Ok(tokens) => {
+                            for (i, t) in tokens.into_iter().enumerate() {
+                                all[first + i] = Some(Ok(t));
+                            }
+                        }
+                        Err(e) => all[first] = Some(Err(e)),
+                    }
                 }
                 for (i, key) in keys.iter().enumerate() {
                     if let Some(Err(e)) = masks.get(key) {
@@ -211,16 +233,21 @@ impl Scheduler {
 
     /// One sampling request per sample of the plan, beam groups' samples left out. A row that
     /// forks draws its `n` samples from the parent's history with sample indices 0..n, the
-    /// indices its children will carry.
+    /// indices its children will carry. A row with a draft draws sample `j` after its output
+    /// plus draft tokens `0..j` (from `histories`); one whose client draft has logits and
+    /// samples at temperature > 0 goes to the second list, to be verified by
+    /// `sampling::verify_draft`.
     fn sample_requests<'a>(
         &'a self,
-        rec: &PlanRecord,
+        rec: &'a PlanRecord,
         beams: &[BeamStep],
         masks: &'a GrammarMasks,
-    ) -> Vec<SampleRequest<'a>> {
+        histories: &'a [Vec<TokenId>],
+    ) -> (Vec<SampleRequest<'a>>, Vec<DraftCheck<'a>>) {
         let mut reqs = Vec::with_capacity(rec.total_samples);
+        let mut checks = Vec::new();
         let mut i = 0;
-        for (row, &num_samples) in rec.rows.iter().zip(&rec.num_samples) {
+        for (r, (row, &num_samples)) in rec.rows.iter().zip(&rec.num_samples).enumerate() {
             let s = self.seqs[row.key as usize].as_ref().expect("scheduled");
             let first = i;
             i += num_samples as usize;
@@ -232,20 +259,44 @@ impl Scheduler {
             if beams.iter().any(|b| b.req_id == s.req_id) {
                 continue;
             }
-            for j in 0..num_samples {
-                reqs.push(SampleRequest {
-                    row: first + j as usize,
-                    params: &s.params,
-                    prompt: &s.tokens[..s.num_prompt_tokens],
-                    output: &s.tokens[s.num_prompt_tokens..],
-                    seed: s.seed,
-                    sample_index: if num_samples > 1 { j } else { s.seq_index },
-                    eos_token_ids: &self.cfg.eos_token_ids,
-                    allowed,
-                });
+            let speculative = !row.draft.is_empty();
+            let draft_logits = match (row.client_draft, s.params.is_greedy()) {
+                (true, false) => s.draft.as_deref().and_then(|d| d.logits.as_deref()),
+                _ => None,
+            };
+            let history = match speculative {
+                true => &histories[r][..],
+                false => &s.tokens[s.num_prompt_tokens..],
+            };
+            let num_output = s.num_output_tokens();
+            let row_reqs = (0..num_samples).map(|j| SampleRequest {
+                row: first + j as usize,
+                params: &s.params,
+                prompt: &s.tokens[..s.num_prompt_tokens],
+                output: &history[..history.len().min(num_output + j as usize)],
+                seed: s.seed,
+                sample_index: if num_samples > 1 && !speculative {
+                    j
+                } else {
+                    s.seq_index
+                },
+                eos_token_ids: &self.cfg.eos_token_ids,
+                allowed,
+            });
+            match draft_logits {
+                Some(logits) => {
+                    let vocab = logits.len() / s.draft.as_ref().map_or(1, |d| d.tokens.len());
+                    let rows = num_output * vocab..(num_output + row.draft.len()) * vocab;
+                    checks.push(DraftCheck {
+                        reqs: row_reqs.collect(),
+                        draft: &row.draft,
+                        draft_logits: logits.get(rows).unwrap_or(&[]),
+                    });
+                }
+                None => reqs.extend(row_reqs),
             }
         }
-        reqs
+        (reqs, checks)
     }
 
     fn apply(&mut self, rec: &PlanRecord, samples: &Samples<'_>, beams: BeamResults) -> StepOutput {
@@ -270,10 +321,16 @@ impl Scheduler {
         }
         let mut next = 0;
         for (row, &num_samples) in rec.rows.iter().zip(&rec.num_samples) {
-            self.advance(row.key, row.num_tokens);
             let (first, num_samples) = (next, num_samples as usize);
             next += num_samples;
             let req_id = self.seq(row.key).req_id;
+            if !row.draft.is_empty() {
+                if !failed.iter().any(|(id, _)| *id == req_id) {
+                    self.apply_draft_row(row, first, samples, &mut out);
+                }
+                continue;
+            }
+            self.advance(row.key, row.num_tokens);
             let in_beam = beams.iter().any(|(b, _)| b.req_id == req_id);
             if num_samples == 0 || in_beam || failed.iter().any(|(id, _)| *id == req_id) {
                 continue;
@@ -316,11 +373,17 @@ impl Scheduler {
             let req_id = self.seq(row.key).req_id;
             for i in next..next + num_samples as usize {
                 let Some(err) = samples.error(i) else {
-                    continue;
+                    // Positions after a rejected draft token are discarded, failed or not.
+                    let j = i - next;
+                    match row.draft.get(j) {
+                        Some(&d) if samples.token_at(i) != Some(d) => break,
+                        _ => continue,
+                    }
                 };
                 if !failed.iter().any(|(id, _)| *id == req_id) {
                     failed.push((req_id, err.to_string()));
                 }
+                break;
             }
             next += num_samples as usize;
         }
@@ -366,7 +429,7 @@ impl Scheduler {
 
     /// Appends one token to `key`: token-level stops, then text and stop strings, then the
     /// output columns; a finished sequence is released.
-    fn append(
+    pub(crate) fn append(
         &mut self,
         key: SeqKey,
         token: TokenId,
@@ -482,7 +545,7 @@ fn sample_keys(rec: &PlanRecord) -> Vec<SeqKey> {
 }
 
 /// Offers `s`'s computed full blocks past `num_cached_blocks` to the prefix cache.
-fn cache_full_blocks(pool: &mut crate::kv::BlockPool, s: &mut Sequence, bs: usize) {
+pub(crate) fn cache_full_blocks(pool: &mut crate::kv::BlockPool, s: &mut Sequence, bs: usize) {
     let num_full = s.num_computed_tokens / bs;
     while s.num_cached_blocks < num_full {
         let i = s.num_cached_blocks;

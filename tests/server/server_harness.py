@@ -56,7 +56,8 @@ class Server:
         *,
         max_model_len: int = MAX_MODEL_LEN,
         max_input_tokens: int = MAX_INPUT_TOKENS,
-        **server_options: Any,
+        server_options: dict[str, Any] | None = None,
+        **engine_options: Any,
     ) -> None:
         config = EngineConfig(
             model=str(model_dir),
@@ -65,6 +66,7 @@ class Server:
             max_model_len=max_model_len,
             kv_cache_memory="8MiB",
             seed=0,
+            **engine_options,
         )
         self.engine = AsyncEngine(LLMEngine.from_config(config))
         self.ctx = ServerContext.build(
@@ -73,7 +75,7 @@ class Server:
                 served_model_name=MODEL,
                 max_input_tokens=max_input_tokens,
                 max_body_bytes=MAX_BODY_BYTES,
-                **server_options,
+                **(server_options or {}),
             ),
         )
         self.full_text_ctx = ServerContext.build(

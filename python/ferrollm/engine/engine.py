@@ -173,6 +173,8 @@ class LLMEngine:
             arrival_time=request.arrival_time,
             grammar=request.grammar,
             deadline=request.deadline,
+            draft_tokens=request.draft_tokens,
+            draft_logits=request.draft_logits,
         )
         self._tracker.add(request, internal_id)
 
@@ -267,5 +269,9 @@ def _build_scheduler(
         logprobs_mode=config.logprobs_mode,
         vocab_size=model_config.vocab_size,
         seed=config.seed,
+        speculative=config.speculative,
+        num_speculative_tokens=config.num_speculative_tokens,
+        ngram_min=config.ngram_min,
+        ngram_max=config.ngram_max,
     )
     return Scheduler(scheduler_config, tokenizer.detokenizer)

@@ -40,6 +40,15 @@ class EngineRequest:
     #: ``time.perf_counter()`` when the request times out; None = arrival +
     #: ``params.timeout_s`` (if set). The server puts its ``--request-timeout`` here.
     deadline: float | None = None
+    #: Speculative decoding: a guess of the output's first tokens (1-D uint32; TRT's
+    #: ``draft_input_ids``), verified by the model in one step while the output follows it.
+    #: The output is the model's whatever the draft: a good draft saves steps.
+    draft_tokens: npt.NDArray[np.uint32] | None = None
+    #: The drafter's logits at each draft token, float32 ``[len(draft_tokens), vocab]``
+    #: (TRT's ``draft_logits``): at temperature > 0 a draft token is then accepted with
+    #: probability ``min(1, p/q)`` (q: their softmax); without them the draft counts as
+    #: deterministic.
+    draft_logits: npt.NDArray[np.float32] | None = None
 
     @classmethod
     def of(
@@ -50,14 +59,24 @@ class EngineRequest:
         *,
         priority: int | None = None,
         prompt: str | None = None,
+        draft_tokens: Sequence[int] | npt.NDArray[np.integer] | None = None,
+        draft_logits: npt.ArrayLike | None = None,
     ) -> EngineRequest:
-        """A request from any flat sequence of token ids (checked: integers in [0, 2^32))."""
+        """A request from any flat sequence of token ids (checked: integers in [0, 2^32)).
+
+        ``draft_logits`` may be a numpy array, a torch tensor (moved to the CPU) or nested
+        lists; it is converted to C-contiguous float32.
+        """
         return cls(
             request_id,
             token_id_array(prompt_token_ids),
             params if params is not None else SamplingParams(),
             priority=priority,
             prompt=prompt,
+            draft_tokens=None
+            if draft_tokens is None
+            else token_id_array(draft_tokens, "draft_tokens", allow_empty=True),
+            draft_logits=None if draft_logits is None else float32_matrix(draft_logits),
         )
 
     @property
@@ -66,14 +85,37 @@ class EngineRequest:
         return int(self.prompt_token_ids.shape[0])
 
 
-def token_id_array(token_ids: Sequence[int] | npt.NDArray[np.integer]) -> npt.NDArray[np.uint32]:
-    """``token_ids`` as a 1-D uint32 array; ValueError naming `prompt_token_ids` otherwise."""
+def token_id_array(
+    token_ids: Sequence[int] | npt.NDArray[np.integer],
+    field: str = "prompt_token_ids",
+    *,
+    allow_empty: bool = False,
+) -> npt.NDArray[np.uint32]:
+    """``token_ids`` as a 1-D uint32 array; ValueError naming ``field`` otherwise."""
     ids = np.asarray(token_ids)
     if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-        raise ValueError("`prompt_token_ids` must be a flat list of integers")
-    if ids.size == 0:
-        raise ValueError("`prompt_token_ids` must contain at least 1 token")
+        raise ValueError(f"`{field}` must be a flat list of integers")
+    if ids.size == 0 and not allow_empty:
+        raise ValueError(f"`{field}` must contain at least 1 token")
     bad = ids[(ids < 0) | (ids > np.iinfo(np.uint32).max)]
     if bad.size:
-        raise ValueError(f"`prompt_token_ids` must be token ids in [0, 2^32); got {int(bad[0])}")
+        raise ValueError(f"`{field}` must be token ids in [0, 2^32); got {int(bad[0])}")
     return ids.astype(np.uint32, copy=False)
+
+
+def float32_matrix(values: npt.ArrayLike) -> npt.NDArray[np.float32]:
+    """``values`` (numpy, torch on any device, nested lists) as a C-contiguous 2-D float32
+    array; ValueError naming `draft_logits` otherwise."""
+    if hasattr(values, "detach"):  # a torch tensor, without importing torch here
+        values = values.detach().to("cpu").float().numpy()
+    try:
+        array = np.ascontiguousarray(values, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"`draft_logits` must be a [num_draft_tokens, vocab] float array: {e}"
+        ) from e
+    if array.ndim != 2:
+        raise ValueError(
+            f"`draft_logits` must be 2-D [num_draft_tokens, vocab]; got shape {array.shape}"
+        )
+    return array

@@ -117,12 +117,14 @@ def plan_kv_cache(
         raise ValueError("plan_kv_cache needs EngineConfig.for_platform(platform) first")
     max_model_len = _requested_max_model_len(config.max_model_len, model_max_len)
     num_tokens = config.max_num_batched_tokens
+    # A decode row with n-gram drafts samples each of its 1 + num_speculative_tokens positions.
+    samples_per_seq = 1 + (config.num_speculative_tokens if config.speculative else 0)
     profile_run(
         model,
         spec,
         platform.device,
         num_tokens=num_tokens,
-        num_samples=min(config.max_num_seqs, num_tokens),
+        num_samples=min(config.max_num_seqs * samples_per_seq, num_tokens),
         backend=platform.attention_backend(),
     )
     platform.synchronize()

@@ -4,6 +4,7 @@
 mod draws;
 mod naive;
 mod rules;
+mod speculative;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};

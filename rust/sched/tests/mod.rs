@@ -395,4 +395,5 @@ mod failures;
 mod grammar;
 mod logprob_bytes;
 mod prefill;
+mod speculative;
 mod workload;

@@ -114,8 +114,9 @@ fn check_beam_outputs(out: &StepOutput, beam_n: &HashMap<u64, u32>, seed: u64) -
 }
 
 /// Runs one seeded workload to completion; returns [preemptions, block copies, prefix-hit blocks,
-/// aborts, timeouts, beam groups that emitted, beams preempted] so the caller can check that the rules were exercised.
-fn random_workload(seed: u64) -> [u64; 7] {
+/// aborts, timeouts, beam groups that emitted, beams preempted, draft tokens accepted, draft
+/// tokens rejected] so the caller can check that the rules were exercised.
+fn random_workload(seed: u64) -> [u64; 9] {
     let mut rng = SmallRng::seed_from_u64(seed);
     let bs = rng.random_range(1..=6);
     let max_model_len = 48;
@@ -130,6 +131,14 @@ fn random_workload(seed: u64) -> [u64; 7] {
         priority_aging_s: if rng.random_bool(0.5) { 0.0 } else { 5.0 },
         eos_token_ids: vec![0],
         seed: Some(seed),
+        speculative: rng.random_bool(0.5).then(|| {
+            let min_n = rng.random_range(1..=2);
+            NgramConfig {
+                min_n,
+                max_n: rng.random_range(min_n..=3),
+                num_draft_tokens: rng.random_range(1..=5),
+            }
+        }),
         ..SchedulerConfig::default()
     };
     let mut s = Scheduler::new(cfg.clone()).unwrap();
@@ -147,7 +156,7 @@ fn random_workload(seed: u64) -> [u64; 7] {
     let mut next_id = 0u64;
     let mut now = 0.0;
     let mut num_finished = 0;
-    let mut seen = [0u64; 7];
+    let mut seen = [0u64; 9];
     let mut step_no = 0;
     let mut beam_n: HashMap<u64, u32> = HashMap::new();
     while step_no < 100 || s.has_unfinished_requests() {
@@ -202,8 +211,22 @@ fn random_workload(seed: u64) -> [u64; 7] {
             let deadline = rng
                 .random_bool(0.1)
                 .then(|| now + rng.random_range(1.0..30.0));
+            // A client's draft of the output's first tokens, sometimes with the drafter's logits.
+            let draft_tokens: Vec<u32> = match !beam && rng.random_bool(0.3) {
+                true => (0..rng.random_range(1..8))
+                    .map(|_| rng.random_range(0..VOCAB as u32))
+                    .collect(),
+                false => Vec::new(),
+            };
+            let draft_logits = (!draft_tokens.is_empty() && rng.random_bool(0.5)).then(|| {
+                (0..draft_tokens.len() * VOCAB)
+                    .map(|_| rng.random_range(-3.0..3.0))
+                    .collect()
+            });
             let added = s.add_request(NewRequest {
                 deadline,
+                draft_tokens,
+                draft_logits,
                 ..req(next_id, prompt, Arc::new(p), rng.random_range(1..=5), now)
             });
             match added {
@@ -230,7 +253,11 @@ fn random_workload(seed: u64) -> [u64; 7] {
         s.check_invariants()
             .unwrap_or_else(|e| panic!("seed {seed} step {step_no}: {e}"));
         assert!(plan.num_scheduled_tokens() <= cfg.max_num_batched_tokens);
-        assert!(plan.num_rows() <= cfg.max_num_seqs && plan.num_samples() <= cfg.max_num_seqs);
+        let num_draft: usize = plan.num_draft_tokens.iter().map(|&k| k as usize).sum();
+        assert!(
+            plan.num_rows() <= cfg.max_num_seqs
+                && plan.num_samples() <= cfg.max_num_seqs + num_draft
+        );
         let views: HashMap<(u64, u32), SeqView> = s
             .sequences()
             .into_iter()
@@ -271,11 +298,23 @@ fn random_workload(seed: u64) -> [u64; 7] {
         }
         // The shadow model reads exactly each row's tokens, whatever was reused or copied.
         let last = kv.run(&plan);
+        // A row with draft tokens computes them after its own tokens.
         for r in 0..plan.num_rows() {
             let v = &views[&(plan.req_ids[r], plan.seq_indices[r])];
+            let num_draft = plan.num_draft_tokens[r] as usize;
+            let row_end = plan.cu_seqlens_q[r + 1] as usize;
+            let draft = plan.input_ids[row_end - num_draft..row_end]
+                .iter()
+                .map(|&t| t as u32);
+            let context_len = plan.context_lens[r] as usize - num_draft;
+            let tokens: Vec<u32> = v.tokens[..context_len]
+                .iter()
+                .copied()
+                .chain(draft)
+                .collect();
             assert_eq!(
                 last[r],
-                prefix_value(&v.tokens[..plan.context_lens[r] as usize]),
+                prefix_value(&tokens),
                 "seed {seed} step {step_no} row {r}"
             );
         }
@@ -325,14 +364,17 @@ fn random_workload(seed: u64) -> [u64; 7] {
         cfg.num_blocks - 1,
         "seed {seed}: every block is free at the end"
     );
-    seen[0] = s.stats().num_preemptions;
-    seen[2] = s.stats().num_prefix_hit_blocks;
+    let stats = s.stats();
+    seen[0] = stats.num_preemptions;
+    seen[2] = stats.num_prefix_hit_blocks;
+    seen[7] = stats.num_accepted_draft_tokens;
+    seen[8] = stats.num_draft_tokens - stats.num_accepted_draft_tokens;
     seen
 }
 
 #[test]
 fn randomized_workloads_keep_every_invariant() {
-    let mut total = [0u64; 7];
+    let mut total = [0u64; 9];
     for seed in 0..300 {
         for (t, x) in total.iter_mut().zip(random_workload(seed)) {
             *t += x;
@@ -340,6 +382,6 @@ fn randomized_workloads_keep_every_invariant() {
     }
     assert!(
         total.iter().all(|&x| x > 0),
-        "[preemptions, copies, hits, aborts, timeouts, beam groups that emitted, beams preempted] = {total:?}"
+        "[preemptions, copies, hits, aborts, timeouts, beam groups that emitted, beams preempted, drafts accepted, drafts rejected] = {total:?}"
     );
 }
