@@ -557,13 +557,16 @@ class Scheduler:
         deadline: float | None = None,
         cache_salt: str | None = None,
         grammar: CompiledGrammar | None = None,
+        num_virtual_tokens: int = 0,
     ) -> None:
         """Queue a request. Raises ValidationError or QueueFullError; nothing is queued then.
 
         ``priority`` defaults to ``params.priority``; ``arrival_time`` to ``time.time()``;
         ``deadline`` to arrival + ``params.timeout_s`` when that is set. With the config's
         ``vocab_size`` known, prompts and parameters naming tokens beyond it (or an
-        ``embedding_bias`` of another length) are rejected here."""
+        ``embedding_bias`` of another length) are rejected here; ``num_virtual_tokens``
+        (p-tuning) admits prompt ids up to ``vocab_size + num_virtual_tokens``, which the
+        model runner embeds from the request's prompt table."""
     def abort_request(self, request_id: int) -> bool:
         """End a request at the next schedule(); False if no such unfinished request."""
     def has_unfinished_requests(self) -> bool: ...

@@ -57,8 +57,8 @@ impl PyScheduler {
     }
 
     #[pyo3(signature = (request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None,
-        deadline=None, cache_salt=None, grammar=None),
-        text_signature = "(self, request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None, deadline=None, cache_salt=None, grammar=None)")]
+        deadline=None, cache_salt=None, grammar=None, num_virtual_tokens=0),
+        text_signature = "(self, request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None, deadline=None, cache_salt=None, grammar=None, num_virtual_tokens=0)")]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -70,10 +70,12 @@ impl PyScheduler {
         deadline: Option<f64>,
         cache_salt: Option<String>,
         grammar: Option<PyRef<'_, PyCompiledGrammar>>,
+        num_virtual_tokens: u32,
     ) -> PyResult<()> {
         let req = NewRequest {
             id: RequestId(request_id_arg(request_id)?),
             prompt_token_ids: extract_token_ids("prompt_token_ids", prompt_token_ids)?,
+            num_virtual_tokens,
             params: params.map_or_else(|| Arc::new(SamplingParams::default()), |p| p.inner.clone()),
             priority: priority
                 .map(|p| int_arg("priority", "an integer in [1, 5]", p))

@@ -23,8 +23,13 @@ use crate::types::{RequestId, SeqStatus, TokenId};
 pub struct NewRequest {
     /// The caller's id, unique among unfinished requests.
     pub id: RequestId,
-    /// The prompt; at least one token, shorter than `max_model_len`, below `vocab_size`.
+    /// The prompt; at least one token, shorter than `max_model_len`, below `vocab_size` +
+    /// `num_virtual_tokens`.
     pub prompt_token_ids: Vec<TokenId>,
+    /// P-tuning: prompt ids in `vocab_size..vocab_size + num_virtual_tokens` are rows of the
+    /// request's prompt embedding table (the model runner embeds them; they are never
+    /// sampled). Such a request should carry a `cache_salt` naming its table.
+    pub num_virtual_tokens: u32,
     /// The validated parameters (shared with the caller).
     pub params: Arc<SamplingParams>,
     /// 1 (highest) .. 5; `None` = `params.priority`.
@@ -46,6 +51,7 @@ impl NewRequest {
         NewRequest {
             id: RequestId(id),
             prompt_token_ids,
+            num_virtual_tokens: 0,
             params,
             priority: None,
             arrival_time: 0.0,
@@ -161,7 +167,7 @@ impl Scheduler {
             );
             return Err(CoreError::invalid("request_id", "duplicate", msg));
         }
-        self.check_prompt(&req.prompt_token_ids)?;
+        self.check_prompt(&req.prompt_token_ids, req.num_virtual_tokens)?;
         let priority = check_priority(req.priority.unwrap_or(i64::from(req.params.priority)))?;
         if !req.arrival_time.is_finite() {
             return Err(not_finite("arrival_time"));
@@ -199,7 +205,7 @@ impl Scheduler {
         })
     }
 
-    fn check_prompt(&self, prompt: &[TokenId]) -> CoreResult<()> {
+    fn check_prompt(&self, prompt: &[TokenId], num_virtual: u32) -> CoreResult<()> {
         if prompt.is_empty() {
             return Err(CoreError::invalid(
                 "prompt_token_ids",
@@ -215,7 +221,7 @@ impl Scheduler {
             );
             return Err(CoreError::invalid("prompt_token_ids", "too_long", msg));
         }
-        let vocab = self.cfg.vocab_size;
+        let vocab = self.cfg.vocab_size + num_virtual as usize;
         let beyond = prompt.iter().find(|&&t| t as usize >= vocab);
         if let (true, Some(t)) = (vocab > 0, beyond) {
             let msg = format!(
