@@ -266,9 +266,14 @@ fn prompt_tuning_admits_virtual_ids() {
         "past the table",
     );
     // prompt_vocab_size narrows the virtual range and may not exceed the table.
-    assert!(run(&format!(r#"{{"input_ids": [5], "prompt_vocab_size": 2, {table}}}"#)).is_ok());
+    assert!(run(&format!(
+        r#"{{"input_ids": [5], "prompt_vocab_size": 2, {table}}}"#
+    ))
+    .is_ok());
     assert_err(
-        run(&format!(r#"{{"input_ids": [6], "prompt_vocab_size": 2, {table}}}"#)),
+        run(&format!(
+            r#"{{"input_ids": [6], "prompt_vocab_size": 2, {table}}}"#
+        )),
         "input_ids[0]",
         OUT_OF_RANGE,
         "past prompt_vocab_size",
@@ -280,7 +285,12 @@ fn prompt_tuning_admits_virtual_ids() {
         "more than the table's rows",
     );
     // Without a table, ids stop at the vocabulary.
-    assert_err(run(r#"{"input_ids": [4]}"#), "input_ids[0]", OUT_OF_RANGE, "no table");
+    assert_err(
+        run(r#"{"input_ids": [4]}"#),
+        "input_ids[0]",
+        OUT_OF_RANGE,
+        "no table",
+    );
 }
 
 #[test]
@@ -291,7 +301,10 @@ fn batched_word_lists_and_length_penalty_default() {
     assert_err(
         validate(
             Route::Trt,
-            &merge(BASE, r#"{"stop_words_list": [[[5, 6], [2, -1]], [[5], [3]]]}"#),
+            &merge(
+                BASE,
+                r#"{"stop_words_list": [[[5, 6], [2, -1]], [[5], [3]]]}"#,
+            ),
             None,
             &limits(),
         ),
@@ -299,5 +312,9 @@ fn batched_word_lists_and_length_penalty_default() {
         INVALID_FORMAT,
         "a bad batch item names its index",
     );
-    assert_eq!(run(r#"{"beam_width": 2}"#).length_penalty, 0.0, "TRT's default");
+    assert_eq!(
+        run(r#"{"beam_width": 2}"#).length_penalty,
+        0.0,
+        "TRT's default"
+    );
 }
