@@ -252,3 +252,11 @@ def test_prompt_tables_salt_the_prefix_cache(executor: Executor) -> None:
     hits = hit_blocks(executor)
     run(executor, prompt, 1, prompt_embedding_table=changed)
     assert hit_blocks(executor) == hits, "another table shares nothing"
+
+
+def test_generation_logits_alone_are_the_rows_greedy_chose_from(executor: Executor) -> None:
+    out = run(executor, n=5, return_generation_logits=True)
+    assert set(out.tensors) == {"output_ids", "sequence_length", "generation_logits"}
+    logits = as_array(out.generation_logits)
+    assert logits.shape == (1, 1, 5, executor.limits.vocab_size)
+    assert logits[0, 0].argmax(-1).tolist() == as_array(out.output_ids)[0].tolist()

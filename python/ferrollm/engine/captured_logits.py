@@ -57,6 +57,10 @@ class LogitsBook:
         self._requests: dict[int, _Keeping] = {}
         self._num_context = 0
 
+    def __bool__(self) -> bool:
+        """Whether any tracked request keeps logits."""
+        return bool(self._requests)
+
     def add(self, key: int, num_prompt_tokens: int, context: bool, generation: bool) -> None:
         """Keep request ``key``'s context and/or generation logits."""
         keeping = _Keeping(num_prompt_tokens, keeps_context=context)

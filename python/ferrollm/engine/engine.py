@@ -259,6 +259,8 @@ class LLMEngine:
         targets = books.prompt_logprobs.targets(plan)
         keep = books.logits.context_rows(plan)
         embeds = books.prompt_tables.overrides(plan)
+        if targets is None and embeds is None and not books.logits:
+            return self.runner.run(plan).numpy()  # the common step: nothing else asked
         logits = self.runner.run(plan, targets, embeds=embeds, keep_logits=keep).numpy()
         if targets is not None:
             books.prompt_logprobs.record(targets)
