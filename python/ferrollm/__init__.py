@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from ferrollm.llm import LLM
     from ferrollm.trt import Executor, InferenceRequest, InferenceResponse
 
-#: Public names that import torch, and the module each lives in.
+#: Public names imported on first use (they need torch, or live beside what does), and the
+#: module each lives in.
 _LAZY = {
     "LLM": "ferrollm.llm",
     "AsyncEngine": "ferrollm.engine",

@@ -260,3 +260,21 @@ def test_generation_logits_alone_are_the_rows_greedy_chose_from(executor: Execut
     logits = as_array(out.generation_logits)
     assert logits.shape == (1, 1, 5, executor.limits.vocab_size)
     assert logits[0, 0].argmax(-1).tolist() == as_array(out.output_ids)[0].tolist()
+
+
+def test_a_failed_step_is_an_error_message_and_the_engine_goes_on(
+    executor: Executor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = executor.engine.engine.runner
+    real_run = runner.run
+    calls = iter(range(1000))
+
+    def failing_run(plan: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if next(calls) == 0:
+            raise RuntimeError("device fell over")
+        return real_run(plan, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "run", failing_run)
+    message = error(executor, n=4)
+    assert "device fell over" in message
+    assert tokens(executor, n=4) == tokens(executor, n=4), "later requests run"

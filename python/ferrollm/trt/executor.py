@@ -77,6 +77,8 @@ class Executor:
         **engine_options: Any,
     ) -> None:
         self.engine = _async_engine(model_or_engine, engine_options)
+        #: Whether this Executor made the engine (and so shuts it down).
+        self._owns_engine = self.engine is not model_or_engine
         self._callback = send_response_callback
         self._own_loop: asyncio.AbstractEventLoop | None = None
         self._loop = self.engine.event_loop or event_loop or self._start_own_loop()
@@ -157,9 +159,11 @@ class Executor:
             return len(self._in_flight)
 
     def shutdown(self) -> None:
-        """Stop the event loop this Executor started (the engine belongs to its owner)."""
-        if self._own_loop is not None:
+        """Shut down the engine if this Executor made it (a shared `AsyncEngine` belongs to
+        its owner), and stop the event loop if this Executor started it."""
+        if self._owns_engine:
             self.engine.shutdown()
+        if self._own_loop is not None:
             self._own_loop.call_soon_threadsafe(self._own_loop.stop)
 
     # --- internals ---------------------------------------------------------------------------
@@ -179,8 +183,7 @@ class Executor:
         self, request: InferenceRequest, request_id: int
     ) -> tuple[EngineRequest, ResponseShape]:
         """The engine request and the response shape; ValueError naming the tensor."""
-        valid = request.validate(self.limits)
-        tensors = request.to_tensor_map(self.limits)
+        valid, tensors = request.checked(self.limits)
         if "draft_input_ids" in tensors or "draft_logits" in tensors:
             name = "draft_input_ids" if "draft_input_ids" in tensors else "draft_logits"
             error = ValidationError(f"`{name}`: {DRAFT_REFUSED}")

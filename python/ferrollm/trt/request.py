@@ -153,8 +153,15 @@ class InferenceRequest:
 
     def to_tensor_map(self, limits: Limits | None = None) -> dict[str, npt.NDArray[Any]]:
         """Every given tensor, validated, in its documented shape and dtype."""
-        self.validate(limits)
-        return {name: normalise(name, value) for name, value in self.raw_tensors().items()}
+        return self.checked(limits)[1]
+
+    def checked(
+        self, limits: Limits | None = None
+    ) -> tuple[ValidRequest, dict[str, npt.NDArray[Any]]]:
+        """``validate(limits)`` and ``to_tensor_map()`` from one validation."""
+        raw = self.raw_tensors()
+        valid = validate("trt", raw, limits or _NO_MODEL)
+        return valid, {name: normalise(name, value) for name, value in raw.items()}
 
 
 def normalise(name: str, value: Any) -> npt.NDArray[Any]:
