@@ -278,3 +278,10 @@ def test_a_failed_step_is_an_error_message_and_the_engine_goes_on(
     message = error(executor, n=4)
     assert "device fell over" in message
     assert tokens(executor, n=4) == tokens(executor, n=4), "later requests run"
+
+
+def test_an_executor_whose_engine_is_gone_answers_with_errors(model_dir: Path) -> None:
+    gone = Executor(model_dir, **ENGINE_OPTIONS)
+    gone.shutdown()
+    assert "shut down" in error(gone)
+    assert not gone.cancel(1) and gone.num_in_flight == 0

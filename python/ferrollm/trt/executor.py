@@ -88,6 +88,7 @@ class Executor:
         self._lock = threading.Condition()
         self._in_flight: dict[int, _InFlight] = {}
         self._ready: deque[InferenceResponse] = deque()
+        self._closed = False
 
     # --- requests ----------------------------------------------------------------------------
 
@@ -96,6 +97,9 @@ class Executor:
         engine cannot run gets one final response with ``err_msg`` (naming the tensor)."""
         with self._lock:
             request_id = self._claim_id(request.request_id)
+        if self._closed:
+            self._finish_early(request_id, "the executor was shut down")
+            return request_id
         try:
             engine_request, shape = self._engine_request(request, request_id)
         except ValueError as e:
@@ -104,7 +108,10 @@ class Executor:
         with self._lock:
             self._in_flight[request_id] = _InFlight(engine_request.request_id, shape)
         sink = self._sink(request_id)
-        self._loop.call_soon_threadsafe(self.engine.attach, engine_request, sink)
+        try:
+            self._loop.call_soon_threadsafe(self.engine.attach, engine_request, sink)
+        except RuntimeError:  # the loop was closed: whoever ran the engine has stopped
+            self._finish_early(request_id, "the engine's event loop is closed")
         return request_id
 
     def cancel(self, request_id: int) -> bool:
@@ -161,6 +168,7 @@ class Executor:
     def shutdown(self) -> None:
         """Shut down the engine if this Executor made it (a shared `AsyncEngine` belongs to
         its owner), and stop the event loop if this Executor started it."""
+        self._closed = True
         if self._owns_engine:
             self.engine.shutdown()
         if self._own_loop is not None:
