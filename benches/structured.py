@@ -1,23 +1,35 @@
-"""Structured output's cost: the default model generating with and without a ``json_schema``
-grammar, at 1 and 32 concurrent requests through the engine (offline, the server's engine
-loop without HTTP), side by side in one run.
+"""Structured output's cost when serving: `/v1/chat/completions` on the default model with and
+without a ``json_schema`` response format (10 properties), at 1 and 32 concurrent clients,
+side by side in one run against one server.
 
-Each request asks for a person as JSON at temperature 1 (seeded), ``max_tokens`` 64; the
-unconstrained run uses ``ignore_eos`` so both sides generate comparable token counts. One line
-per concurrency: output tokens per second for both, and the overhead of the grammar (masks
-computed in Rust every step, in parallel across rows). The schema has 10 properties.
+The two sides do the same work: each constrained request (temperature 1, seeded, ``max_tokens``
+64) runs first, and its unconstrained twin (same prompt and seed, no grammar) then asks for
+exactly as many tokens as the constrained one produced (``ignore_eos``), so short JSON answers
+do not make the grammar side look cheaper or its tail emptier. Runs alternate and the best of
+each side counts. One line per concurrency: output tokens/s for both, and the grammar's
+overhead.
 
-Usage: python benches/structured.py [--concurrency 1 32] [--tokens 64] [--repeats 3]
+With ``--url`` it measures a running server; otherwise it starts ``ferrollm serve`` (default
+model) on a free port for the run.
+
+Usage: python benches/structured.py [--url URL] [--concurrency 1 32] [--requests-per-client 4]
+         [--tokens 64] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 
-from ferrollm import LLM, SamplingParams
-from ferrollm.engine import EngineRequest, RequestOutput
+import httpx
 
 SCHEMA = {
     "type": "object",
@@ -30,55 +42,98 @@ SCHEMA = {
     },
     "required": ["field_0", "age", "active"],
 }
+MESSAGES = [{"role": "user", "content": "Describe a person as JSON."}]
 
 
-def run(llm: LLM, prompt: list[int], concurrency: int, tokens: int, constrained: bool) -> float:
-    """Output tokens per second for ``concurrency`` requests run together."""
-    engine = llm.engine
-    grammar = None
-    if constrained:
-        grammar = engine.grammar_compiler.compile("json_schema", json.dumps(SCHEMA), "bench")
+@contextlib.contextmanager
+def served(url: str | None) -> Iterator[str]:
+    """``url``, or a fresh ``ferrollm serve`` of the default model for the block."""
+    if url is not None:
+        yield url
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "ferrollm", "serve", "--port", str(port)]
+    command += ["--max-num-seqs", "64", "--served-model-name", "bench"]
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ)
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if process.poll() is not None:
+                raise SystemExit("ferrollm serve exited during start-up")
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+async def one(client: httpx.AsyncClient, model: str, seed: int, extra: dict[str, Any]) -> int:
+    body = {"model": model, "messages": MESSAGES, "temperature": 1.0, "seed": seed, **extra}
+    response = await client.post("/v1/chat/completions", json=body)
+    response.raise_for_status()
+    return int(response.json()["usage"]["completion_tokens"])
+
+
+async def level(
+    client: httpx.AsyncClient, model: str, conc: int, bodies: list[tuple[int, dict[str, Any]]]
+) -> tuple[float, list[int]]:
+    """Run ``bodies`` with ``conc`` clients; output tokens/s and each request's tokens."""
+    queue = list(enumerate(bodies))
+    counts = [0] * len(bodies)
+
+    async def worker() -> None:
+        while queue:
+            i, (seed, extra) = queue.pop(0)
+            counts[i] = await one(client, model, seed, extra)
+
     start = time.perf_counter()
-    for i in range(concurrency):
-        params = SamplingParams(
-            temperature=1.0, seed=i + 1, max_tokens=tokens, ignore_eos=not constrained
-        )
-        request = EngineRequest.of(f"b{time.monotonic_ns()}-{i}", prompt, params)
-        engine.add_request(
-            EngineRequest(request.request_id, request.prompt_token_ids, params, grammar=grammar)
-        )
-    generated = 0
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if isinstance(out, RequestOutput) and out.finished:
-                generated += sum(len(c.token_ids) for c in out.outputs)
-    return generated / (time.perf_counter() - start)
+    await asyncio.gather(*(worker() for _ in range(conc)))
+    return sum(counts) / (time.perf_counter() - start), counts
+
+
+async def run(args: argparse.Namespace, url: str) -> None:
+    limits = httpx.Limits(max_connections=max(args.concurrency) + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+        await one(client, model, 0, {"max_tokens": 8, "response_format": fmt})  # warm-up
+        print(f"# ferrollm serve, default model, /v1/chat/completions, max_tokens {args.tokens}")
+        for conc in args.concurrency:
+            seeds = range(1, conc * args.requests_per_client + 1)
+            constrained = [(s, {"max_tokens": args.tokens, "response_format": fmt}) for s in seeds]
+            free = grammar = 0.0
+            for _ in range(args.repeats):
+                rate, counts = await level(client, model, conc, constrained)
+                grammar = max(grammar, rate)
+                twins = [
+                    (s, {"max_tokens": max(n, 1), "ignore_eos": True})
+                    for s, n in zip(seeds, counts, strict=True)
+                ]
+                free = max(free, (await level(client, model, conc, twins))[0])
+            print(
+                f"structured conc={conc} requests={len(constrained)} unconstrained={free:.1f} "
+                f"tok/s json_schema={grammar:.1f} tok/s overhead={100 * (1 - grammar / free):.1f}%"
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default=None)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--requests-per-client", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    llm = LLM(kv_cache_memory="256MiB", max_num_seqs=64, max_model_len=512)
-    tokenizer = llm.get_tokenizer()
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Describe a person as JSON."}], None, True
-    )
-    prompt = tokenizer.encode(text, add_special_tokens=False)
-    run(llm, prompt, 2, 8, constrained=True)  # warm-up: the compiler, the kernels
-    print(f"# default model (fast mode), {args.tokens} tokens per request, 10-property schema")
-    for concurrency in args.concurrency:
-        # Alternating runs, best of each side: the order of the runs must not decide.
-        free = grammar = 0.0
-        for _ in range(args.repeats):
-            free = max(free, run(llm, prompt, concurrency, args.tokens, constrained=False))
-            grammar = max(grammar, run(llm, prompt, concurrency, args.tokens, constrained=True))
-        print(
-            f"concurrency={concurrency}: unconstrained {free:.1f} tok/s, json_schema "
-            f"{grammar:.1f} tok/s, overhead {100 * (1 - grammar / free):.1f}%"
-        )
+    with served(args.url) as url:
+        asyncio.run(run(args, url))
 
 
 if __name__ == "__main__":

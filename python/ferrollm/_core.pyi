@@ -136,6 +136,9 @@ class SamplingParams:
     def stop_token_sequences(self) -> list[list[int]]: ...
     @property
     def include_stop_str_in_output(self) -> bool: ...
+    def keeping_special_tokens(self) -> SamplingParams:
+        """A copy that keeps special tokens in the output text (for a tool-call parser whose
+        marker is a special token)."""
     @property
     def skip_special_tokens(self) -> bool: ...
     @property
@@ -190,7 +193,9 @@ class Limits:
     and ``max_iter_times`` its ``maxIterTimes``. ``vocab_size`` 0 means unknown (the checks
     that need it are skipped). ``multimodal`` False rejects media content parts.
     ``databricks_endpoint_type`` is "pay_per_token", "provisioned_throughput" or None (both
-    ``n`` and ``error_behavior`` accepted). Raises ValidationError naming the field.
+    ``n`` and ``error_behavior`` accepted). ``embedding_dimensions`` is an embedding model's
+    vector length, the only ``dimensions`` ``/v1/embeddings`` accepts (0: not an embedding
+    model). Raises ValidationError naming the field.
     """
 
     def __new__(
@@ -209,6 +214,7 @@ class Limits:
         max_beam_width: int = 128,
         multimodal: bool = False,
         databricks_endpoint_type: str | None = None,
+        embedding_dimensions: int = 0,
     ) -> Limits: ...
     @property
     def max_model_len(self) -> int: ...
@@ -240,6 +246,8 @@ class Limits:
         the most prompt tokens a request may have (SPEC 1.4.2)."""
     @property
     def databricks_endpoint_type(self) -> str | None: ...
+    @property
+    def embedding_dimensions(self) -> int: ...
 
 def validate(
     route: str,
@@ -249,15 +257,16 @@ def validate(
     """Validate a decoded request body of ``route`` once: its parameters and route switches.
 
     ``route`` is "generate", "generate_stream", "chat", "completions", "databricks_chat",
-    "databricks_completions", "databricks_embeddings", "trt" or "offline". Each route keeps its
-    own ranges. The rules that need the prompt's token count come after tokenizing:
-    ``ValidRequest.fit_prompt`` / ``with_prompt_tokens`` apply the prompt-token limit and the
-    output cap ``min(max_tokens or the route default, max_iter_times, max_model_len -
-    prompt_tokens)``. Raises ValidationError whose ``param`` is the field path as the client
+    "databricks_completions", "databricks_embeddings", "embeddings" (``/v1/embeddings``), "trt"
+    or "offline". Each route keeps its own ranges. The rules that need the prompt's token count
+    come after tokenizing: ``ValidRequest.fit_prompt`` / ``with_prompt_tokens`` apply the
+    prompt-token limit and the output cap ``min(max_tokens or the route default,
+    max_iter_times, max_model_len - prompt_tokens)`` (``check_input_tokens`` the embeddings
+    limits). Raises ValidationError whose ``param`` is the field path as the client
     wrote it (``messages[0].content[1].type``) and whose ``code`` is a stable tag
     (``out_of_range``, ``wrong_type``, ``missing``, ``too_long``, ``empty``, ``conflict``,
     ``unsupported_content_type``, ``invalid_format``, ``invalid_value``, ``too_many``,
-    ``unsupported``).
+    ``unsupported``, ``unknown_field``).
     """
 
 def check_supported(params: SamplingParams) -> None:
@@ -322,7 +331,19 @@ class ValidRequest:
     @property
     def prompts(self) -> list[str | list[int]]:
         """The prompts: texts (``prompt``/``input``, or ``text_input`` with its text parts
-        joined) or, on ``/v1/completions``, lists of token ids; empty for chat."""
+        joined) or, on ``/v1/completions`` and ``/v1/embeddings``, lists of token ids; empty
+        for chat."""
+    @property
+    def encoding_format(self) -> str:
+        """``/v1/embeddings`` ``encoding_format``: "float" or "base64"."""
+    @property
+    def truncate_prompt_tokens(self) -> int | None:
+        """``/v1/embeddings`` ``truncate_prompt_tokens`` resolved (-1 is the model's maximum);
+        None when not asked."""
+    def check_input_tokens(self, lengths: Sequence[int]) -> int:
+        """The token limits of an embeddings request once its inputs are tokenized (and cut):
+        each input at most ``max_input_tokens`` (the error names ``input[i]``), all together at
+        most 300,000 (it names ``input``). Returns the total."""
     def with_prompt_tokens(
         self, num_prompt_tokens: int, index: int | None = None
     ) -> SamplingParams:
@@ -475,11 +496,16 @@ class SchedulerConfig:
         logprobs_mode: str = "raw",
         vocab_size: int = 0,
         seed: int | None = None,
+        prefill_only: bool = False,
     ) -> SchedulerConfig:
         """``logprobs_mode`` is ``"raw"`` (vLLM's default: log-softmax of the model's logits)
         or ``"processed"`` (the distribution actually sampled from). ``vocab_size`` (0 =
         unknown) lets ``add_request`` reject prompts and parameters that do not fit the model.
-        ``seed`` makes the seeds of unseeded requests deterministic, so a run replays."""
+        ``seed`` makes the seeds of unseeded requests deterministic, so a run replays.
+        ``prefill_only`` (embedding models): each request is one whole forward over its prompt,
+        packed by the token budget, never chunked, ended by ``update(step_id, [])`` with its
+        blocks freed; needs ``max_model_len <= max_num_batched_tokens`` and no prefix
+        caching."""
     @property
     def num_blocks(self) -> int:
         """KV blocks in the pool, the null block included."""
@@ -516,10 +542,17 @@ class SchedulerConfig:
     @property
     def seed(self) -> int | None:
         """Seed of the seeds of unseeded requests; None = OS-random."""
+    @property
+    def prefill_only(self) -> bool:
+        """Prefill-only (embedding) mode: one whole forward per request, nothing kept."""
 
 @final
 class CompiledGrammar:
     """A compiled grammar's initial state; each request that uses it follows its own copy."""
+
+    def check_tokens(self, token_ids: Sequence[int]) -> tuple[int, bool]:
+        """How many of ``token_ids`` the grammar takes in order from its start (it stops at
+        the first it refuses), and whether it could end right after them."""
 
 @final
 class GrammarCompiler:

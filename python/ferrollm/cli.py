@@ -53,6 +53,11 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--ssl-certfile": ("ssl_certfile", str, "TLS certificate (PEM)"),
     "--ssl-keyfile": ("ssl_keyfile", str, "TLS private key (PEM)"),
     "--ssl-ca-certs": ("ssl_ca_certs", str, "CA bundle: require and verify client certificates"),
+    "--tool-call-parser": (
+        "tool_call_parser",
+        str,
+        "tool calls: auto (from the chat template), none, hermes, llama3_json, mistral or chatglm3",
+    ),
     "--drain-timeout": ("drain_timeout", float, "seconds in-flight requests get after SIGTERM"),
 }
 # Repeatable flags: flag -> (option name, help).

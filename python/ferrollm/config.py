@@ -32,6 +32,9 @@ DEFAULT_ACCELERATOR_MEMORY_FRACTION = 0.9
 DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cpu": 2048, "accelerator": 8192}
 #: How completions count ``text_offset`` across choices (ServerConfig.text_offset_mode).
 TEXT_OFFSET_MODES = ("openai", "mindie")
+#: ``tool_call_parser``: a family (``ferrollm.tools.formats.FORMATS``, kept equal), "auto"
+#: (detected from the chat template) or "none" (tool calling off).
+TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3_json", "mistral", "chatglm3")
 #: Widest beam search by default: every beam is a row of each step, so a CPU keeps it narrow.
 DEFAULT_MAX_BEAM_WIDTH = {"cpu": 8, "accelerator": 16}
 #: The widest beam the API allows at all (SPEC: `n` / `best_of` in [1, 128]).
@@ -366,6 +369,9 @@ class ServerConfig:
     ssl_ca_certs: str | None = None
     #: Seconds in-flight requests get to finish after SIGTERM before the process exits.
     drain_timeout: float = 30.0
+    #: How tool calls are written and parsed: a family, "auto" (detected from the chat
+    #: template) or "none" (requests with tools are refused unless ``tool_choice`` is "none").
+    tool_call_parser: str = "auto"
 
     def __post_init__(self) -> None:
         check_reliability_options(self)
@@ -384,6 +390,12 @@ class ServerConfig:
         for option in ("max_input_tokens", "max_iter_times"):
             if getattr(self, option) is not None:
                 _positive_int(option, getattr(self, option))
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise EngineConfigError(
+                "tool_call_parser",
+                f"`tool_call_parser` must be one of {', '.join(TOOL_CALL_PARSERS)}; "
+                f"got {self.tool_call_parser!r}",
+            )
         if self.text_offset_mode not in TEXT_OFFSET_MODES:
             raise EngineConfigError(
                 "text_offset_mode",

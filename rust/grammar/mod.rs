@@ -108,6 +108,15 @@ impl GrammarState {
             .map_err(|e| self.error("grammar_error", e))
     }
 
+    /// How many of `tokens` the grammar takes in order from this state (it stops at the first
+    /// it refuses), and whether it could end right after them. This state is left unchanged.
+    pub fn check_tokens(&self, tokens: &[TokenId]) -> (usize, bool) {
+        let mut m = self.matcher.clone();
+        let taken = m.try_consume_tokens(tokens).unwrap_or(0);
+        let accepting = taken == tokens.len() && m.is_accepting().unwrap_or(false);
+        (taken, accepting)
+    }
+
     /// Whether the grammar has ended the output (nothing but EOS can follow).
     pub fn is_stopped(&self) -> bool {
         self.matcher.is_stopped()
@@ -123,10 +132,10 @@ impl GrammarState {
 }
 
 /// The tokenizer as llguidance sees it: the trie of token bytes, and the tokenizer itself for
-/// the text a grammar forces.
+/// the text a grammar forces (without one, the trie's greedy longest-match tokenization).
 struct TokenizerView {
     trie: TokTrie,
-    detok: Arc<Detokenizer>,
+    detok: Option<Arc<Detokenizer>>,
 }
 
 impl TokenizerEnv for TokenizerView {
@@ -135,9 +144,12 @@ impl TokenizerEnv for TokenizerView {
     }
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
-        self.detok
-            .encode(&String::from_utf8_lossy(s), false)
-            .unwrap_or_default()
+        match &self.detok {
+            Some(detok) => detok
+                .encode(&String::from_utf8_lossy(s), false)
+                .unwrap_or_default(),
+            None => self.trie.greedy_tokenize(s),
+        }
     }
 }
 
@@ -160,6 +172,23 @@ impl GrammarCompiler {
     /// A compiler for `detok`'s vocabulary; `eos_token_ids` end a constrained output (at least
     /// one).
     pub fn new(detok: Arc<Detokenizer>, eos_token_ids: &[TokenId]) -> CoreResult<Self> {
+        let words: Vec<(Vec<u8>, bool)> = (0..detok.vocab_size() as TokenId)
+            .map(|id| (detok.token_bytes(id), detok.is_special(id)))
+            .collect();
+        Self::build(&words, eos_token_ids, Some(detok))
+    }
+
+    /// A compiler for a vocabulary given as each id's bytes and whether it is special (forced
+    /// text is tokenized greedily, longest match first); for benchmarks and tests.
+    pub fn from_vocab(words: &[(Vec<u8>, bool)], eos_token_ids: &[TokenId]) -> CoreResult<Self> {
+        Self::build(words, eos_token_ids, None)
+    }
+
+    fn build(
+        vocab: &[(Vec<u8>, bool)],
+        eos_token_ids: &[TokenId],
+        detok: Option<Arc<Detokenizer>>,
+    ) -> CoreResult<Self> {
         let Some(&eos) = eos_token_ids.first() else {
             return Err(CoreError::invalid(
                 "eos_token_ids",
@@ -167,16 +196,16 @@ impl GrammarCompiler {
                 "constrained decoding needs the model's EOS token id",
             ));
         };
-        let num_ids = detok.vocab_size();
-        let words: Vec<Vec<u8>> = (0..num_ids as TokenId)
-            .map(|id| {
-                let bytes = detok.token_bytes(id);
-                if !detok.is_special(id) && !bytes.is_empty() {
-                    return bytes;
+        let num_ids = vocab.len();
+        let words: Vec<Vec<u8>> = vocab
+            .iter()
+            .map(|(bytes, special)| {
+                if !special && !bytes.is_empty() {
+                    return bytes.clone();
                 }
                 // Special (and unused) ids: marked, so no grammar text can spell them.
                 let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
-                w.extend_from_slice(&bytes);
+                w.extend_from_slice(bytes);
                 w
             })
             .collect();
@@ -279,7 +308,12 @@ fn check_regex_sizes(spec: &GrammarSpec) -> Result<(), String> {
                 schema_patterns(&schema, &mut regexes);
             }
         }
-        GrammarKind::Lark => regexes.extend(lark_terminals(&spec.text)),
+        GrammarKind::Lark => {
+            regexes.extend(lark_terminals(&spec.text));
+            for schema in lark_json_schemas(&spec.text) {
+                schema_patterns(&schema, &mut regexes);
+            }
+        }
         GrammarKind::JsonObject | GrammarKind::Choice => {}
     }
     for rx in &regexes {
@@ -315,6 +349,20 @@ fn schema_patterns(v: &serde_json::Value, out: &mut Vec<String>) {
         serde_json::Value::Array(items) => items.iter().for_each(|x| schema_patterns(x, out)),
         _ => {}
     }
+}
+
+/// The JSON schemas a Lark grammar embeds with `%json { ... }` (tool-call grammars do).
+fn lark_json_schemas(text: &str) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("%json") {
+        rest = &rest[at + "%json".len()..];
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<serde_json::Value>();
+        if let Some(Ok(schema)) = values.next() {
+            out.push(schema);
+        }
+    }
+    out
 }
 
 /// The `/.../` terminals of a Lark grammar (escaped slashes kept), roughly: enough to size them.

@@ -23,6 +23,17 @@ pub struct PyCompiledGrammar {
 }
 
 #[pymethods]
+impl PyCompiledGrammar {
+    /// How many of `token_ids` the grammar takes in order from its start (it stops at the
+    /// first it refuses), and whether it could end right after them. For tests and tools that
+    /// check a text against a grammar; the grammar itself is unchanged.
+    fn check_tokens(&self, py: Python<'_>, token_ids: Vec<TokenId>) -> (usize, bool) {
+        let state = &self.inner;
+        py.detach(|| state.check_tokens(&token_ids))
+    }
+}
+
+#[pymethods]
 impl PyGrammarCompiler {
     #[new]
     fn new(

@@ -78,6 +78,16 @@ impl PySamplingParams {
         })
     }
 
+    /// A copy that keeps special tokens in the output text (a tool-call parser reading a
+    /// marker that is a special token, such as Mistral's `[TOOL_CALLS]`, needs them).
+    fn keeping_special_tokens(&self) -> Self {
+        let mut inner = (*self.inner).clone();
+        inner.skip_special_tokens = false;
+        PySamplingParams {
+            inner: Arc::new(inner),
+        }
+    }
+
     #[getter]
     fn n(&self) -> u32 {
         self.inner.n

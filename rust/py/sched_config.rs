@@ -19,8 +19,8 @@ impl PySchedulerConfig {
     #[new]
     #[pyo3(signature = (*, num_blocks, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192,
         max_model_len=8192, max_num_waiting=4096, enable_prefix_caching=true, priority_aging_s=10.0,
-        eos_token_ids=None, logprobs_mode="raw", vocab_size=0, seed=None),
-        text_signature = "(*, num_blocks, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, max_num_waiting=4096, enable_prefix_caching=True, priority_aging_s=10.0, eos_token_ids=(), logprobs_mode='raw', vocab_size=0, seed=None)")]
+        eos_token_ids=None, logprobs_mode="raw", vocab_size=0, seed=None, prefill_only=false),
+        text_signature = "(*, num_blocks, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, max_num_waiting=4096, enable_prefix_caching=True, priority_aging_s=10.0, eos_token_ids=(), logprobs_mode='raw', vocab_size=0, seed=None, prefill_only=False)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: usize,
@@ -35,6 +35,7 @@ impl PySchedulerConfig {
         logprobs_mode: &str,
         vocab_size: usize,
         seed: Option<u64>,
+        prefill_only: bool,
     ) -> PyResult<Self> {
         let eos_token_ids = match eos_token_ids {
             Some(ids) => extract_token_ids("eos_token_ids", ids)?,
@@ -53,6 +54,7 @@ impl PySchedulerConfig {
             logprobs_mode: LogprobsMode::parse(logprobs_mode)?,
             vocab_size,
             seed,
+            prefill_only,
         };
         inner.validate()?;
         Ok(PySchedulerConfig { inner })
@@ -106,6 +108,10 @@ impl PySchedulerConfig {
     fn seed(&self) -> Option<u64> {
         self.inner.seed
     }
+    #[getter]
+    fn prefill_only(&self) -> bool {
+        self.inner.prefill_only
+    }
 
     fn __repr__(&self) -> String {
         let c = &self.inner;
@@ -116,9 +122,10 @@ impl PySchedulerConfig {
             "False"
         };
         format!(
-            "SchedulerConfig(num_blocks={}, block_size={}, max_num_seqs={}, max_num_batched_tokens={}, max_model_len={}, max_num_waiting={}, enable_prefix_caching={prefix}, priority_aging_s={:?}, eos_token_ids={:?}, logprobs_mode={:?}, vocab_size={}, seed={seed})",
+            "SchedulerConfig(num_blocks={}, block_size={}, max_num_seqs={}, max_num_batched_tokens={}, max_model_len={}, max_num_waiting={}, enable_prefix_caching={prefix}, priority_aging_s={:?}, eos_token_ids={:?}, logprobs_mode={:?}, vocab_size={}, seed={seed}, prefill_only={})",
             c.num_blocks, c.block_size, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len,
-            c.max_num_waiting, c.priority_aging_s, c.eos_token_ids, c.logprobs_mode.as_str(), c.vocab_size
+            c.max_num_waiting, c.priority_aging_s, c.eos_token_ids, c.logprobs_mode.as_str(), c.vocab_size,
+            if c.prefill_only { "True" } else { "False" }
         )
     }
 }

@@ -11,8 +11,8 @@ use super::params::PySamplingParams;
 use super::tokens::extract_token_ids;
 use crate::error::CoreError;
 use crate::validate::{
-    check_capabilities, check_request, codes, max_prompt_tokens, validate_request, EndpointType,
-    Limits, Raw, Route, ValidRequest, BUILT,
+    check_capabilities, check_input_tokens, check_request, codes, max_prompt_tokens,
+    validate_request, EndpointType, Limits, Raw, Route, ValidRequest, BUILT,
 };
 
 /// Deepest nesting accepted in a body; real request bodies are a few levels deep, and the
@@ -199,6 +199,7 @@ fn set_limit(l: &mut Limits, name: &str, v: &Bound<'_, PyAny>) -> PyResult<()> {
         "max_logprobs" => l.max_logprobs = u32_arg("max_logprobs", v)?,
         "max_tools_databricks" => l.max_tools_databricks = u32_arg("max_tools_databricks", v)?,
         "max_beam_width" => l.max_beam_width = u32_arg("max_beam_width", v)?,
+        "embedding_dimensions" => l.embedding_dimensions = u32_arg("embedding_dimensions", v)?,
         "multimodal" => {
             l.multimodal = v
                 .cast::<PyBool>()
@@ -230,7 +231,7 @@ fn set_limit(l: &mut Limits, name: &str, v: &Bound<'_, PyAny>) -> PyResult<()> {
 #[pymethods]
 impl PyLimits {
     #[new]
-    #[pyo3(signature = (**kwargs), text_signature = "(*, max_model_len=8192, max_input_tokens=8192, max_position_embeddings=None, max_iter_times=8192, vocab_size=0, max_prompt_chars=4194304, max_stop_chars=32768, max_n=128, max_logprobs=20, max_tools_databricks=32, max_beam_width=128, multimodal=False, databricks_endpoint_type=None)")]
+    #[pyo3(signature = (**kwargs), text_signature = "(*, max_model_len=8192, max_input_tokens=8192, max_position_embeddings=None, max_iter_times=8192, vocab_size=0, max_prompt_chars=4194304, max_stop_chars=32768, max_n=128, max_logprobs=20, max_tools_databricks=32, max_beam_width=128, multimodal=False, databricks_endpoint_type=None, embedding_dimensions=0)")]
     fn new(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let mut inner = Limits::default();
         if let Some(kwargs) = kwargs {
@@ -290,6 +291,10 @@ impl PyLimits {
     fn multimodal(&self) -> bool {
         self.inner.multimodal
     }
+    #[getter]
+    fn embedding_dimensions(&self) -> u32 {
+        self.inner.embedding_dimensions
+    }
     /// The most prompt tokens a request may have (SPEC 1.4.2).
     #[getter]
     fn max_prompt_tokens(&self) -> u32 {
@@ -307,7 +312,7 @@ impl PyLimits {
         let l = &self.inner;
         let opt = |v: Option<String>| v.unwrap_or_else(|| "None".to_string());
         format!(
-            "Limits(max_model_len={}, max_input_tokens={}, max_position_embeddings={}, max_iter_times={}, vocab_size={}, max_prompt_chars={}, max_stop_chars={}, max_n={}, max_logprobs={}, max_tools_databricks={}, max_beam_width={}, multimodal={}, databricks_endpoint_type={})",
+            "Limits(max_model_len={}, max_input_tokens={}, max_position_embeddings={}, max_iter_times={}, vocab_size={}, max_prompt_chars={}, max_stop_chars={}, max_n={}, max_logprobs={}, max_tools_databricks={}, max_beam_width={}, multimodal={}, databricks_endpoint_type={}, embedding_dimensions={})",
             l.max_model_len,
             l.max_input_tokens,
             opt(l.max_position_embeddings.map(|p| p.to_string())),
@@ -321,6 +326,7 @@ impl PyLimits {
             l.max_beam_width,
             if l.multimodal { "True" } else { "False" },
             opt(l.databricks_endpoint_type.map(|t| format!("'{}'", t.as_str()))),
+            l.embedding_dimensions,
         )
     }
 }
@@ -472,8 +478,7 @@ impl PyValidRequest {
     fn messages<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.member(py, "messages")
     }
-    /// The tools to show the chat template: the body's list when it has any (only with
-    /// `tool_choice: "none"` until tool calling is built), else None.
+    /// The body's `tools` when it has any, else None.
     #[getter]
     fn tools<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         match self.inner.switches.has_tools {
@@ -489,6 +494,33 @@ impl PyValidRequest {
     fn response_format<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.member(py, "response_format")
     }
+    /// `/v1/embeddings` `encoding_format`: "float" or "base64".
+    #[getter]
+    fn encoding_format(&self) -> &'static str {
+        if self.inner.switches.base64 {
+            "base64"
+        } else {
+            "float"
+        }
+    }
+
+    /// `/v1/embeddings` `truncate_prompt_tokens`, resolved (-1 is the model's maximum); None
+    /// when not asked.
+    #[getter]
+    fn truncate_prompt_tokens(&self) -> Option<u32> {
+        self.inner.switches.truncate_prompt_tokens
+    }
+
+    /// The token limits of an embeddings request once its inputs are tokenized (and cut):
+    /// each input at most `max_input_tokens`, all together at most 300,000. Returns the total.
+    fn check_input_tokens(&self, lengths: Vec<usize>) -> PyResult<u64> {
+        Ok(check_input_tokens(
+            self.inner.route,
+            &lengths,
+            &self.limits,
+        )?)
+    }
+
     /// The prompt texts: `prompt` or `input` (one, or a batch), or `text_input` with its text
     /// parts joined; empty for chat.
     #[getter]

@@ -34,6 +34,11 @@ pub struct SchedulerConfig {
     /// Seed of the seeds: when set, unseeded requests draw their seeds deterministically from
     /// it (and their order of arrival), so a whole run is reproducible; `None` = OS-random.
     pub seed: Option<u64>,
+    /// Prefill-only (embedding) mode, see `prefill`: every request is one forward over its
+    /// prompt, packed whole into a step by the token budget, never chunked, finished by the
+    /// next `update()` with its blocks freed. Needs `max_model_len <= max_num_batched_tokens`
+    /// (so every admissible input fits one step) and no prefix caching.
+    pub prefill_only: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -51,6 +56,7 @@ impl Default for SchedulerConfig {
             logprobs_mode: LogprobsMode::Raw,
             vocab_size: 0,
             seed: None,
+            prefill_only: false,
         }
     }
 }
@@ -102,6 +108,9 @@ impl SchedulerConfig {
                     self.priority_aging_s
                 ),
             ));
+        }
+        if self.prefill_only {
+            super::prefill::check_config(self)?;
         }
         let blocks_per_seq = self.max_model_len.div_ceil(self.block_size);
         if blocks_per_seq > self.num_blocks - 1 {

@@ -167,6 +167,9 @@ impl Scheduler {
             );
             return Err(CoreError::invalid("request_id", "duplicate", msg));
         }
+        if self.cfg.prefill_only {
+            self.check_prefill_request(req)?;
+        }
         self.check_prompt(&req.prompt_token_ids, req.num_virtual_tokens)?;
         let priority = check_priority(req.priority.unwrap_or(i64::from(req.params.priority)))?;
         if !req.arrival_time.is_finite() {
@@ -213,7 +216,7 @@ impl Scheduler {
                 "`prompt_token_ids` must contain at least 1 token",
             ));
         }
-        if prompt.len() >= self.cfg.max_model_len {
+        if prompt.len() >= self.cfg.max_model_len && !self.cfg.prefill_only {
             let msg = format!(
                 "`prompt_token_ids` has {} tokens; it must be shorter than max_model_len ({}) to leave room for output",
                 prompt.len(),

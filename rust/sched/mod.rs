@@ -27,6 +27,7 @@ mod intake;
 mod invariants;
 mod plan;
 mod preempt;
+mod prefill;
 mod queue;
 mod rank;
 mod request;

@@ -37,6 +37,10 @@ impl Scheduler {
         self.end_aborted_and_expired(now, &mut plan);
         let mut rows = Vec::new();
         let mut budget = self.cfg.max_num_batched_tokens;
+        if self.cfg.prefill_only {
+            self.admit_prefill(now, &mut budget, &mut rows);
+            return self.materialize(rows, plan);
+        }
         self.sort_running(now);
         let preempted = self.schedule_running(&mut budget, &mut rows, &mut plan);
         if !preempted {
@@ -60,7 +64,9 @@ impl Scheduler {
                 num_tokens: row.num_tokens,
                 block_table: &s.block_table,
                 // A beam group's first row yields one sample: the beams come from its logits.
+                // Prefill-only rows sample nothing (`prefill`).
                 num_samples_at_end: match s.will_fork() && !s.params.use_beam_search {
+                    _ if self.cfg.prefill_only => 0,
                     true => s.seats as u32,
                     false => 1,
                 },
@@ -317,7 +323,13 @@ impl Scheduler {
 
     /// Admits `key` with prefix `hits`: the row's token count this step (at most `budget`;
     /// 0 = no row). `whole` reserves the blocks for everything up to its compute target.
-    fn admit(&mut self, key: SeqKey, hits: &[BlockId], budget: usize, whole: bool) -> usize {
+    pub(crate) fn admit(
+        &mut self,
+        key: SeqKey,
+        hits: &[BlockId],
+        budget: usize,
+        whole: bool,
+    ) -> usize {
         let bs = self.cfg.block_size;
         for &b in hits {
             self.pool.incref(b);

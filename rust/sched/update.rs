@@ -90,6 +90,9 @@ impl Scheduler {
                 ),
             ));
         }
+        if self.cfg.prefill_only {
+            return Ok(self.finish_prefill(&rec));
+        }
         if !self.beam_steps(&sample_keys(&rec)).is_empty() {
             self.last = Some(rec);
             return Err(CoreError::invalid(
@@ -113,6 +116,13 @@ impl Scheduler {
         logits: &[f32],
         vocab: usize,
     ) -> CoreResult<StepOutput> {
+        if self.cfg.prefill_only {
+            return Err(CoreError::invalid(
+                "logits",
+                "prefill_only",
+                "a prefill-only scheduler samples nothing: end its steps with `update(step_id, [])`",
+            ));
+        }
         let rec = self.take_plan(step_id)?;
         let expected = rec.total_samples * vocab;
         if vocab == 0 || logits.len() != expected {

@@ -16,7 +16,8 @@ pub struct Capabilities {
     pub beam_search: bool,
     /// `best_of` > `n`: several candidates ranked by cumulative logprob.
     pub best_of: bool,
-    /// `tools` the model may call (parsing tool calls out of the output).
+    /// `tools` the model may call (parsing tool calls out of the output). Built: whether a
+    /// server parses them is its `--tool-call-parser`, which the server checks.
     pub tool_calls: bool,
     /// `response_format` JSON modes (constrained decoding).
     pub structured_output: bool,
@@ -31,7 +32,7 @@ pub struct Capabilities {
 pub const BUILT: Capabilities = Capabilities {
     beam_search: true,
     best_of: true,
-    tool_calls: false,
+    tool_calls: true,
     structured_output: true,
     suffix_insertion: false,
     embeddings: true,

@@ -1,10 +1,10 @@
-//! Databricks Foundation Model API tasks (SPEC 6.3 chat, 6.5 completions, 6.7 embeddings),
-//! with the Databricks ranges and the endpoint-type rules of →A-63.
+//! Databricks Foundation Model API tasks (SPEC 6.3 chat, 6.5 completions; 6.7 embeddings is in
+//! `embeddings`), with the Databricks ranges and the endpoint-type rules of →A-63.
 
 use crate::error::CoreResult;
 use crate::params::SamplingParams;
 
-use super::request::{read_switches, routed, OutputCap, ValidRequest};
+use super::request::{routed, ValidRequest};
 use super::Route;
 
 use super::codes;
@@ -81,21 +81,6 @@ pub(super) fn completions(body: &Raw, limits: &Limits) -> CoreResult<ValidReques
         "prompt",
         limits,
     )
-}
-
-/// Validates a Databricks embeddings body: `input` (a non-empty string or a non-empty list of
-/// them) and an optional `instruction`. Nothing is generated, so the parameters are the
-/// defaults; the prompt-token limit applies when a count is given.
-pub(super) fn embeddings(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
-    let o = Obj::root(body)?;
-    prompts(o.field("input"), limits, false)?;
-    o.field("instruction").str()?;
-    let route = Route::DatabricksEmbeddings;
-    let switches = read_switches(route, body)?;
-    let cap = OutputCap::LimitOnly {
-        prompt_field: "input",
-    };
-    ValidRequest::new(route, SamplingParams::default(), switches, cap, limits)
 }
 
 /// The sampling fields chat and completions share. Temperature 0 or top_p 0 is greedy

@@ -75,6 +75,9 @@ pub struct Limits {
     pub multimodal: bool,
     /// The Databricks endpoint's type; `None` accepts both `n` and `error_behavior`.
     pub databricks_endpoint_type: Option<EndpointType>,
+    /// The length of an embedding model's vectors, the only `dimensions` `/v1/embeddings`
+    /// accepts; 0 = not an embedding model (any positive `dimensions` passes validation).
+    pub embedding_dimensions: u32,
 }
 
 impl Default for Limits {
@@ -93,6 +96,7 @@ impl Default for Limits {
             max_beam_width: MAX_N,
             multimodal: false,
             databricks_endpoint_type: None,
+            embedding_dimensions: 0,
         }
     }
 }

@@ -23,6 +23,7 @@ mod beam;
 mod capabilities;
 mod common;
 mod databricks;
+mod embeddings;
 mod limits;
 mod messages;
 mod mindie;
@@ -40,6 +41,7 @@ mod trt;
 mod tests;
 
 pub use capabilities::{check_params as check_capabilities, check_request, Capabilities, BUILT};
+pub use embeddings::{check_input_tokens, MAX_EMBED_INPUTS, MAX_EMBED_TOTAL_TOKENS};
 pub use limits::{
     check_prompt_tokens, max_prompt_tokens, EndpointType, Limits, MAX_PROMPT_TOKENS_CAP,
 };
@@ -75,6 +77,8 @@ pub mod codes {
     pub const TOO_MANY: &str = "too_many";
     /// A parameter this deployment does not offer (Databricks endpoint type, →A-63).
     pub const UNSUPPORTED: &str = "unsupported";
+    /// A field the route does not take (`/v1/embeddings` refuses unknown fields).
+    pub const UNKNOWN_FIELD: &str = "unknown_field";
 }
 
 /// An API route whose request body `validate` understands.
@@ -92,13 +96,15 @@ pub enum Route {
     DatabricksCompletions,
     /// Databricks embeddings task (SPEC 6.7).
     DatabricksEmbeddings,
+    /// OpenAI `/v1/embeddings`.
+    Embeddings,
     /// The TensorRT-LLM-style in-process request (SPEC 7.2-7.5), tensors as Python values.
     Trt,
     /// The Python `SamplingParams(...)` constructor: vLLM-style keyword arguments.
     Offline,
 }
 
-const ROUTE_NAMES: [(&str, Route); 9] = [
+const ROUTE_NAMES: [(&str, Route); 10] = [
     ("generate", Route::Generate),
     ("generate_stream", Route::Generate),
     ("chat", Route::Chat),
@@ -106,13 +112,15 @@ const ROUTE_NAMES: [(&str, Route); 9] = [
     ("databricks_chat", Route::DatabricksChat),
     ("databricks_completions", Route::DatabricksCompletions),
     ("databricks_embeddings", Route::DatabricksEmbeddings),
+    ("embeddings", Route::Embeddings),
     ("trt", Route::Trt),
     ("offline", Route::Offline),
 ];
 
 impl Route {
     /// Parses a route name: "generate", "generate_stream", "chat", "completions",
-    /// "databricks_chat", "databricks_completions", "databricks_embeddings", "trt", "offline".
+    /// "databricks_chat", "databricks_completions", "databricks_embeddings", "embeddings",
+    /// "trt", "offline".
     pub fn parse(name: &str) -> CoreResult<Route> {
         ROUTE_NAMES
             .iter()
@@ -147,7 +155,8 @@ pub fn validate_request(route: Route, body: &Raw, limits: &Limits) -> CoreResult
         Route::Completions => openai::completions(body, limits),
         Route::DatabricksChat => databricks::chat(body, limits),
         Route::DatabricksCompletions => databricks::completions(body, limits),
-        Route::DatabricksEmbeddings => databricks::embeddings(body, limits),
+        Route::DatabricksEmbeddings => embeddings::databricks(body, limits),
+        Route::Embeddings => embeddings::openai(body, limits),
         Route::Trt => trt::trt(body, limits),
         Route::Offline => offline::offline(body, limits),
     }

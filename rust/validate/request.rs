@@ -69,6 +69,11 @@ pub struct Switches {
     /// Structured output: the grammar the output must follow (`response_format`, vLLM's
     /// `guided_*` / `structured_outputs`); compiled by `grammar::GrammarCompiler`.
     pub grammar: Option<GrammarSpec>,
+    /// `/v1/embeddings` `encoding_format: "base64"` (else float).
+    pub base64: bool,
+    /// `/v1/embeddings` `truncate_prompt_tokens`, resolved (-1 is the model's maximum): inputs
+    /// are cut to this many tokens before the limits apply.
+    pub truncate_prompt_tokens: Option<u32>,
 }
 
 /// A request body that passed its route's rules: the parameters and the switches.
@@ -241,5 +246,7 @@ pub(crate) fn read_switches(route: Route, body: &Raw) -> CoreResult<Switches> {
             _ => None,
         },
         grammar: structured_output(route, &o)?,
+        base64: false,
+        truncate_prompt_tokens: None,
     })
 }

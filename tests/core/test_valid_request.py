@@ -67,7 +67,6 @@ def test_databricks_truncation_keeps_the_last_tokens() -> None:
     ("route", "body", "field"),
     [
         ("completions", {"model": "m", "prompt": "a", "suffix": "!"}, "suffix"),
-        ("chat", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ],
 )
 def test_unbuilt_features_are_refused_by_field(route: str, body: Any, field: str) -> None:

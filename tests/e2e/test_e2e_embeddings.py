@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import openai
@@ -21,10 +22,9 @@ MODEL = "minilm"
 TEXTS = ["The weather is lovely today.", "今天天气很好。", "Packing inputs without padding " * 9]
 
 
-@pytest.fixture(scope="module")
-def embed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def _launch(log_path: Path, env: dict[str, str] | None = None) -> Server:
+    """``ferrollm serve --task embed`` (the default embedding model) on a free port."""
     port = free_port()
-    log_path = tmp_path_factory.mktemp("embed") / "server.log"
     flags = ["--task", "embed", "--served-model-name", MODEL, "--dtype", "float32"]
     command = [sys.executable, "-m", "ferrollm", "serve", "--port", str(port), *flags]
     stub = [sys.executable, "-c", _EXEC_WITH_PARENT_DEATH_SIGNAL, str(os.getpid())]
@@ -35,10 +35,16 @@ def embed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
     server = Server(f"http://127.0.0.1:{port}", process, log_path)
     _live.append(server)
+    return server
+
+
+@pytest.fixture(scope="module")
+def embed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = _launch(tmp_path_factory.mktemp("embed") / "server.log")
     try:
         server.wait_ready()
         yield server
@@ -113,3 +119,61 @@ def test_databricks_embeddings_over_the_wire(embed_server: Server) -> None:
     np.testing.assert_allclose([d["embedding"] for d in got["data"]], want, atol=1e-5)
     bad = embed_server.http.post(url, json={"input": []})
     assert bad.status_code == 400 and bad.json()["error_code"] == "BAD_REQUEST"
+
+
+#: Loaded by the server process (``sitecustomize``): a step holding token id 29999 kills the
+#: embedding thread with an exception no request handling catches.
+_KILLER = """
+import builtins, sys
+_import = builtins.__import__
+
+class InjectedFault(BaseException):
+    pass
+
+def _patch(module):
+    run_plan = module.Embedder.run_plan
+    def dying_run_plan(self, plan):
+        if 29999 in plan.input_ids:
+            raise InjectedFault("injected by the test")
+        return run_plan(self, plan)
+    module.Embedder.run_plan = dying_run_plan
+    module._fault_patched = True
+
+def _hook(name, *args, **kwargs):
+    module = _import(name, *args, **kwargs)
+    embed = sys.modules.get("ferrollm.engine.embed")
+    if embed is not None and hasattr(embed, "Embedder") and not hasattr(embed, "_fault_patched"):
+        _patch(embed)
+    return module
+
+builtins.__import__ = _hook
+"""
+
+
+def test_embedder_death_fails_in_flight_requests_turns_health_503_and_exits_nonzero(
+    tmp_path: Path,
+) -> None:
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_KILLER)
+    pythonpath = f"{hooks}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    server = _launch(tmp_path / "server.log", {"PYTHONPATH": pythonpath})
+    try:
+        server.wait_ready()
+        ok = server.http.post("/v1/embeddings", json={"model": MODEL, "input": "fine"})
+        assert ok.status_code == 200, ok.text
+        body = {"model": MODEL, "input": [[101, 29999, 102], [101, 7592, 102]]}
+        killed = server.http.post("/v1/embeddings", json=body)
+        after = server.http.post("/v1/embeddings", json={"model": MODEL, "input": "late"})
+        health = server.http.get("/health")
+        ready = server.http.get("/v2/health/ready")
+        # The request in flight when the thread died gets a clean 503, as does one after it.
+        assert killed.status_code == 503, killed.text
+        assert "engine" in killed.json()["error"]["message"]
+        assert after.status_code == 503, after.text
+        assert (health.status_code, ready.status_code) == (503, 503)
+        assert server.process.wait(30) != 0
+        log = server.log()
+        assert "the embedding thread died" in log and "exiting with status 70" in log, log
+    finally:
+        server.stop()

@@ -230,16 +230,17 @@ def test_bad_requests_name_the_field(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as not_found:
         client.completions.create(model="no-such-model", prompt="Hi", max_tokens=1)
     assert isinstance(not_found.value.body, dict) and not_found.value.body["param"] == "model"
-    with pytest.raises(openai.BadRequestError) as unsupported:
+    with pytest.raises(openai.BadRequestError) as conflict:
         client.chat.completions.create(
             model=MODEL,
             messages=QUESTION,
             max_tokens=4,
             tools=[{"type": "function", "function": {"name": "f", "description": "F."}}],
+            tool_choice={"type": "function", "function": {"name": "g"}},
         )
-    body = unsupported.value.body
+    body = conflict.value.body
     assert isinstance(body, dict)
-    assert body["code"] == "unsupported" and body["param"] == "tools", body
+    assert body["param"] == "tool_choice.function.name", body
     # The server still serves.
     response = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, temperature=0)
     assert response.usage is not None and response.usage.completion_tokens >= 1

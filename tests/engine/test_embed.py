@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from ferrollm._core import Scheduler
 from ferrollm.default_model import default_embedding_model_path
-from ferrollm.engine.embed import Embedder, EmbedTokenizer, plan_steps
+from ferrollm.engine.embed import Embedder, EmbedTokenizer, embed_scheduler_config
 from ferrollm.models.bert import BertConfig, load_bert
 from ferrollm.models.config import UnsupportedModelError
 from ferrollm.models.pooling import EmbedSpec, pool
@@ -56,7 +58,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize(
     ("budget", "max_seqs", "one_at_a_time"),
-    [(16384, 256, False), (8192, 256, True), (48, 3, False)],
+    [(16384, 256, False), (8192, 256, True), (256, 3, False)],
     ids=["packed", "one-at-a-time", "tiny-budget"],
 )
 def test_matches_sentence_transformers(
@@ -93,21 +95,45 @@ def test_truncation_keeps_the_specials(embedder: Embedder) -> None:
     assert embedder.encode(["word " * 400])[0] == long  # not cut unless asked
 
 
-def test_plan_steps_packs_in_order_within_the_budget() -> None:
-    assert plan_steps([5, 5, 5, 20, 1], 10, 8) == [
-        range(0, 2),
-        range(2, 3),
-        range(3, 4),
-        range(4, 5),
-    ]
-    assert plan_steps([1] * 5, 100, 2) == [range(0, 2), range(2, 4), range(4, 5)]
-    assert plan_steps([], 10, 2) == []
+def _packed_steps(lengths: list[int], budget: int, seats: int) -> list[list[int]]:
+    """The rows (input numbers) of each step of an embedder's prefill-only scheduler."""
+    scheduler = Scheduler(embed_scheduler_config(budget, seats, budget, max(len(lengths), 1)))
+    for i, n in enumerate(lengths):
+        scheduler.add_request(i, [1] * n, arrival_time=float(i))
+    steps = []
+    while scheduler.has_unfinished_requests():
+        plan = scheduler.schedule(1e6)
+        assert plan.num_samples == 0 and plan.num_scheduled_tokens <= budget
+        steps.append(plan.req_ids.tolist())
+        out = scheduler.update(plan, [])
+        assert out.finished_req_ids.tolist() == steps[-1]
+        assert scheduler.stats()["num_used_blocks"] == 0
+    return steps
+
+
+def test_the_scheduler_packs_whole_inputs_in_order_within_the_budget() -> None:
+    assert _packed_steps([5, 5, 5, 10, 1], 10, 8) == [[0, 1], [2], [3], [4]]
+    assert _packed_steps([1] * 5, 100, 2) == [[0, 1], [2, 3], [4]]
+    assert _packed_steps([], 10, 2) == []
     rng = random.Random(1)
     lengths = [rng.randint(1, 64) for _ in range(500)]
-    steps = plan_steps(lengths, 128, 16)
+    steps = _packed_steps(lengths, 128, 16)
     assert [i for s in steps for i in s] == list(range(500))
-    for s in steps:
-        assert len(s) <= 16 and (len(s) == 1 or sum(lengths[i] for i in s) <= 128)
+    assert all(len(s) <= 16 and sum(lengths[i] for i in s) <= 128 for s in steps)
+
+
+def test_inputs_longer_than_the_step_budget_are_refused(embedder: Embedder) -> None:
+    from ferrollm._core import ValidationError
+
+    budget = embedder.max_num_batched_tokens
+    try:
+        embedder.max_num_batched_tokens = 100
+        assert embedder.max_input_tokens == 100  # the model takes 256: never split an input
+        with pytest.raises(ValidationError, match="`prompt_token_ids` has 101 tokens"):
+            embedder.embed([[101] * 101])
+        assert embedder.embed([[101] * 100]).shape == (1, 384)
+    finally:
+        embedder.max_num_batched_tokens = budget
 
 
 def test_pool_modes() -> None:
@@ -193,10 +219,12 @@ def test_tokenizer_without_specials_truncates_plainly() -> None:
 
 class _GatedEmbedder:
     """Just what ``AsyncEmbedder`` reads of an ``Embedder``; its first step waits for a gate,
-    so the test can queue requests behind it. Each vector is [input length, step number]."""
+    so the test can queue requests behind it. Each vector is [input length, step number]; an
+    input starting with token 999 fails its step."""
 
     dimensions = 2
     max_num_batched_tokens = 10
+    max_input_tokens = 10
     max_num_seqs = 4
 
     def __init__(self) -> None:
@@ -205,13 +233,14 @@ class _GatedEmbedder:
         self.gate = threading.Event()
         self.steps: list[list[int]] = []
 
-    def run_step(self, inputs: list[list[int]]) -> np.ndarray:
+    def run_plan(self, plan: Any) -> np.ndarray:
         if not self.steps:
             self.gate.wait(10)
-        self.steps.append([len(i) for i in inputs])
-        if any(i[0] < 0 for i in inputs):
+        lengths = np.diff(plan.cu_seqlens_q).tolist()
+        self.steps.append(lengths)
+        if 999 in plan.input_ids[plan.cu_seqlens_q[:-1]]:
             raise RuntimeError("bad input")
-        return np.array([[len(i), len(self.steps)] for i in inputs], dtype=np.float32)
+        return np.array([[n, len(self.steps)] for n in lengths], dtype=np.float32)
 
 
 def test_async_embedder_packs_across_requests_by_the_budget() -> None:
@@ -226,7 +255,7 @@ def test_async_embedder_packs_across_requests_by_the_budget() -> None:
         first = asyncio.ensure_future(engine.embed([[1]]))
         while engine.stats()["num_running_seqs"] == 0:  # the thread is inside step 1
             await asyncio.sleep(0.001)
-        rest = [engine.embed([[1] * 3, [1] * 3]), engine.embed([[1] * 5]), engine.embed([[-1]])]
+        rest = [engine.embed([[1] * 3, [1] * 3]), engine.embed([[1] * 5]), engine.embed([[999]])]
         tasks = [asyncio.ensure_future(r) for r in rest]
         await asyncio.sleep(0.05)
         with pytest.raises(QueueFullError, match="queue is full"):
@@ -273,7 +302,7 @@ def test_decoder_embedder_matches_transformers(pooling: str, tmp_path: Path) -> 
 
     model_dir = build_tiny_model("qwen3", tmp_path)
     e = Embedder.from_path(model_dir, device="cpu", dtype="float32", pooling=pooling)
-    e.max_num_batched_tokens = 40  # several packed steps, and a scratch cache that grows
+    e.max_num_batched_tokens = 72  # several packed steps, and a KV cache that grows
     reference = transformers.AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
     rng = torch.Generator().manual_seed(5)
     inputs = [torch.randint(3, 300, (n,), generator=rng).tolist() for n in (1, 17, 33, 5, 70)]

@@ -50,12 +50,19 @@ ROUTE_PATHS = {
 class Server:
     """The engine, its two apps, and the event-loop thread they run on."""
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        max_model_len: int = MAX_MODEL_LEN,
+        max_input_tokens: int = MAX_INPUT_TOKENS,
+        **server_options: Any,
+    ) -> None:
         config = EngineConfig(
             model=str(model_dir),
             device="cpu",
             dtype="float32",
-            max_model_len=MAX_MODEL_LEN,
+            max_model_len=max_model_len,
             kv_cache_memory="8MiB",
             seed=0,
         )
@@ -64,8 +71,9 @@ class Server:
             self.engine,
             ServerConfig(
                 served_model_name=MODEL,
-                max_input_tokens=MAX_INPUT_TOKENS,
+                max_input_tokens=max_input_tokens,
                 max_body_bytes=MAX_BODY_BYTES,
+                **server_options,
             ),
         )
         self.full_text_ctx = ServerContext.build(
@@ -96,8 +104,12 @@ class Server:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def client(self, app: App | None = None) -> httpx.AsyncClient:
-        """The httpx client of ``app`` (default: the main app); use it on the loop."""
-        return self._clients[id(app or self.app)]
+        """The httpx client of ``app`` (default: the main app; another app of this engine gets
+        its client on first use); use it on the loop."""
+        app = app or self.app
+        if id(app) not in self._clients:
+            self._clients[id(app)] = self.run(_make_client(app))
+        return self._clients[id(app)]
 
     def post(
         self,

@@ -141,9 +141,9 @@ OPENAI_BAD: dict[str, tuple[dict[str, Any], str, str]] = {
     "no-input": ({"model": MODEL}, "input", "non-empty string"),
     "empty-list": ({"model": MODEL, "input": []}, "input", "an empty list"),
     "empty-string": ({"model": MODEL, "input": ["a", ""]}, "input[1]", "must not be empty"),
-    "mixed": ({"model": MODEL, "input": ["a", 5]}, "input[0]", "mixing"),
-    "bad-id": ({"model": MODEL, "input": [1, 99999]}, "input", "outside the vocabulary"),
-    "empty-ids": ({"model": MODEL, "input": [[1], []]}, "input[1]", "non-empty"),
+    "mixed": ({"model": MODEL, "input": ["a", 5]}, "input[1]", "mixing"),
+    "bad-id": ({"model": MODEL, "input": [1, 99999]}, "input[1]", "token id in [0, 30521]"),
+    "empty-ids": ({"model": MODEL, "input": [[1], []]}, "input[1]", "must not be empty"),
     "format": ({"model": MODEL, "input": "a", "encoding_format": "int8"}, "encoding_format", ""),
     "dimensions": ({"model": MODEL, "input": "a", "dimensions": 128}, "dimensions", "Matryoshka"),
     "dimensions-0": ({"model": MODEL, "input": "a", "dimensions": 0}, "dimensions", "positive"),
@@ -234,3 +234,61 @@ def test_generation_server_refuses_embeddings(server: Server) -> None:
     assert error["param"] == "input" and "--task embed" in error["message"]
     dbx = server.post(ROUTE_PATHS["databricks"], {"input": ["a"]})
     assert dbx.status_code == 400 and "does not support the embeddings task" in dbx.text
+
+
+class _Fatal(BaseException):
+    """What no request handling catches."""
+
+
+def test_embedder_thread_death_fails_in_flight_requests_and_turns_health_503() -> None:
+    embedder = Embedder.from_path(device="cpu", dtype="float32", max_num_batched_tokens=512)
+    gate = threading.Event()
+    run_plan = embedder.run_plan
+
+    def dying_run_plan(plan: Any) -> np.ndarray:
+        gate.wait(10)
+        if 29999 in plan.input_ids:
+            raise _Fatal("injected")
+        return run_plan(plan)
+
+    embedder.run_plan = dying_run_plan  # type: ignore[method-assign]
+    engine = AsyncEmbedder(embedder, max_num_waiting=64)
+    app = App(ctx=ServerContext.build(engine, ServerConfig(served_model_name=MODEL)))
+    deaths: list[BaseException] = []
+
+    async def go() -> list[httpx.Response]:
+        engine.watch(deaths.append)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+
+            def post(value: Any) -> asyncio.Future[httpx.Response]:
+                body = {"model": MODEL, "input": value}
+                return asyncio.ensure_future(client.post("/v1/embeddings", json=body))
+
+            running = post([[101, 29999, 102]])
+            while engine.stats()["num_running_seqs"] == 0:  # its step waits at the gate
+                await asyncio.sleep(0.005)
+            waiting = post(["queued behind the dying step", "and another"])
+            while engine.stats()["num_waiting_seqs"] < 2:
+                await asyncio.sleep(0.005)
+            gate.set()
+            responses = list(await asyncio.gather(running, waiting))
+            while not deaths:
+                await asyncio.sleep(0.005)
+            responses.append(
+                await client.post("/v1/embeddings", json={"model": MODEL, "input": "x"})
+            )
+            responses.append(await client.get("/health"))
+            responses.append(await client.get("/v2/health/ready"))
+            return responses
+
+    try:
+        running, waiting, after, health, ready = asyncio.run(go())
+    finally:
+        engine.shutdown()
+    for response in (running, waiting, after):
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["code"] == "engine_dead", response.text
+    assert (health.status_code, ready.status_code) == (503, 503)
+    assert len(deaths) == 1 and isinstance(deaths[0], _Fatal)
+    assert not engine.is_running

@@ -221,11 +221,13 @@ CASES: dict[str, Bad] = {
     "dbx-media": Bad("databricks", {"messages": [{"role": "user", "content": MEDIA}]}, 400,
                      "messages[0].content[1].type"),
     # --- features not built: refused, never ignored
-    "chat-tools": Bad("chat", with_(CHAT, tools=[{"type": "function", "function": {"name": "f"}}]),
-                      400, "tools", "unsupported"),
-    "dbx-tools": Bad("databricks",
-                     with_(DBX_CHAT, tools=[{"type": "function", "function": {"name": "f"}}]),
-                     400, "tools"),
+    # --- tools: a named choice must name one of them; another grammar with them conflicts
+    "chat-tool-choice": Bad("chat", with_(CHAT, tools=[{"type": "function", "function": {
+        "name": "f"}}], tool_choice={"type": "function", "function": {"name": "g"}}), 400,
+        "tool_choice.function.name"),
+    "dbx-tools-grammar": Bad("databricks", with_(DBX_CHAT, tools=[{"type": "function",
+        "function": {"name": "f"}}], response_format={"type": "json_object"}), 400,
+        "response_format", "conflict"),
     # --- structured output: served; a malformed grammar names its field
     "chat-bad-schema": Bad("chat", with_(CHAT, response_format={
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 7}}}), 400,

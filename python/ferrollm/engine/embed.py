@@ -1,13 +1,15 @@
-"""The embedding engine: tokenize, pack inputs into steps by the token budget, run the encoder
-once per step, pool.
+"""The embedding engine: tokenize, let the Rust scheduler pack inputs into steps, run the
+encoder once per step, pool.
 
-Why not the Rust scheduler: an encoder step is prefill-only and keeps nothing. There are no KV
-blocks to allocate, no decode steps to interleave, no preemption and no prefix cache (attention
-is bidirectional, so an input's first block depends on its last token). What is left of
-scheduling is the packing itself, ``plan_steps``: consecutive inputs fill a step up to
-``max_num_batched_tokens`` tokens and ``max_num_seqs`` inputs, in arrival order. An input
-cannot be split across steps (a chunk's tokens attend to later ones), so one longer than the
-budget runs alone in its own step.
+Packing is the scheduler's prefill-only mode (``SchedulerConfig(prefill_only=True)``, see
+``rust/sched/prefill.rs``): waiting inputs are admitted whole, in rank order (priority, then
+arrival), while the step's ``max_num_batched_tokens`` tokens and ``max_num_seqs`` seats last;
+each ends at the ``update`` after its one forward, its KV blocks freed. An input is never split
+across steps (an encoder's tokens attend to later ones), so the longest input an embedder takes
+is the model's maximum or the step budget, whichever is smaller (``max_input_tokens``); the
+server refuses longer ones with a 400. The step's plan is the model's input as is: its
+``input_ids`` and ``cu_seqlens_q`` for an encoder (no padding), and its positions, slots and
+block tables for a decoder, whose KV lives in blocks of the scheduler's pool for the forward.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
-from ferrollm.engine.embed_decoder import DecoderEncoder
+from ferrollm._core import Scheduler, SchedulerConfig, StepPlan
+from ferrollm.engine.embed_decoder import EMBED_BLOCK_SIZE, DecoderEncoder
 from ferrollm.models.bert import ENCODER_TYPES, BertModel, load_bert
 from ferrollm.models.config import UnsupportedModelError
 from ferrollm.models.pooling import POOLING_MODES, EmbedSpec, pool, read_sentence_transformers
@@ -33,19 +36,21 @@ DEFAULT_EMBED_BATCHED_TOKENS = 8192
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def plan_steps(lengths: Sequence[int], max_tokens: int, max_seqs: int) -> list[range]:
-    """Consecutive groups of inputs, each within ``max_tokens`` tokens and ``max_seqs`` inputs
-    (an input longer than ``max_tokens`` gets a step of its own)."""
-    steps: list[range] = []
-    start, tokens = 0, 0
-    for i, n in enumerate(lengths):
-        if i > start and (tokens + n > max_tokens or i - start >= max_seqs):
-            steps.append(range(start, i))
-            start, tokens = i, 0
-        tokens += n
-    if start < len(lengths):
-        steps.append(range(start, len(lengths)))
-    return steps
+def embed_scheduler_config(
+    max_num_batched_tokens: int, max_num_seqs: int, max_input_tokens: int, max_num_waiting: int
+) -> SchedulerConfig:
+    """The prefill-only scheduler of an embedder. Its pool holds enough blocks for any step
+    (each input wastes less than one block), so admission never waits for blocks."""
+    return SchedulerConfig(
+        num_blocks=-(-max_num_batched_tokens // EMBED_BLOCK_SIZE) + max_num_seqs + 1,
+        block_size=EMBED_BLOCK_SIZE,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_input_tokens,
+        max_num_waiting=max_num_waiting,
+        enable_prefix_caching=False,
+        prefill_only=True,
+    )
 
 
 class EmbedTokenizer:
@@ -134,9 +139,18 @@ class Embedder:
 
     @property
     def max_input_tokens(self) -> int:
-        """The longest input (specials included) the model takes."""
+        """The longest input (specials included) this embedder takes: the model's maximum, or
+        the step's token budget when that is smaller (an input is never split across steps)."""
         own = self.model.config.max_input_tokens
-        return min(own, self.spec.max_seq_length) if self.spec.max_seq_length else own
+        if self.spec.max_seq_length:
+            own = min(own, self.spec.max_seq_length)
+        return min(own, self.max_num_batched_tokens)
+
+    def scheduler_config(self, max_num_waiting: int = 4096) -> SchedulerConfig:
+        """The prefill-only scheduler that packs this embedder's steps."""
+        return embed_scheduler_config(
+            self.max_num_batched_tokens, self.max_num_seqs, self.max_input_tokens, max_num_waiting
+        )
 
     def encode(self, texts: Sequence[str], truncate: bool = False) -> list[list[int]]:
         """Token ids of ``texts``; cut to ``max_input_tokens`` when ``truncate`` (a longer
@@ -145,24 +159,29 @@ class Embedder:
         return [self.tokenizer.truncate(i, self.max_input_tokens) for i in ids] if truncate else ids
 
     def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
-        """One embedding per input, float32 [len(inputs), dimensions], in input order."""
+        """One embedding per input, float32 [len(inputs), dimensions], in input order. Raises
+        ``ValidationError`` (naming ``prompt_token_ids``) for an input longer than
+        ``max_input_tokens``."""
         out = np.empty((len(inputs), self.dimensions), dtype=np.float32)
-        lengths = [len(ids) for ids in inputs]
-        for step in plan_steps(lengths, self.max_num_batched_tokens, self.max_num_seqs):
-            out[step.start : step.stop] = self.run_step([inputs[i] for i in step])
+        scheduler = Scheduler(self.scheduler_config(max(len(inputs), 1)))
+        for i, ids in enumerate(inputs):
+            scheduler.add_request(i, ids, arrival_time=0.0)
+        while scheduler.has_unfinished_requests():
+            plan = scheduler.schedule(0.0)
+            if plan.num_rows:
+                out[plan.req_ids] = self.run_plan(plan)
+            scheduler.update(plan, [])
         return out
 
     @torch.inference_mode()
-    def run_step(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
-        """One packed forward over ``inputs`` (no padding) and the pooled vectors."""
-        lengths = [len(ids) for ids in inputs]
-        if min(lengths, default=0) < 1:
-            raise ValueError("every input needs at least one token")
-        flat = np.fromiter((t for ids in inputs for t in ids), dtype=np.int64, count=sum(lengths))
-        cu_seqlens = torch.zeros(len(inputs) + 1, dtype=torch.int64)
-        cu_seqlens[1:] = torch.cumsum(torch.tensor(lengths), 0)
-        input_ids = torch.from_numpy(flat).to(self.device)
-        hidden = self.model(input_ids, cu_seqlens)
+    def run_plan(self, plan: StepPlan) -> np.ndarray:
+        """One packed forward over the plan's rows (no padding) and their pooled vectors,
+        ``[plan.num_rows, dimensions]`` in row order."""
+        cu_seqlens = torch.from_numpy(plan.cu_seqlens_q.astype(np.int64))
+        if isinstance(self.model, DecoderEncoder):
+            hidden = self.model.hidden_states(plan)
+        else:
+            hidden = self.model(torch.from_numpy(plan.input_ids).to(self.device), cu_seqlens)
         return pool(hidden, cu_seqlens, self.spec).cpu().numpy()
 
 

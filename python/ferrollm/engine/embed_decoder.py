@@ -1,10 +1,9 @@
 """A Llama-family decoder as an embedder: its final hidden states pooled (last token or mean).
 
-The decoder runs through the same model and paged-attention backend as generation, but
-prefill-only: each step's inputs are laid out in a scratch KV cache that only lives for the
-step (block ``b + 1`` onwards for each input, nothing shared, nothing kept), so causal
-attention sees exactly the input's own tokens. The scratch cache grows to the largest step
-seen; it is not the generation engine's cache and no scheduler is involved.
+The decoder runs through the same model and paged-attention backend as generation, on the
+prefill-only scheduler's plan as is: each input's KV goes to the blocks the scheduler gave it
+for this step (nothing shared, nothing kept after the step), so causal attention sees exactly
+the input's own tokens. The KV cache grows to the highest block the scheduler has handed out.
 """
 
 from __future__ import annotations
@@ -13,12 +12,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
-from ferrollm.executor.runner import ModelRunner, SyntheticPlan
+from ferrollm.executor.runner import ModelRunner, StepInputs
 from ferrollm.platforms import Platform
+
+#: Token slots per KV block of a decoder embedder (the prefill-only scheduler's block size).
+EMBED_BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class DecoderShape:
 
 
 class DecoderEncoder:
-    """``forward(input_ids, cu_seqlens)`` -> final hidden states, like ``BertModel``."""
+    """``hidden_states(plan)`` -> final hidden states of a prefill-only step."""
 
     def __init__(self, path: Path, platform: Platform, dtype: torch.dtype) -> None:
         from ferrollm.engine.engine import load_model
@@ -39,7 +40,9 @@ class DecoderEncoder:
         source = load_model_source(path)
         c = source.config
         self.model = load_model(source, platform.device, dtype)
-        self.spec = KVCacheSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, dtype)
+        self.spec = KVCacheSpec(
+            c.num_hidden_layers, c.num_key_value_heads, c.head_dim, EMBED_BLOCK_SIZE, dtype
+        )
         self.config = DecoderShape(c.hidden_size, c.max_position_embeddings)
         self.platform = platform
         self._runner: ModelRunner | None = None
@@ -48,28 +51,9 @@ class DecoderEncoder:
         """The model's parameters (for the startup log's dtype)."""
         return self.model.parameters()
 
-    def __call__(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-        cu = cu_seqlens.numpy()
-        lens = cu[1:] - cu[:-1]
-        bs = self.spec.block_size
-        blocks_per = -(-lens // bs)
-        first = 1 + np.concatenate([[0], np.cumsum(blocks_per)[:-1]])  # block 0 is null
-        runner = self._runner_for(int(blocks_per.sum()) + 1)
-        positions = np.concatenate([np.arange(n) for n in lens]).astype(np.int64)
-        row = np.repeat(np.arange(len(lens)), lens)
-        table = np.zeros((len(lens), int(blocks_per.max())), dtype=np.int32)
-        for i, (start, n) in enumerate(zip(first, blocks_per, strict=True)):
-            table[i, :n] = np.arange(start, start + n)
-        plan = SyntheticPlan(
-            input_ids=input_ids.cpu().numpy(),
-            positions=positions,
-            slot_mapping=(first[row] * bs + positions).astype(np.int64),
-            cu_seqlens_q=cu.astype(np.int32),
-            context_lens=lens.astype(np.int32),
-            block_tables=table,
-            logits_indices=np.zeros(0, dtype=np.int64),
-            block_copies=np.zeros((0, 2), dtype=np.int32),
-        )
+    def hidden_states(self, plan: StepInputs) -> torch.Tensor:
+        """Final hidden states ``[T, hidden]`` of every token of a prefill-only plan."""
+        runner = self._runner_for(int(plan.block_tables.max(initial=0)) + 1)
         return runner.hidden_states(plan)
 
     def _runner_for(self, num_blocks: int) -> ModelRunner:

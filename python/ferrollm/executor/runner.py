@@ -132,8 +132,8 @@ class ModelRunner:
 
 @dataclass(frozen=True)
 class SyntheticPlan:
-    """A step built outside the scheduler (profiling, scoring, prefill-only embedding): the
-    columns ``ModelRunner.run`` reads, as plain arrays."""
+    """A step built outside the scheduler (profiling, scoring): the columns ``ModelRunner.run``
+    reads, as plain arrays."""
 
     input_ids: npt.NDArray[np.int64]
     positions: npt.NDArray[np.int64]

@@ -110,9 +110,11 @@ class App:
                 try:
                     if self._ctx is None and self._load is not None:
                         self._ctx = await asyncio.to_thread(self._load)
-                        if isinstance(self._ctx.engine, AsyncEngine):
-                            # An embedding server's thread reports through is_running only.
-                            self._ctx.engine.on_death = exit_on_engine_death
+                        engine = self._ctx.engine
+                        if isinstance(engine, AsyncEngine):
+                            engine.on_death = exit_on_engine_death
+                        else:  # the embedding engine's thread runs from the start
+                            engine.watch(exit_on_engine_death)
                 except Exception as e:
                     logger.exception("startup failed")
                     await send({"type": "lifespan.startup.failed", "message": str(e)})

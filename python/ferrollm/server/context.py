@@ -75,6 +75,7 @@ class ServerContext:
             max_iter_times=1,
             vocab_size=embedder.embedder.tokenizer.vocab_size,
             max_beam_width=1,
+            embedding_dimensions=embedder.embedder.dimensions,
         )
         name = config.served_model_name or model_name_of(embedder)
         return cls(embedder, config, name, limits, Metrics(name, embedder.stats))

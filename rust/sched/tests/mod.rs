@@ -394,4 +394,5 @@ mod best_of;
 mod failures;
 mod grammar;
 mod logprob_bytes;
+mod prefill;
 mod workload;

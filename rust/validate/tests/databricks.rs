@@ -258,6 +258,7 @@ fn embeddings() {
         (r#"{"input": []}"#, "input", EMPTY),
         (r#"{"input": ["a", ""]}"#, "input[1]", EMPTY),
         (r#"{"input": 3}"#, "input", WRONG_TYPE),
+        (r#"{"input": [1, 2]}"#, "input[0]", WRONG_TYPE),
         (r#"{"input": "a", "instruction": 1}"#, "instruction", WRONG_TYPE),
     ];
     for (body, param, code) in rejected {

@@ -22,6 +22,10 @@ const NAMES: &[&str] = &[
     "prompt",
     "input",
     "text_input",
+    "instruction",
+    "truncate_prompt_tokens",
+    "dimensions",
+    "encoding_format",
     "parameters",
     "id",
     "max_tokens",
@@ -85,6 +89,7 @@ const ROUTES: &[Route] = &[
     Route::DatabricksChat,
     Route::DatabricksCompletions,
     Route::DatabricksEmbeddings,
+    Route::Embeddings,
     Route::Trt,
     Route::Offline,
 ];
@@ -243,6 +248,7 @@ fn base(route: Route) -> Vec<(String, Raw)> {
         Route::DatabricksChat => vec![("messages", chat)],
         Route::DatabricksCompletions => vec![("prompt", text("Hi"))],
         Route::DatabricksEmbeddings => vec![("input", text("Hi"))],
+        Route::Embeddings => vec![("model", text("m")), ("input", text("Hi"))],
         Route::Trt => vec![("input_ids", Raw::List(vec![Raw::Int(1), Raw::Int(2)]))],
         Route::Offline => vec![],
     };

@@ -5,6 +5,7 @@
 mod chat;
 mod completions;
 mod databricks;
+mod embeddings;
 mod fuzz;
 mod generate;
 mod json;

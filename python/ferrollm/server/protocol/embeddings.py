@@ -1,17 +1,13 @@
 """Embeddings bodies: OpenAI ``POST /v1/embeddings`` and the Databricks embeddings task's
-response (SPEC 6.7). Requests are checked field by field in ``routes/embeddings.py``; these
-Structs encode responses and document both routes in OpenAPI."""
+response (SPEC 6.7). Requests are validated by the Rust validator (``validate("embeddings",
+...)``, ``rust/validate/embeddings.rs``); these Structs encode responses and document both
+routes in OpenAPI."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
 from msgspec import Struct
-
-#: Inputs per request at most (OpenAI's documented limit).
-MAX_EMBED_INPUTS = 2048
-#: Tokens per request at most, all inputs together (OpenAI's documented limit).
-MAX_EMBED_TOTAL_TOKENS = 300_000
 
 
 class EmbeddingRequest(Struct, kw_only=True):

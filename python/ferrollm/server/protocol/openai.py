@@ -134,6 +134,9 @@ class ChatLogprobs(Struct):
 class ResponseMessage(Struct):
     content: str | None
     role: str = "assistant"
+    #: The calls the model made (SPEC 4.4: null on the MindIE route when there are none; left
+    #: out on Databricks then).
+    tool_calls: list[ToolCall] | UnsetType | None = UNSET
 
 
 class ChatChoice(Struct):
@@ -160,9 +163,27 @@ class ChatCompletion(Struct, kw_only=True):
     prompt_logprobs: PromptLogprobs | UnsetType = UNSET
 
 
+class DeltaFunction(Struct):
+    #: Given once, in the call's first chunk.
+    name: str | UnsetType = UNSET
+    #: A piece of the JSON-encoded arguments; the pieces of a call join to its arguments.
+    arguments: str = ""
+
+
+class DeltaToolCall(Struct):
+    """A streamed piece of call ``index`` (→A-40): id, type and name in its first chunk."""
+
+    index: int
+    function: DeltaFunction
+    id: str | UnsetType = UNSET
+    type: str | UnsetType = UNSET
+
+
 class Delta(Struct):
-    content: str
+    #: Null in a chunk that carries only tool-call pieces.
+    content: str | None
     role: str = "assistant"
+    tool_calls: list[DeltaToolCall] | UnsetType = UNSET
 
 
 class ChatChunkChoice(Struct):

@@ -27,7 +27,6 @@ from ferrollm.server.protocol.openai import (
     ChatCompletion,
     ChatCompletionChunk,
     Delta,
-    ResponseMessage,
     Usage,
 )
 from ferrollm.server.routes.common import (
@@ -37,12 +36,11 @@ from ferrollm.server.routes.common import (
     engine_request,
     error_message,
     openai_finish_reason,
-    run_sized,
-    template_messages,
     usage_counts,
 )
 from ferrollm.server.routes.logprobs import chat_logprobs, vllm_prompt_logprobs
-from ferrollm.server.structured import compiled_grammar
+from ferrollm.server.tool_calls import StreamedCalls, chat_prompt, response_message
+from ferrollm.tools import ToolPlan
 
 
 @dataclass(frozen=True)
@@ -69,6 +67,8 @@ class _Chat:
     full_text: bool
     #: vLLM's ``prompt_logprobs`` (alternatives per prompt token), None when not asked.
     num_prompt_logprobs: int | None = None
+    #: The request's tool calling, None when it calls no tools.
+    tools: ToolPlan | None = None
 
 
 async def chat_completions(ctx: ServerContext, request: Request) -> Response:
@@ -81,14 +81,18 @@ async def serve_chat(
 ) -> Response:
     """Validate, render and run a chat request of ``flavor``."""
     valid = accept(ctx, flavor.route, body)
-    messages = template_messages(valid.messages)
-    size = sum(len(m["content"]) for m in messages)
-    ids = await run_sized(size, ctx.tokenizer.encode_chat, messages, valid.tools)
+    prompt = await chat_prompt(ctx, valid)
     request_id = ctx.next_id() if flavor.mindie else f"chatcmpl-{uuid.uuid4().hex}"
-    grammar = await compiled_grammar(ctx, valid)
-    req = engine_request(valid, request_id, ids, request.arrival, grammar=grammar)
+    req = engine_request(
+        valid,
+        request_id,
+        prompt.token_ids,
+        request.arrival,
+        grammar=prompt.grammar,
+        keep_special_tokens=prompt.tools is not None and prompt.tools.keeps_special_tokens,
+    )
     full_text = flavor.mindie and ctx.config.full_text
-    chat = _Chat(ctx, flavor, request.created, req, full_text, valid.prompt_logprobs)
+    chat = _Chat(ctx, flavor, request.created, req, full_text, valid.prompt_logprobs, prompt.tools)
     timing = Timing(req.arrival_time)
     stream = generate(ctx, req, timing)
     if valid.stream:
@@ -102,16 +106,11 @@ async def serve_chat(
 
 
 def _response(chat: _Chat, out: RequestOutput, timing: Timing) -> ChatCompletion:
-    choices = [
-        ChatChoice(
-            c.index,
-            ResponseMessage(c.text),
-            None if c.logprobs is None else chat_logprobs(c.logprobs),
-            openai_finish_reason(c.finish_reason),
-            c.stop_reason,
-        )
-        for c in out.outputs
-    ]
+    choices = []
+    for c in out.outputs:
+        message, finish_reason = response_message(chat.tools, c, not chat.flavor.mindie)
+        logprobs = None if c.logprobs is None else chat_logprobs(c.logprobs)
+        choices.append(ChatChoice(c.index, message, logprobs, finish_reason, c.stop_reason))
     response = ChatCompletion(
         id=chat.request.request_id,
         created=chat.created,
@@ -137,12 +136,13 @@ async def _events(chat: _Chat, stream: AsyncIterator[RequestOutput]) -> AsyncIte
     """The chunks of a streamed chat, then ``[DONE]``; an error after the stream began ends it
     with a "stop" chunk carrying ``err_msg`` (SPEC 1.13)."""
     done: set[int] = set()
+    calls = None if chat.tools is None else StreamedCalls(chat.tools)
     try:
         async for out in stream:
             chunks = [
                 chunk
                 for c in out.outputs
-                if c.index not in done and (chunk := _chunk(chat, c, done)) is not None
+                if c.index not in done and (chunk := _chunk(chat, c, done, calls)) is not None
             ]
             if out.finished and chunks:
                 _finish(chat, chunks[-1], out)
@@ -159,9 +159,12 @@ async def _events(chat: _Chat, stream: AsyncIterator[RequestOutput]) -> AsyncIte
     yield SSE_DONE
 
 
-def _chunk(chat: _Chat, c: CompletionOutput, done: set[int]) -> ChatCompletionChunk | None:
+def _chunk(
+    chat: _Chat, c: CompletionOutput, done: set[int], calls: StreamedCalls | None
+) -> ChatCompletionChunk | None:
     """The chunk for sequence ``c``'s progress this step, or None when it has no new text yet
-    (text held back: half a character, or a possible stop string; its logprobs wait with it)."""
+    (text held back: half a character, a possible stop string, or a possible tool-call start;
+    its logprobs wait with it)."""
     finished = c.finish_reason is not None
     if finished:
         done.add(c.index)
@@ -170,11 +173,15 @@ def _chunk(chat: _Chat, c: CompletionOutput, done: set[int]) -> ChatCompletionCh
     logprobs = None
     if c.new_logprobs is not None:
         logprobs = chat_logprobs(c.new_logprobs)
-    content = c.text if chat.full_text else c.new_text
-    choice = ChatChunkChoice(
-        c.index, Delta(content), logprobs, openai_finish_reason(c.finish_reason)
-    )
-    return _new_chunk(chat, choice)
+    if calls is None:
+        delta: Delta | None = Delta(c.text if chat.full_text else c.new_text)
+        finish_reason = openai_finish_reason(c.finish_reason)
+    else:
+        delta = calls.delta(c, chat.full_text)
+        finish_reason = calls.finish_reason(c)
+    if delta is None:
+        return None
+    return _new_chunk(chat, ChatChunkChoice(c.index, delta, logprobs, finish_reason))
 
 
 def _new_chunk(chat: _Chat, choice: ChatChunkChoice) -> ChatCompletionChunk:

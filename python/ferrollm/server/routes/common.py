@@ -18,7 +18,9 @@ from ferrollm.server.errors import ApiError, bad_request
 T = TypeVar("T")
 
 #: Routes whose body names the ``model`` (checked against the served one, →A-27).
-_MODEL_ROUTES = ("chat", "completions")
+_MODEL_ROUTES = ("chat", "completions", "embeddings")
+#: Routes an embedding server serves (the others need the generation engine).
+_EMBED_ROUTES = ("embeddings", "databricks_embeddings")
 
 #: The content part type a text-only model takes (media parts were refused by the validator).
 _TEXT = "text"
@@ -59,7 +61,7 @@ def decode_body(body: bytes) -> dict[str, Any]:
 def accept(ctx: ServerContext, route: str, body: Mapping[str, Any]) -> ValidRequest:
     """The request path's one validation: the route's rules (400 naming the field), the
     ``model`` of the ``/v1`` routes (404), then the capability table (400 ``unsupported``)."""
-    if route != "databricks_embeddings":
+    if route not in _EMBED_ROUTES:
         ctx.generator  # noqa: B018 (400 on an embedding server, before any field is read)
     valid = validate(route, body, ctx.limits)
     if route in _MODEL_ROUTES:
@@ -77,11 +79,15 @@ def engine_request(
     prompt: str | None = None,
     index: int | None = None,
     grammar: CompiledGrammar | None = None,
+    keep_special_tokens: bool = False,
 ) -> EngineRequest:
     """The engine's request for one tokenized prompt of ``valid`` (``index``: its place in a
     batch): cut under ``error_behavior: "truncate"``, then the prompt-token limit and the
-    output cap, in one call; ``grammar`` is its compiled structured-output grammar."""
+    output cap, in one call; ``grammar`` is its compiled structured-output or tool grammar;
+    ``keep_special_tokens`` keeps them in the text (a tool-call marker that is one)."""
     ids, params = valid.fit_prompt(token_ids, index)
+    if keep_special_tokens:
+        params = params.keeping_special_tokens()
     return EngineRequest(request_id, ids, params, arrival, prompt=prompt, grammar=grammar)
 
 
