@@ -35,13 +35,18 @@ from ferrollm._core import (
 if TYPE_CHECKING:
     from ferrollm.engine import AsyncEngine, CompletionOutput, RequestOutput
     from ferrollm.llm import LLM
+    from ferrollm.trt import Executor, InferenceRequest, InferenceResponse
 
-#: Public names that import torch, and the module each lives in.
+#: Public names imported on first use (they need torch, or live beside what does), and the
+#: module each lives in.
 _LAZY = {
     "LLM": "ferrollm.llm",
     "AsyncEngine": "ferrollm.engine",
     "CompletionOutput": "ferrollm.engine",
     "RequestOutput": "ferrollm.engine",
+    "Executor": "ferrollm.trt",
+    "InferenceRequest": "ferrollm.trt",
+    "InferenceResponse": "ferrollm.trt",
 }
 
 
@@ -58,6 +63,9 @@ __all__ = [
     "CompletionOutput",
     "DecodeStream",
     "Detokenizer",
+    "Executor",
+    "InferenceRequest",
+    "InferenceResponse",
     "Limits",
     "QueueFullError",
     "RequestOutput",

@@ -616,6 +616,7 @@ class Scheduler:
         grammar: CompiledGrammar | None = None,
         draft_tokens: _TokenIds | None = None,
         draft_logits: npt.NDArray[np.float32] | None = None,
+        num_virtual_tokens: int = 0,
     ) -> None:
         """Queue a request. Raises ValidationError or QueueFullError; nothing is queued then.
 
@@ -628,7 +629,9 @@ class Scheduler:
         ``priority`` defaults to ``params.priority``; ``arrival_time`` to ``time.time()``;
         ``deadline`` to arrival + ``params.timeout_s`` when that is set. With the config's
         ``vocab_size`` known, prompts and parameters naming tokens beyond it (or an
-        ``embedding_bias`` of another length) are rejected here."""
+        ``embedding_bias`` of another length) are rejected here; ``num_virtual_tokens``
+        (p-tuning) admits prompt ids up to ``vocab_size + num_virtual_tokens``, which the
+        model runner embeds from the request's prompt table."""
     def abort_request(self, request_id: int) -> bool:
         """End a request at the next schedule(); False if no such unfinished request."""
     def has_unfinished_requests(self) -> bool: ...

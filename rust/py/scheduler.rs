@@ -65,8 +65,9 @@ impl PyScheduler {
     }
 
     #[pyo3(signature = (request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None,
-        deadline=None, cache_salt=None, grammar=None, draft_tokens=None, draft_logits=None),
-        text_signature = "(self, request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None, deadline=None, cache_salt=None, grammar=None, draft_tokens=None, draft_logits=None)")]
+        deadline=None, cache_salt=None, grammar=None, draft_tokens=None, draft_logits=None,
+        num_virtual_tokens=0),
+        text_signature = "(self, request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None, deadline=None, cache_salt=None, grammar=None, draft_tokens=None, draft_logits=None, num_virtual_tokens=0)")]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -80,6 +81,7 @@ impl PyScheduler {
         grammar: Option<PyRef<'_, PyCompiledGrammar>>,
         draft_tokens: Option<&Bound<'_, PyAny>>,
         draft_logits: Option<&Bound<'_, PyAny>>,
+        num_virtual_tokens: u32,
     ) -> PyResult<()> {
         let draft_tokens = match draft_tokens {
             Some(ids) => extract_token_ids("draft_tokens", ids)?,
@@ -89,6 +91,7 @@ impl PyScheduler {
         let req = NewRequest {
             id: RequestId(request_id_arg(request_id)?),
             prompt_token_ids: extract_token_ids("prompt_token_ids", prompt_token_ids)?,
+            num_virtual_tokens,
             params: params.map_or_else(|| Arc::new(SamplingParams::default()), |p| p.inner.clone()),
             priority: priority
                 .map(|p| int_arg("priority", "an integer in [1, 5]", p))

@@ -24,8 +24,13 @@ use crate::types::{RequestId, SeqStatus, TokenId};
 pub struct NewRequest {
     /// The caller's id, unique among unfinished requests.
     pub id: RequestId,
-    /// The prompt; at least one token, shorter than `max_model_len`, below `vocab_size`.
+    /// The prompt; at least one token, shorter than `max_model_len`, below `vocab_size` +
+    /// `num_virtual_tokens`.
     pub prompt_token_ids: Vec<TokenId>,
+    /// P-tuning: prompt ids in `vocab_size..vocab_size + num_virtual_tokens` are rows of the
+    /// request's prompt embedding table (the model runner embeds them; they are never
+    /// sampled). Such a request should carry a `cache_salt` naming its table.
+    pub num_virtual_tokens: u32,
     /// The validated parameters (shared with the caller).
     pub params: Arc<SamplingParams>,
     /// 1 (highest) .. 5; `None` = `params.priority`.
@@ -54,6 +59,7 @@ impl NewRequest {
         NewRequest {
             id: RequestId(id),
             prompt_token_ids,
+            num_virtual_tokens: 0,
             params,
             priority: None,
             arrival_time: 0.0,
@@ -175,7 +181,7 @@ impl Scheduler {
         if self.cfg.prefill_only {
             self.check_prefill_request(req)?;
         }
-        self.check_prompt(&req.prompt_token_ids)?;
+        self.check_prompt(&req.prompt_token_ids, req.num_virtual_tokens)?;
         let priority = check_priority(req.priority.unwrap_or(i64::from(req.params.priority)))?;
         if !req.arrival_time.is_finite() {
             return Err(not_finite("arrival_time"));
@@ -214,7 +220,7 @@ impl Scheduler {
         })
     }
 
-    fn check_prompt(&self, prompt: &[TokenId]) -> CoreResult<()> {
+    fn check_prompt(&self, prompt: &[TokenId], num_virtual: u32) -> CoreResult<()> {
         if prompt.is_empty() {
             return Err(CoreError::invalid(
                 "prompt_token_ids",
@@ -230,7 +236,7 @@ impl Scheduler {
             );
             return Err(CoreError::invalid("prompt_token_ids", "too_long", msg));
         }
-        let vocab = self.cfg.vocab_size;
+        let vocab = self.cfg.vocab_size + num_virtual as usize;
         let beyond = prompt.iter().find(|&&t| t as usize >= vocab);
         if let (true, Some(t)) = (vocab > 0, beyond) {
             let msg = format!(

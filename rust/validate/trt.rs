@@ -29,12 +29,14 @@ use super::Route;
 /// must then stay off.
 fn beam_options(o: &Obj<'_>, p: &mut SamplingParams) -> CoreResult<()> {
     let length = scalar(aliased(o, "len_penalty", "length_penalty")?)?;
-    p.length_penalty = float_in(length, ANY, "")?.unwrap_or(1.0);
+    // TRT's default length penalty is 0: beams are ranked by their cumulative logprob.
+    p.length_penalty = float_in(length, ANY, "")?.unwrap_or(0.0);
     let early = scalar(o.field("early_stopping"))?;
     let early_value = int_in(early, i32::MIN.into(), I32_MAX)?;
     p.early_stopping = early_value.map_or(EarlyStopping::Heuristic, early_stopping_from_int);
     if !p.use_beam_search {
-        if p.length_penalty != 1.0 {
+        // 0 (TRT's default) and 1 leave a single sequence unchanged; others need beams.
+        if p.length_penalty != 0.0 && p.length_penalty != 1.0 {
             return Err(length.bad(codes::CONFLICT, "acts only with `beam_width` > 1"));
         }
         if early_value.is_some_and(|v| v != 0) {
@@ -61,8 +63,14 @@ const MAX_TOP_K: u32 = 1024;
 /// Validates a TRT request's tensors.
 pub(super) fn trt(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let o = Obj::root(body)?;
+    let num_virtual = prompt_tuning(&o)?;
     let input = o.field("input_ids");
-    let input_ids = token_ids(one_row(input)?, limits, true)?.ok_or_else(|| input.missing())?;
+    let input_limits = Limits {
+        vocab_size: limits.vocab_size.saturating_add(num_virtual),
+        ..limits.clone()
+    };
+    let input_ids =
+        token_ids(one_row(input)?, &input_limits, true)?.ok_or_else(|| input.missing())?;
     let out_len = aliased(&o, "request_output_len", "max_new_tokens")?;
     let out_len = u32_in(scalar(out_len)?, 1, I32_MAX as u32)?.ok_or_else(|| out_len.missing())?;
     scalar(aliased(&o, "streaming", "is_streaming")?)?.bool()?;
@@ -145,12 +153,10 @@ fn end_id(o: &Obj<'_>, p: &mut SamplingParams, limits: &Limits) -> CoreResult<()
 /// The tensors that do not change sampling, checked for type and shape.
 fn extras(o: &Obj<'_>, limits: &Limits) -> CoreResult<()> {
     int_in(scalar(o.field("pad_id"))?, i32::MIN.into(), I32_MAX)?;
-    int_in(scalar(o.field("prompt_vocab_size"))?, 0, I32_MAX)?;
     seed(scalar(o.field("lora_task_id"))?, 0)?;
     for key in ["return_context_logits", "return_generation_logits"] {
         scalar(o.field(key))?.bool()?;
     }
-    matrix(o.field("prompt_embedding_table"), None)?;
     let lora_config = o.field("lora_config");
     let config_rows = matrix(lora_config, Some(3))?;
     let weights = o.field("lora_weights");
@@ -175,7 +181,58 @@ fn extras(o: &Obj<'_>, limits: &Limits) -> CoreResult<()> {
             ));
         }
     }
+    refuse_lora(o)
+}
+
+/// LoRA adapters are not served yet: a request naming one is refused, never run without it.
+fn refuse_lora(o: &Obj<'_>) -> CoreResult<()> {
+    for key in ["lora_task_id", "lora_weights", "lora_config"] {
+        let f = o.field(key);
+        if f.is_set() {
+            return Err(f.bad(
+                codes::UNSUPPORTED,
+                "is not supported: this server has no LoRA adapters",
+            ));
+        }
+    }
     Ok(())
+}
+
+/// P-tuning (SPEC 7.3): `prompt_embedding_table` `[rows, hidden]` with `prompt_vocab_size`
+/// (default: its row count, at most that). Returns the number of virtual token ids
+/// (`vocab_size..vocab_size + prompt_vocab_size`) `input_ids` may use; 0 without a table.
+fn prompt_tuning(o: &Obj<'_>) -> CoreResult<u32> {
+    let size = scalar(o.field("prompt_vocab_size"))?;
+    let size_value = u32_in(size, 1, I32_MAX as u32)?;
+    let table = o.field("prompt_embedding_table");
+    let Some(rows) = matrix(table, None)? else {
+        return match size_value {
+            Some(_) => Err(size.bad(codes::CONFLICT, "needs a `prompt_embedding_table`")),
+            None => Ok(0),
+        };
+    };
+    let width = match table.raw {
+        Some(Raw::List(r)) => match r.first() {
+            Some(Raw::List(first)) => first.len(),
+            _ => 0,
+        },
+        _ => 0,
+    };
+    if rows == 0 || width == 0 {
+        return Err(table.bad(
+            codes::EMPTY,
+            "must be `[rows, hidden_size]` with at least one row and one column",
+        ));
+    }
+    let rows = u32::try_from(rows).unwrap_or(u32::MAX);
+    match size_value {
+        Some(n) if n > rows => Err(size.bad(
+            codes::OUT_OF_RANGE,
+            format_args!("must be at most the rows of `prompt_embedding_table` ({rows}); got {n}"),
+        )),
+        Some(n) => Ok(n),
+        None => Ok(rows),
+    }
 }
 
 /// A tensor under its canonical name or its pybind alias; both at once conflict.
@@ -249,15 +306,30 @@ fn matrix(f: Field<'_>, width: Option<usize>) -> CoreResult<Option<usize>> {
     Ok(Some(rows.len()))
 }
 
-/// A `[2, L]` word list (or `[1, 2, L]`): row 0 the words' token ids concatenated and padded,
+/// Whether a word list is the batched `[batch, 2, L]` form: a list of (non-empty) lists of lists.
+fn is_batched(rows: &[Raw]) -> bool {
+    let nested = |r: &Raw| match r {
+        Raw::List(b) => !b.is_empty() && b.iter().all(|x| matches!(x, Raw::List(_))),
+        _ => false,
+    };
+    !rows.is_empty() && rows.iter().all(nested)
+}
+
+/// A `[2, L]` word list (or the batched `[batch, 2, L]`): row 0 the words' token ids concatenated and padded,
 /// row 1 each word's cumulative end offset, padded with -1 (SPEC 7.5). Offsets must be
 /// strictly increasing, within row 0, and -1 only at the end.
 fn word_list(f: Field<'_>, limits: &Limits) -> CoreResult<Vec<Vec<TokenId>>> {
-    let Some(mut rows) = f.list()? else {
+    let Some(rows) = f.list()? else {
         return Ok(Vec::new());
     };
-    if let [Raw::List(inner)] = rows {
-        rows = inner;
+    if is_batched(rows) {
+        // The batched form `[batch, 2, L]`: every item's words (a request is one batch entry
+        // in TRT; more items add their words).
+        let mut words = Vec::new();
+        for (b, item) in rows.iter().enumerate() {
+            words.extend(word_list(Field::new(f.path.index(b), Some(item)), limits)?);
+        }
+        return Ok(words);
     }
     let bad = |rule: &str| {
         fail(

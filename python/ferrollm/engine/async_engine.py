@@ -47,6 +47,8 @@ class AsyncEngine:
         self._loop: EngineLoop | None = None
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, asyncio.Queue[Delivery]] = {}
+        #: Requests whose outputs go to a callback instead of a stream (`attach`).
+        self._sinks: dict[str, Callable[[Delivery], None]] = {}
         self._closed = False
         #: Called on the event loop if the engine thread dies (after open streams failed).
         self.on_death: Callable[[BaseException], None] | None = None
@@ -130,6 +132,34 @@ class AsyncEngine:
             if not finished and not self._closed:
                 engine_loop.abort(request_id)
 
+    @property
+    def event_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop this engine serves, once one has used it."""
+        return self._event_loop
+
+    def attach(self, request: EngineRequest, sink: Callable[[Delivery], None]) -> None:
+        """On the event loop: run ``request``, calling ``sink`` there with each of its outputs
+        (its last one ``finished``) or its `RequestFailure`; the callback form of `generate`,
+        for in-process APIs that are not coroutines (``ferrollm.trt.Executor``). A request id
+        in flight, or a dead engine, fails the request through ``sink`` at once."""
+        request_id = request.request_id
+        try:
+            engine_loop = self._start()
+            if request_id in self._streams or request_id in self._sinks:
+                raise ValueError(
+                    f"`request_id` {request_id!r} is already in use by an unfinished request"
+                )
+        except Exception as e:  # reported to the caller's sink, as every other failure
+            sink(RequestFailure(request_id, e))
+            return
+        self._sinks[request_id] = sink
+        engine_loop.add(request)
+
+    def detach(self, request_id: str) -> None:
+        """On the event loop: abort an attached request; its sink still gets the last output."""
+        if request_id in self._sinks and self._loop is not None:
+            self._loop.abort(request_id)
+
     def stats(self) -> dict[str, int]:
         """The scheduler's counters (``Scheduler.stats()``) as of the latest step."""
         if self._loop is None:  # no engine thread yet: the scheduler is idle and ours to read
@@ -182,7 +212,8 @@ class AsyncEngine:
 
     def _fail_open_streams(self, error: EngineDeadError | None = None) -> None:
         error = error or EngineDeadError("the engine was shut down")
-        self._dispatch([RequestFailure(request_id, error) for request_id in self._streams])
+        open_ids = [*self._streams, *self._sinks]
+        self._dispatch([RequestFailure(request_id, error) for request_id in open_ids])
 
     def _dispatch(self, deliveries: list[Delivery]) -> None:
         """On the event loop: route one step's outputs to their streams."""
@@ -190,3 +221,9 @@ class AsyncEngine:
             queue = self._streams.get(item.request_id)
             if queue is not None:  # None: the consumer already went away
                 queue.put_nowait(item)
+                continue
+            sink = self._sinks.get(item.request_id)
+            if sink is not None:
+                if isinstance(item, RequestFailure) or item.finished:
+                    del self._sinks[item.request_id]
+                sink(item)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from ferrollm._core import (
@@ -28,6 +29,7 @@ from ferrollm._core import (
 from ferrollm.config import DEFAULT_MAX_BEAM_WIDTH
 from ferrollm.default_model import default_model_path
 from ferrollm.engine.outputs import RequestFailure, RequestOutput, RequestTracker, StepInfo
+from ferrollm.engine.prompt_tables import table_digest
 from ferrollm.engine.request import EngineRequest
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.loader import ModelSource, load_model_source
@@ -79,7 +81,7 @@ class LLMEngine:
         self.scheduler = scheduler
         self.runner = runner
         self.model_config = model_config
-        self._tracker = RequestTracker()
+        self._tracker = RequestTracker(model_config.vocab_size)
         self._grammar_compiler: GrammarCompiler | None = None
         self._grammar_lock = threading.Lock()
 
@@ -158,12 +160,19 @@ class LLMEngine:
         check_supported(request.params)
         params = request.params
         if params.use_beam_search and params.best_of > self.max_beam_width:
-            error = ValidationError(
+            raise _invalid(
+                "best_of",
+                "out_of_range",
                 f"`best_of` must give a beam width of at most {self.max_beam_width} "
-                f"(max_beam_width); got {params.best_of}"
+                f"(max_beam_width); got {params.best_of}",
             )
-            error.param, error.code = "best_of", "out_of_range"
-            raise error
+        if params.use_beam_search and request.return_generation_logits:
+            raise _invalid(
+                "return_generation_logits",
+                "conflict",
+                "`return_generation_logits` cannot be used with beam search (beams are "
+                "reordered every step, so no row belongs to one output sequence)",
+            )
         internal_id = self._tracker.next_id()
         self.scheduler.add_request(
             internal_id,
@@ -175,8 +184,37 @@ class LLMEngine:
             deadline=request.deadline,
             draft_tokens=request.draft_tokens,
             draft_logits=request.draft_logits,
+            cache_salt=self._cache_salt(request, internal_id),
+            num_virtual_tokens=self._num_virtual_tokens(request),
         )
         self._tracker.add(request, internal_id)
+
+    def _num_virtual_tokens(self, request: EngineRequest) -> int:
+        """The rows of the request's prompt table, checked against the model's width."""
+        table = request.prompt_table
+        if table is None:
+            return 0
+        hidden = self.model_config.hidden_size
+        if table.ndim != 2 or table.shape[0] < 1 or table.shape[1] != hidden:
+            raise _invalid(
+                "prompt_embedding_table",
+                "invalid_format",
+                f"`prompt_embedding_table` must be [rows, hidden_size] = [rows, {hidden}] "
+                f"with rows >= 1; got shape {list(table.shape)}",
+            )
+        return int(table.shape[0])
+
+    @staticmethod
+    def _cache_salt(request: EngineRequest, internal_id: int) -> str | None:
+        """The prefix-cache salt: the request's own, the digest of its prompt table (so it
+        shares blocks only with requests of that table), and a salt of its own when it keeps
+        context logits (a cache hit would skip the positions it keeps)."""
+        parts = [request.cache_salt] if request.cache_salt is not None else []
+        if request.prompt_table is not None:
+            parts.append(table_digest(request.prompt_table))
+        if request.return_context_logits:
+            parts.append(f"context-logits:{internal_id}")
+        return "|".join(parts) if parts else None
 
     def abort_request(self, request_id: str) -> bool:
         """End a request at the next step (finish reason "abort"); False if it is not live."""
@@ -209,17 +247,27 @@ class LLMEngine:
         started = time.perf_counter()
         plan = self.scheduler.schedule(started)
         try:
-            targets = self._tracker.prompt_logprobs.targets(plan)
-            if targets is None:
-                logits = self.runner.run(plan)
-            else:
-                logits = self.runner.run(plan, targets)
-                self._tracker.prompt_logprobs.record(targets)
-            out = self.scheduler.update_with_logits(plan, logits.numpy())
+            logits = self._run(plan)
+            out = self.scheduler.update_with_logits(plan, logits)
         except Exception as e:
             raise self._fail_step(plan, e) from e
         step = StepInfo(started, time.perf_counter(), plan.num_rows)
         return self._tracker.deliver(plan, out, step)
+
+    def _run(self, plan: StepPlan) -> npt.NDArray[np.float32]:
+        """The step's logits to sample, with what the requests' books asked of the same
+        forward pass (prompt logprobs, kept logits, prompt-table embeddings) recorded."""
+        books = self._tracker
+        targets = books.prompt_logprobs.targets(plan)
+        keep = books.logits.context_rows(plan)
+        embeds = books.prompt_tables.overrides(plan)
+        if targets is None and embeds is None and not books.logits:
+            return self.runner.run(plan).numpy()  # the common step: nothing else asked
+        logits = self.runner.run(plan, targets, embeds=embeds, keep_logits=keep).numpy()
+        if targets is not None:
+            books.prompt_logprobs.record(targets)
+        books.logits.record(plan, keep, logits)
+        return logits
 
     def _fail_step(self, plan: StepPlan, error: Exception) -> StepError:
         in_step = np.concatenate([plan.req_ids, plan.finished_req_ids])
@@ -233,6 +281,12 @@ class LLMEngine:
             f"its {len(request_ids)} requests were aborted",
             request_ids,
         )
+
+
+def _invalid(param: str, code: str, message: str) -> ValidationError:
+    error = ValidationError(message)
+    error.param, error.code = param, code
+    return error
 
 
 def load_model(

@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Any
 import numpy.typing as npt
 
 from ferrollm._core import FINISH_REASON_NAMES, SamplingParams, StepOutput, StepPlan
+from ferrollm.engine.captured_logits import CapturedLogits, LogitsBook
 from ferrollm.engine.prompt_logprobs import PromptLogprob, PromptLogprobBook
+from ferrollm.engine.prompt_tables import PromptTableBook
 
 if TYPE_CHECKING:
     from ferrollm.engine.request import EngineRequest
@@ -179,6 +181,9 @@ class RequestOutput:
     #: Per prompt token when the request asked for ``prompt_logprobs``: its score (None for
     #: the first token, which nothing comes before); None when it did not ask.
     prompt_logprobs: list[PromptLogprob | None] | None = None
+    #: The raw logits the request asked to keep (``return_context_logits`` /
+    #: ``return_generation_logits``), shared and filled as it runs; None when it asked none.
+    logits: CapturedLogits | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -291,12 +296,16 @@ class _Columns:
 class RequestTracker:
     """Maps string request ids to the scheduler's integer ids and accumulates their outputs."""
 
-    def __init__(self) -> None:
+    def __init__(self, vocab_size: int = 0) -> None:
         self._next_id = count()
         self._ids: dict[str, int] = {}
         self._states: dict[int, _RequestState] = {}
         #: Prompt logprobs of the requests that asked for them.
         self.prompt_logprobs = PromptLogprobBook()
+        #: Raw logits of the requests that keep them.
+        self.logits = LogitsBook()
+        #: P-tuning tables of the requests that have one.
+        self.prompt_tables = PromptTableBook(vocab_size)
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._ids
@@ -335,6 +344,15 @@ class RequestTracker:
         self._states[internal_id] = state
         if params.prompt_logprobs is not None:
             self.prompt_logprobs.add(internal_id, request.prompt_token_ids, params.prompt_logprobs)
+        if request.return_context_logits or request.return_generation_logits:
+            self.logits.add(
+                internal_id,
+                request.num_prompt_tokens,
+                request.return_context_logits,
+                request.return_generation_logits,
+            )
+        if request.prompt_table is not None:
+            self.prompt_tables.add(internal_id, request.prompt_table)
 
     def internal_id(self, request_id: str) -> int | None:
         """The scheduler's id of a tracked request."""
@@ -351,6 +369,8 @@ class RequestTracker:
         if internal_id is not None:
             del self._states[internal_id]
             self.prompt_logprobs.remove(internal_id)
+            self.logits.remove(internal_id)
+            self.prompt_tables.remove(internal_id)
 
     def deliver(
         self, plan: StepPlan, out: StepOutput, step: StepInfo | None = None
@@ -370,7 +390,9 @@ class RequestTracker:
             self._append(_Columns.of(out), out.text, touched)
         finished = {*ended, *out.finished_req_ids.tolist()}
         outputs: list[RequestOutput | RequestFailure] = [
-            _snapshot(state, i in finished, step, self.prompt_logprobs.entries(i))
+            _snapshot(
+                state, i in finished, step, self.prompt_logprobs.entries(i), self.logits.entries(i)
+            )
             for i, state in touched.items()
         ]
         for internal_id in finished & touched.keys():
@@ -446,6 +468,7 @@ def _snapshot(
     finished: bool,
     step: StepInfo | None,
     prompt_logprobs: list[PromptLogprob | None] | None,
+    logits: CapturedLogits | None = None,
 ) -> RequestOutput:
     if state.ranks:
         outputs = _best(state) if finished else []
@@ -461,6 +484,7 @@ def _snapshot(
         step,
         state.first_scheduled_time,
         prompt_logprobs,
+        logits,
     )
 
 

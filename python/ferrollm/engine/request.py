@@ -49,6 +49,15 @@ class EngineRequest:
     #: probability ``min(1, p/q)`` (q: their softmax); without them the draft counts as
     #: deterministic.
     draft_logits: npt.NDArray[np.float32] | None = None
+    #: Requests share prefix-cache blocks only with requests of the same salt.
+    cache_salt: str | None = None
+    #: P-tuning: float ``[rows, hidden_size]``; prompt id ``vocab_size + i`` is embedded as
+    #: row ``i`` (the engine salts the prefix cache by the table).
+    prompt_table: npt.NDArray[np.floating] | None = None
+    #: Keep the model's raw logits at every prompt position (``RequestOutput.logits``).
+    return_context_logits: bool = False
+    #: Keep the model's raw logits each output token was sampled from.
+    return_generation_logits: bool = False
 
     @classmethod
     def of(

@@ -17,6 +17,7 @@ import torch
 
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.prompt_logprobs import PromptTargets, score_prompt_tokens
+from ferrollm.executor.step_extras import EmbeddingOverride, LogitRows, project_rows
 from ferrollm.layers.attention import (
     AttentionBackend,
     AttentionContext,
@@ -34,7 +35,11 @@ class CausalLM(Protocol):
     def vocab_size(self) -> int: ...
 
     def __call__(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: AttentionContext,
+        embeds: EmbeddingOverride | None = None,
     ) -> torch.Tensor: ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
@@ -68,33 +73,51 @@ class ModelRunner:
         self.dtype = dtype
         self.backend: AttentionBackend = backend or TorchSDPABackend()
 
-    def run(self, plan: StepInputs, prompt_targets: PromptTargets | None = None) -> torch.Tensor:
+    def run(
+        self,
+        plan: StepInputs,
+        prompt_targets: PromptTargets | None = None,
+        *,
+        embeds: EmbeddingOverride | None = None,
+        keep_logits: LogitRows | None = None,
+    ) -> torch.Tensor:
         """Float32 logits ``[plan.num_samples, vocab]`` on the CPU, row ``i`` for sample ``i``.
 
         With ``prompt_targets`` (the prompt positions of this step whose requests asked for
         prompt logprobs) it also scores them from the same hidden states into
-        ``prompt_targets.scores``.
+        ``prompt_targets.scores``; with ``keep_logits`` it puts the full logits of those rows
+        in ``keep_logits.logits``. ``embeds`` replaces the input embedding of some tokens.
         """
         with torch.inference_mode():
             self.kv_cache.copy_blocks(plan.block_copies)
             if len(plan.input_ids) == 0:
                 return torch.empty((0, self.model.vocab_size), dtype=torch.float32)
-            hidden = self.hidden_states(plan)
+            hidden = self.hidden_states(plan, embeds)
             if prompt_targets is not None:
                 prompt_targets.scores = score_prompt_tokens(
                     hidden, self.model.compute_logits, self.model.vocab_size, prompt_targets
+                )
+            if keep_logits is not None:
+                keep_logits.logits = project_rows(
+                    hidden,
+                    self.model.compute_logits,
+                    self.model.vocab_size,
+                    keep_logits.token_indices,
                 )
             sampled = hidden.index_select(0, self._to_device(plan.logits_indices))
             logits = self.model.compute_logits(sampled)
             return logits.to("cpu", torch.float32).contiguous()
 
-    def hidden_states(self, plan: StepInputs) -> torch.Tensor:
+    def hidden_states(
+        self, plan: StepInputs, embeds: EmbeddingOverride | None = None
+    ) -> torch.Tensor:
         """The model's final hidden states ``[T, hidden]`` for every token of ``plan``
         (writing their K/V to the cache); call under ``torch.inference_mode()``."""
         return self.model(
             self._to_device(plan.input_ids),
             self._to_device(plan.positions),
             self._context(plan),
+            None if embeds is None else embeds.to(self.device),
         )
 
     def _context(self, plan: StepInputs) -> AttentionContext:

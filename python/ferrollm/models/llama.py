@@ -18,7 +18,7 @@ weight-only kernels instead of float weights (``ferrollm.layers.linear``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,9 @@ from ferrollm.layers.attention import AttentionContext, PagedAttention
 from ferrollm.layers.linear import Embedding, Linear, Weight, copy_checked, dense_tensor
 from ferrollm.layers.norm import RMSNorm
 from ferrollm.layers.rotary import RotaryEmbedding, apply_rotary
+
+if TYPE_CHECKING:
+    from ferrollm.executor.step_extras import EmbeddingOverride
 
 
 class LlamaConfigLike(Protocol):
@@ -197,10 +200,20 @@ class LlamaForCausalLM(nn.Module):
         return self.config.vocab_size
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: AttentionContext,
+        embeds: EmbeddingOverride | None = None,
     ) -> torch.Tensor:
-        """Final hidden states ``[T, hidden]`` of the step's tokens ``input_ids [T]``."""
-        h = self.model.embed_tokens(input_ids)
+        """Final hidden states ``[T, hidden]`` of the step's tokens ``input_ids [T]``;
+        ``embeds`` gives some tokens' input embeddings instead (p-tuning's virtual ids,
+        which lie past the embedding matrix)."""
+        if embeds is None:
+            h = self.model.embed_tokens(input_ids)
+        else:
+            h = self.model.embed_tokens(input_ids.clamp(max=self.vocab_size - 1))
+            h = h.index_copy(0, embeds.token_indices, embeds.rows.to(h.dtype))
         cos, sin = self.rotary.cos_sin(positions, h.dtype)
         for layer in self.model.layers:
             h = layer(h, cos, sin, ctx)

@@ -304,3 +304,26 @@ fn a_scheduler_seed_makes_unseeded_requests_reproducible() {
         "OS-random without a seed"
     );
 }
+
+#[test]
+fn virtual_prompt_ids_are_admitted_only_up_to_the_table() {
+    let mut s = Scheduler::new(vocab_cfg(10)).unwrap();
+    let virtual_req = |id, prompt: Vec<u32>, num_virtual| NewRequest {
+        num_virtual_tokens: num_virtual,
+        cache_salt: Some("table".into()),
+        ..NewRequest::new(id, prompt, params(1, 1))
+    };
+    // Ids 10 and 11 are table rows 0 and 1 of a two-row table; 12 is past it.
+    s.add_request(virtual_req(1, vec![10, 11, 3], 2)).unwrap();
+    assert_eq!(
+        param_of(s.add_request(virtual_req(2, vec![12], 2))),
+        "prompt_token_ids"
+    );
+    assert_eq!(
+        param_of(s.add_request(virtual_req(3, vec![10], 0))),
+        "prompt_token_ids"
+    );
+    // The plan carries the virtual ids to the runner unchanged.
+    let plan = s.schedule(0.0);
+    assert_eq!(plan.input_ids[..2], [10, 11]);
+}

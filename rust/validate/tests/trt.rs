@@ -58,12 +58,16 @@ const FIELDS: &[Case] = &[
     ("pad_id", "0", None),
     ("return_log_probs", "[true]", None),
     ("return_context_logits", "1", Some(("return_context_logits", WRONG_TYPE))),
-    ("lora_task_id", "18446744073709551615", None),
+    ("lora_task_id", "18446744073709551615", Some(("lora_task_id", UNSUPPORTED))),
     ("lora_task_id", "-1", Some(("lora_task_id", OUT_OF_RANGE))),
-    ("lora_config", "[[0, 1, 8], [1, 1, 8]]", None),
+    ("lora_config", "[[0, 1, 8], [1, 1, 8]]", Some(("lora_config", UNSUPPORTED))),
+    ("lora_weights", "[[0.5]]", Some(("lora_weights", UNSUPPORTED))),
+    ("len_penalty", "0", None),
     ("lora_config", "[[0, 1]]", Some(("lora_config[0]", INVALID_FORMAT))),
     ("prompt_embedding_table", "[[0.1, 0.2], [0.3, 0.4]]", None),
     ("prompt_embedding_table", "[[0.1, 0.2], [0.3]]", Some(("prompt_embedding_table[1]", INVALID_FORMAT))),
+    ("prompt_embedding_table", "[[]]", Some(("prompt_embedding_table", EMPTY))),
+    ("prompt_vocab_size", "2", Some(("prompt_vocab_size", CONFLICT))),
     ("draft_input_ids", "[5, 6]", None),
     ("draft_input_ids", "[5, 32000]", Some(("draft_input_ids[1]", OUT_OF_RANGE))),
     ("bad_words_list", "[[77, 15249, 77], [2, 3, -1]]", None),
@@ -216,7 +220,7 @@ const SHAPES: &[(&str, Option<(&str, &str)>)] = &[
     (r#"{"draft_input_ids": [1, 2], "draft_logits": [[0, 0, 0, 0], [1, 1, 1, 1]]}"#, None),
     (r#"{"draft_input_ids": [1], "draft_logits": [[0, 0, 0, 0], [1, 1, 1, 1]]}"#, Some(("draft_logits", INVALID_FORMAT))),
     (r#"{"draft_input_ids": [1], "draft_logits": [[0, 0, 0]]}"#, Some(("draft_logits[0]", INVALID_FORMAT))),
-    (r#"{"lora_config": [[0, 1, 8]], "lora_weights": [[0.1, 0.2]]}"#, None),
+    (r#"{"lora_config": [[0, 1, 8]], "lora_weights": [[0.1, 0.2]]}"#, Some(("lora_weights", UNSUPPORTED))),
     (r#"{"lora_config": [[0, 1, 8]], "lora_weights": [[0.1], [0.2]]}"#, Some(("lora_weights", INVALID_FORMAT))),
     (r#"{"beam_width": 2}"#, None),
     (r#"{"beam_width": 3}"#, Some(("beam_width", OUT_OF_RANGE))),
@@ -242,5 +246,75 @@ fn embedding_bias_and_shapes() {
         bias,
         Some(&[0.5, 0.0, -1.0, 2.0][..]),
         "a [1, vocab] tensor"
+    );
+}
+
+#[test]
+fn prompt_tuning_admits_virtual_ids() {
+    let limits = Limits {
+        vocab_size: 4,
+        ..limits()
+    };
+    let run = |extra: &str| validate(Route::Trt, &merge(BASE, extra), None, &limits);
+    let table = r#""prompt_embedding_table": [[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]]"#;
+    // Ids vocab..vocab + rows name table rows; one past them is out of range.
+    assert!(run(&format!(r#"{{"input_ids": [4, 6, 1], {table}}}"#)).is_ok());
+    assert_err(
+        run(&format!(r#"{{"input_ids": [7], {table}}}"#)),
+        "input_ids[0]",
+        OUT_OF_RANGE,
+        "past the table",
+    );
+    // prompt_vocab_size narrows the virtual range and may not exceed the table.
+    assert!(run(&format!(
+        r#"{{"input_ids": [5], "prompt_vocab_size": 2, {table}}}"#
+    ))
+    .is_ok());
+    assert_err(
+        run(&format!(
+            r#"{{"input_ids": [6], "prompt_vocab_size": 2, {table}}}"#
+        )),
+        "input_ids[0]",
+        OUT_OF_RANGE,
+        "past prompt_vocab_size",
+    );
+    assert_err(
+        run(&format!(r#"{{"prompt_vocab_size": [4], {table}}}"#)),
+        "prompt_vocab_size",
+        OUT_OF_RANGE,
+        "more than the table's rows",
+    );
+    // Without a table, ids stop at the vocabulary.
+    assert_err(
+        run(r#"{"input_ids": [4]}"#),
+        "input_ids[0]",
+        OUT_OF_RANGE,
+        "no table",
+    );
+}
+
+#[test]
+fn batched_word_lists_and_length_penalty_default() {
+    let run = |extra: &str| ok_with(Route::Trt, &merge(BASE, extra), None, &limits());
+    let p = run(r#"{"bad_words_list": [[[77, 15249, 77], [2, 3, -1]], [[9, 0, 0], [1, -1, -1]]]}"#);
+    assert_eq!(p.bad_words, vec![vec![77, 15249], vec![77], vec![9]]);
+    assert_err(
+        validate(
+            Route::Trt,
+            &merge(
+                BASE,
+                r#"{"stop_words_list": [[[5, 6], [2, -1]], [[5], [3]]]}"#,
+            ),
+            None,
+            &limits(),
+        ),
+        "stop_words_list[1]",
+        INVALID_FORMAT,
+        "a bad batch item names its index",
+    );
+    assert_eq!(
+        run(r#"{"beam_width": 2}"#).length_penalty,
+        0.0,
+        "TRT's default"
     );
 }

@@ -1,0 +1,65 @@
+"""What a step may need beyond its plan: per-token embedding overrides (p-tuning) and the
+rows whose full logits a request keeps (context logits).
+
+Both are built by the engine from its per-request books and read by ``ModelRunner.run``;
+a step without either passes None and pays nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+#: Float32 logits per chunk (64 MiB): the rows projected at once are this over the vocabulary.
+CHUNK_LOGITS = 1 << 24
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingOverride:
+    """Tokens of the step whose input embedding is a given row instead of the embedding
+    matrix's (a request's prompt-table row for a virtual prompt id)."""
+
+    #: int64 ``[m]``: indices into the step's ``input_ids``.
+    token_indices: torch.Tensor
+    #: ``[m, hidden]``: the embedding of each of those tokens.
+    rows: torch.Tensor
+
+    def to(self, device: torch.device) -> EmbeddingOverride:
+        """The same override with both tensors on ``device``."""
+        return EmbeddingOverride(
+            self.token_indices.to(device, non_blocking=True), self.rows.to(device)
+        )
+
+
+@dataclass(slots=True)
+class LogitRows:
+    """Tokens of the step whose full logits requests keep; the runner fills ``logits``."""
+
+    #: int64 ``[m]``: rows of the step's hidden states (indices into ``plan.input_ids``).
+    token_indices: npt.NDArray[np.int64]
+    #: Per request, in row order: its key and the positions of its rows (the engine's
+    #: bookkeeping; the runner does not read it).
+    owners: list[tuple[int, npt.NDArray[np.int64]]] = field(default_factory=list)
+    #: float32 ``[m, vocab]`` on the host, filled by the runner.
+    logits: npt.NDArray[np.float32] | None = None
+
+
+def project_rows(
+    hidden: torch.Tensor,
+    compute_logits: Callable[[torch.Tensor], torch.Tensor],
+    vocab_size: int,
+    token_indices: npt.NDArray[np.int64],
+) -> npt.NDArray[np.float32]:
+    """Float32 logits ``[m, vocab]`` on the host of the hidden-state rows ``token_indices``,
+    at most ``CHUNK_LOGITS`` logits at a time on the device; call under inference mode."""
+    rows = torch.from_numpy(token_indices).to(hidden.device)
+    step = max(1, CHUNK_LOGITS // vocab_size)
+    parts = [
+        compute_logits(hidden.index_select(0, rows[start : start + step])).float().cpu()
+        for start in range(0, len(rows), step)
+    ]
+    return torch.cat(parts).numpy()
