@@ -16,6 +16,9 @@ pub mod stop;
 pub mod types;
 pub mod validate;
 
+#[cfg(test)]
+mod fuzzing;
+
 #[cfg(feature = "python")]
 mod py;
 

@@ -10,30 +10,8 @@
 use std::sync::Arc;
 
 use super::{truncate_at_stop, StopMatcher, StopStrings, TokenStops};
+use crate::fuzzing::{cases, Rng};
 use crate::types::TokenId;
-
-/// xorshift64*: small and seeded.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn cases() -> u64 {
-    std::env::var("FERROLLM_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3000)
-}
 
 /// A small alphabet, so stops overlap and recur; multi-byte chars share lead bytes.
 const CHARS: &[char] = &[
@@ -62,7 +40,7 @@ fn split(rng: &mut Rng, text: &str) -> Vec<String> {
 #[test]
 fn fuzz_stop_strings_stream_like_the_reference() {
     let mut rng = Rng(0x570b_0016);
-    let cases = cases();
+    let cases = cases(3000);
     let mut num_matched = 0;
     for case in 0..cases {
         let num_stops = if rng.below(50) == 0 {
@@ -124,7 +102,7 @@ fn fuzz_stop_strings_stream_like_the_reference() {
 #[test]
 fn fuzz_token_stops_match_the_tail() {
     let mut rng = Rng(0x70ce_0016);
-    let cases = cases();
+    let cases = cases(3000);
     for case in 0..cases {
         let sequences: Vec<Vec<TokenId>> = (0..1 + rng.below(6))
             .map(|_| {

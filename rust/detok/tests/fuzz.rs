@@ -7,30 +7,8 @@
 
 use super::{deltas, Detokenizer, BYTE_LEVEL, BYTE_LEVEL_GENERIC, FLAGS, SENTENCEPIECE, WORDPIECE};
 use crate::detok::DecodeStream;
+use crate::fuzzing::{cases, Rng};
 use crate::types::TokenId;
-
-/// xorshift64*: small and seeded.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn cases() -> u64 {
-    std::env::var("FERROLLM_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300)
-}
 
 /// Random ids: mostly single-byte tokens (so characters split across tokens), some of any
 /// token, some special, a few past the vocabulary.
@@ -67,7 +45,7 @@ fn fuzz(name: &str, det: &Detokenizer, exact: bool) {
         .collect();
     let specials = super::specials(det);
     let mut rng = Rng(0x5eed_0016 ^ det.vocab_size() as u64);
-    let cases = cases();
+    let cases = cases(300);
     for case in 0..cases {
         let ids = ids(&mut rng, det, &bytes, &specials);
         for (skip, spaces) in FLAGS {

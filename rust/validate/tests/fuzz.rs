@@ -7,6 +7,7 @@
 
 use super::{limits, Raw};
 use crate::error::CoreError;
+use crate::fuzzing::{cases, Rng};
 use crate::validate::{validate_request, Route};
 
 /// Field names of every route (top level and nested), so random bodies reach deep rules.
@@ -93,26 +94,6 @@ const ROUTES: &[Route] = &[
     Route::Trt,
     Route::Offline,
 ];
-
-/// xorshift64*: small, seeded, good enough to pick shapes.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len() as u64) as usize]
-    }
-}
 
 fn string(rng: &mut Rng) -> String {
     const PIECES: &[&str] = &[
@@ -300,10 +281,7 @@ fn check(route: Route, body: &Raw, case: u64) -> bool {
 
 #[test]
 fn random_bodies_are_accepted_or_rejected_naming_the_field() {
-    let cases: u64 = std::env::var("FERROLLM_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
+    let cases = cases(2000);
     for &route in ROUTES {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ route as u64);
         let mut num_accepted = 0u64;
