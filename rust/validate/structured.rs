@@ -46,7 +46,86 @@ pub(crate) fn structured_output(route: Route, o: &Obj<'_>) -> CoreResult<Option<
         let so = o.field("structured_outputs");
         take(&so, structured_outputs(&so)?)?;
     }
+    if route == Route::Trt {
+        let guide = o.field("guided_decoding_guide_type");
+        take(&guide, trt_guide(o)?)?;
+    }
     Ok(found)
+}
+
+/// The TensorRT-LLM backend's string tensors `guided_decoding_guide_type` ("json",
+/// "json_schema", "regex", "lark"; TRT's "ebnf_grammar" and "structural_tag" are refused)
+/// and `guided_decoding_guide` (the schema, regex or grammar; none for "json").
+fn trt_guide(o: &Obj<'_>) -> CoreResult<Option<GrammarSpec>> {
+    const TYPE: &str = "guided_decoding_guide_type";
+    let (ty_field, guide_field) = (o.field(TYPE), o.field("guided_decoding_guide"));
+    let ty = one_string(&ty_field)?;
+    let guide = one_string(&guide_field)?;
+    let Some(ty) = ty else {
+        if guide.is_some() {
+            return Err(guide_field.bad(codes::CONFLICT, format_args!("needs `{TYPE}`")));
+        }
+        return Ok(None);
+    };
+    let needs_guide = |what: &str| match guide.filter(|g| !g.is_empty()) {
+        Some(g) => Ok(g.to_string()),
+        None => Err(guide_field.bad(
+            codes::MISSING,
+            format_args!("must hold the {what} when `{TYPE}` is {ty:?}"),
+        )),
+    };
+    let (kind, text) = match ty {
+        "json" => {
+            if guide.is_some_and(|g| !g.is_empty()) {
+                return Err(guide_field.bad(
+                    codes::CONFLICT,
+                    format_args!("must be absent when `{TYPE}` is \"json\" (any JSON object)"),
+                ));
+            }
+            (GrammarKind::JsonObject, String::new())
+        }
+        "json_schema" => {
+            let text = needs_guide("JSON schema")?;
+            let raw = Raw::Str(text);
+            (
+                GrammarKind::JsonSchema,
+                json_schema_text(&guide_field, &raw)?,
+            )
+        }
+        "regex" => (GrammarKind::Regex, needs_guide("regular expression")?),
+        "lark" => (GrammarKind::Lark, needs_guide("Lark grammar")?),
+        "ebnf_grammar" | "structural_tag" => {
+            return Err(ty_field.bad(
+                codes::UNSUPPORTED,
+                format_args!(
+                "{ty:?} is not supported; send the grammar as \"lark\" (llguidance's Lark dialect)"
+            ),
+            ))
+        }
+        _ => {
+            return Err(ty_field.bad(
+                codes::INVALID_VALUE,
+                "must be \"json\", \"json_schema\", \"regex\" or \"lark\"",
+            ))
+        }
+    };
+    Ok(spec(kind, text, TYPE))
+}
+
+/// A string tensor's one value: a string, or a `[1]` (or `[1, 1]`) list holding one.
+fn one_string<'a>(f: &Field<'a>) -> CoreResult<Option<&'a str>> {
+    let mut raw = f.raw;
+    while let Some(Raw::List(items)) = raw {
+        match items.as_slice() {
+            [one] => raw = Some(one),
+            _ => return Err(f.bad(codes::INVALID_FORMAT, "must hold exactly one string")),
+        }
+    }
+    match raw {
+        None | Some(Raw::Null) => Ok(None),
+        Some(Raw::Str(s)) => Ok(Some(s.as_str())),
+        Some(_) => Err(f.wrong_type("a string")),
+    }
 }
 
 fn spec(kind: GrammarKind, text: String, field: &str) -> Option<GrammarSpec> {

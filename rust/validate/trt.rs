@@ -102,6 +102,17 @@ pub(super) fn trt(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
         limits,
     )?;
     let switches = read_switches(Route::Trt, body)?;
+    if switches.grammar.is_some() {
+        // A guided output ends where its guide does, on the model's EOS: it must not be banned.
+        if p.stop_token_ids.is_empty() {
+            let f = o.field("end_id");
+            return Err(f.bad(
+                codes::MISSING,
+                "must be given (the model's EOS id) with `guided_decoding_guide_type`: a guided output ends where its guide does",
+            ));
+        }
+        p.ignore_eos = false;
+    }
     ValidRequest::new(Route::Trt, p, switches, OutputCap::Applied, limits)
 }
 

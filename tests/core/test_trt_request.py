@@ -163,3 +163,26 @@ def test_prompt_table_admits_virtual_ids_and_keeps_float16() -> None:
     with pytest.raises(ValidationError) as info:
         tensors(input_ids=[103], prompt_embedding_table=table)
     assert info.value.param == "input_ids[0]"
+
+
+@pytest.mark.parametrize(
+    "guide", ['{"type": "object"}', ['{"type": "object"}'], np.array([b'{"type": "object"}'])]
+)
+def test_guided_decoding_tensors_are_one_string_each(guide: Any) -> None:
+    request = InferenceRequest(
+        [1, 2], 4, end_id=0, guided_decoding_guide_type="json_schema", guided_decoding_guide=guide
+    )
+    valid, tensors = request.checked()
+    assert valid.grammar == ("json_schema", '{"type":"object"}', "guided_decoding_guide_type")
+    assert tensors["guided_decoding_guide"].tolist() == ['{"type": "object"}']
+    again = InferenceRequest.from_tensor_map(tensors)
+    assert again.checked()[0].grammar == valid.grammar
+    with pytest.raises(ValidationError) as info:
+        InferenceRequest([1, 2], 4, guided_decoding_guide_type=["json", "regex"]).validate()
+    assert info.value.param == "guided_decoding_guide_type"
+    with pytest.raises(ValidationError) as info:
+        InferenceRequest([1, 2], 4, guided_decoding_guide_type="yaml").validate()
+    assert (info.value.param, info.value.code) == ("guided_decoding_guide_type", "invalid_value")
+    with pytest.raises(ValidationError) as info:  # a guided output must be able to end
+        InferenceRequest([1, 2], 4, guided_decoding_guide_type="json").validate()
+    assert (info.value.param, info.value.code) == ("end_id", "missing")

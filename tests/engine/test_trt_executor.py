@@ -185,6 +185,81 @@ def test_draft_input_ids_keep_the_greedy_output_and_a_correct_draft_is_accepted(
         assert tokens(executor, n=12, draft_input_ids=draft) == plain
 
 
+# --- guided decoding (the TRT backend's string tensors) ---------------------------------------
+
+GUIDE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["n", "ok"],
+    "additionalProperties": False,
+}
+
+
+def guided_text(executor: Executor, seed: int, kind: str, guide: str | None) -> str | None:
+    """The sampled output's text, or None when it ran into its length (60 tokens). A guided
+    output ends where its guide completes (or on an allowed end_id)."""
+    eos = 2  # the tiny tokenizer's <|im_end|>
+    out = run(
+        executor,
+        PROMPT,
+        60,
+        runtime_top_p=1.0,
+        random_seed=seed,
+        end_id=eos,
+        guided_decoding_guide_type=kind,
+        guided_decoding_guide=guide,
+    )
+    ids = as_array(out.output_ids)[0, : as_array(out.sequence_length)[0]].tolist()
+    if ids and ids[-1] == eos:
+        ids = ids[:-1]
+    elif len(ids) >= 60:
+        return None
+    return str(executor.engine.tokenizer.decode(ids))
+
+
+def test_guided_decoding_holds_sampled_output_to_the_guide(executor: Executor) -> None:
+    import json
+
+    import jsonschema
+
+    finished = 0
+    for seed in range(4):
+        text = guided_text(executor, seed, "json_schema", json.dumps(GUIDE_SCHEMA))
+        if text is not None:
+            jsonschema.validate(json.loads(text), GUIDE_SCHEMA)
+            finished += 1
+        text = guided_text(executor, seed, "regex", "[0-9]{3}-[a-z]{2}")
+        assert text is not None and len(text) == 6 and text[3] == "-" and text[:3].isdigit()
+        text = guided_text(executor, seed, "json", None)
+        if text is not None:
+            assert isinstance(json.loads(text), dict)
+    assert finished >= 2
+
+
+@pytest.mark.parametrize(
+    ("guide", "words"),
+    [
+        ({"guided_decoding_guide_type": "ebnf_grammar", "guided_decoding_guide": "root ::= \"a\""},
+         ["guided_decoding_guide_type", "lark"]),
+        ({"guided_decoding_guide_type": "json_schema"}, ["guided_decoding_guide", "JSON schema"]),
+        ({"guided_decoding_guide": "[0-9]+"},
+         ["guided_decoding_guide", "guided_decoding_guide_type"]),
+        ({"guided_decoding_guide_type": "regex", "guided_decoding_guide": "((a{100}){100}){100}",
+          "end_id": 2}, ["guided_decoding_guide_type", "unrolls"]),
+        ({"guided_decoding_guide_type": "json"}, ["end_id"]),
+    ],
+)  # fmt: skip
+def test_bad_guides_end_with_an_error_naming_the_tensor(
+    executor: Executor, guide: dict[str, Any], words: list[str]
+) -> None:
+    message = error(executor, PROMPT, **guide)
+    for word in words:
+        assert word in message, message
+
+
 # --- logits equal transformers' -------------------------------------------------------------
 
 

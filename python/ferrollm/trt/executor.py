@@ -207,6 +207,9 @@ class Executor:
         table = tensors.get("prompt_embedding_table")
         if table is not None and "prompt_vocab_size" in tensors:
             table = table[: int(tensors["prompt_vocab_size"][0])]
+        grammar = None
+        if valid.grammar is not None:  # compiled here, on the caller's thread
+            grammar = self.engine.grammar_compiler.compile(*valid.grammar)
         engine_request = EngineRequest(
             f"{self._tag}-{request_id}",
             tensors["input_ids"][0].astype(np.uint32),
@@ -216,6 +219,7 @@ class Executor:
             return_generation_logits=shape.generation_logits,
             draft_tokens=_draft_tokens(tensors.get("draft_input_ids")),
             draft_logits=tensors.get("draft_logits"),
+            grammar=grammar,
         )
         return engine_request, shape
 

@@ -60,6 +60,9 @@ ARRAYS: dict[str, tuple[type[np.generic], int | None]] = {
     "draft_input_ids": (np.int32, 1),
     "draft_logits": (np.float32, 2),
 }
+#: String tensors of one value (the TensorRT-LLM backend's guided decoding: the guide's type,
+#: "json", "json_schema", "regex" or "lark", and the guide itself).
+STRINGS = ("guided_decoding_guide_type", "guided_decoding_guide")
 #: The pybind class's names for three tensors (→A-76).
 ALIASES = {
     "max_new_tokens": "request_output_len",
@@ -107,6 +110,8 @@ class InferenceRequest:
     return_generation_logits: Any = None
     draft_input_ids: Any = None
     draft_logits: Any = None
+    guided_decoding_guide_type: Any = None
+    guided_decoding_guide: Any = None
 
     def __init__(
         self,
@@ -122,7 +127,7 @@ class InferenceRequest:
         self.request_id = request_id
         for name, value in tensors.items():
             canonical = ALIASES.get(name, name)
-            if canonical not in SCALARS and canonical not in ARRAYS:
+            if canonical not in SCALARS and canonical not in ARRAYS and canonical not in STRINGS:
                 raise TypeError(f"InferenceRequest has no tensor named {name!r}")
             if value is not None and getattr(self, canonical) is not None:
                 raise TypeError(f"`{name}` is an alias of `{canonical}`; give only one of them")
@@ -143,6 +148,10 @@ class InferenceRequest:
             value = getattr(self, name)
             if value is not None:
                 out[name] = _host(value)
+        for name in STRINGS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = _string(value)
         return out
 
     def validate(self, limits: Limits | None = None) -> ValidRequest:
@@ -166,6 +175,8 @@ class InferenceRequest:
 
 def normalise(name: str, value: Any) -> npt.NDArray[Any]:
     """A validated tensor in its documented shape and dtype."""
+    if name in STRINGS:
+        return np.asarray([value], dtype=np.str_)
     if name in SCALARS:
         return np.asarray(value, dtype=SCALARS[name]).reshape(1)
     dtype, rank = ARRAYS[name]
@@ -187,4 +198,18 @@ def _host(value: Any) -> Any:
         if str(tensor.dtype) == "torch.bfloat16":
             tensor = tensor.float()
         return tensor.numpy()
+    return value
+
+
+def _string(value: Any) -> Any:
+    """A string tensor's value as a str (a ``[1]`` array or list unwrapped, bytes decoded);
+    anything else as is, for the validator to name."""
+    while isinstance(value, (list, tuple, np.ndarray)) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, (bytes, np.bytes_)):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, np.str_):
+        return str(value)
     return value

@@ -81,7 +81,58 @@ const FIELDS: &[Case] = &[
     ("bad_words_list", "[[77, 32000, 77], [2, 3, -1]]", Some(("bad_words_list[0][1]", OUT_OF_RANGE))),
     ("stop_words_list", "[[5, 0], [1, -1]]", None),
     ("stop_words_list", "[[5, 0], [1, 0.5]]", Some(("stop_words_list[1]", WRONG_TYPE))),
+    ("guided_decoding_guide_type", r#"["json"]"#, Some(("end_id", MISSING))),
+    ("guided_decoding_guide_type", r#""regex""#, Some(("guided_decoding_guide", MISSING))),
+    ("guided_decoding_guide_type", r#""ebnf_grammar""#, Some(("guided_decoding_guide_type", UNSUPPORTED))),
+    ("guided_decoding_guide_type", r#""yaml""#, Some(("guided_decoding_guide_type", INVALID_VALUE))),
+    ("guided_decoding_guide_type", r#"["json", "regex"]"#, Some(("guided_decoding_guide_type", INVALID_FORMAT))),
+    ("guided_decoding_guide_type", "7", Some(("guided_decoding_guide_type", WRONG_TYPE))),
+    ("guided_decoding_guide", r#""[0-9]+""#, Some(("guided_decoding_guide", CONFLICT))),
 ];
+
+#[test]
+fn guided_decoding_tensors_give_the_grammar() {
+    use crate::grammar::GrammarKind;
+    let grammar = |extra: &str| {
+        let body = merge(
+            r#"{"input_ids": [1, 2, 3], "request_output_len": 16, "end_id": 2}"#,
+            extra,
+        );
+        let req = crate::validate::validate_request(Route::Trt, &body, &limits()).expect("valid");
+        req.switches.grammar.map(|g| (g.kind, g.text, g.field))
+    };
+    let field = "guided_decoding_guide_type".to_string();
+    assert_eq!(
+        grammar(
+            r#"{"guided_decoding_guide_type": ["regex"], "guided_decoding_guide": ["[a-z]+"]}"#
+        ),
+        Some((GrammarKind::Regex, "[a-z]+".to_string(), field.clone()))
+    );
+    assert_eq!(
+        grammar(
+            r#"{"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": "{\"type\": \"object\"}"}"#
+        ),
+        Some((
+            GrammarKind::JsonSchema,
+            r#"{"type":"object"}"#.to_string(),
+            field.clone()
+        ))
+    );
+    assert_eq!(
+        grammar(r#"{"guided_decoding_guide_type": "json"}"#),
+        Some((GrammarKind::JsonObject, String::new(), field))
+    );
+    assert_eq!(grammar("{}"), None);
+    let body = merge(
+        BASE,
+        r#"{"end_id": 2, "guided_decoding_guide_type": "json"}"#,
+    );
+    let req = crate::validate::validate_request(Route::Trt, &body, &limits()).expect("valid");
+    assert!(
+        !req.params.ignore_eos,
+        "a guided output may end on the model's EOS"
+    );
+}
 
 #[test]
 fn field_table() {
