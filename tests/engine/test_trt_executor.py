@@ -160,7 +160,6 @@ def test_torch_tensors_are_accepted(executor: Executor) -> None:
         ({"draft_input_ids": [1, 2], "beam_width": 2}, ["draft_tokens", "beam"]),
         ({"lora_task_id": 3}, ["lora_task_id", "not supported"]),
         ({"input_ids": [5, 100000]}, ["input_ids[1]"]),
-        ({"beam_width": 2, "return_generation_logits": True}, ["return_generation_logits"]),
         ({"prompt_embedding_table": [[0.0, 1.0]]}, ["prompt_embedding_table", "hidden_size"]),
         ({"input_ids": list(range(300))}, ["input_ids"]),
     ],
@@ -287,6 +286,23 @@ def test_context_and_generation_logits_equal_transformers(executor: Executor, hf
     logprobs = torch.from_numpy(generation[0, 0]).log_softmax(-1)
     chosen = logprobs[torch.arange(6), torch.tensor(generated)].numpy()
     np.testing.assert_allclose(as_array(out.output_log_probs)[0, 0], chosen, atol=1e-4)
+
+
+def test_beam_generation_logits_equal_transformers(executor: Executor, hf: Any) -> None:
+    out = run(executor, PROMPT_LONG, 5, beam_width=3, end_id=2, return_generation_logits=True)
+    ids, lengths = as_array(out.output_ids), as_array(out.sequence_length)
+    generation = as_array(out.generation_logits)
+    assert generation.shape[:3] == (1, 3, ids.shape[1]) and generation.dtype == np.float32
+    for b in range(3):
+        beam = ids[b, : lengths[b]].tolist()
+        ref = hf_logits(hf, PROMPT_LONG + beam)
+        np.testing.assert_allclose(
+            generation[0, b, : len(beam)], ref[len(PROMPT_LONG) - 1 : -1], atol=1e-3
+        )
+        assert not generation[0, b, len(beam) :].any()  # padded past the beam's end
+        # The first step expands the best 3 tokens of the prompt's last row: every beam starts
+        # with one of them.
+        assert beam[0] in np.argsort(generation[0, b, 0])[-3:]
 
 
 def test_logits_under_chunked_prefill(model_dir: Path, hf: Any) -> None:

@@ -30,8 +30,9 @@ from ferrollm._core import Limits
 from ferrollm.engine.async_engine import AsyncEngine
 from ferrollm.engine.engine import LLMEngine
 from ferrollm.engine.loop import Delivery
-from ferrollm.engine.outputs import RequestFailure
+from ferrollm.engine.outputs import RequestFailure, RequestOutput
 from ferrollm.engine.request import EngineRequest
+from ferrollm.trt.beam_logits import beam_generation_logits
 from ferrollm.trt.request import InferenceRequest
 from ferrollm.trt.response import (
     InferenceResponse,
@@ -55,6 +56,9 @@ class _InFlight:
     engine_id: str
     shape: ResponseShape
     num_sent: int = 0
+    #: Beam search asking for generation logits: its engine request, whose prompt (and prompt
+    #: table) recompute them per finished beam.
+    rescore: EngineRequest | None = None
 
 
 class Executor:
@@ -87,6 +91,7 @@ class Executor:
         self._lock = threading.Condition()
         self._in_flight: dict[int, _InFlight] = {}
         self._ready: deque[InferenceResponse] = deque()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
     # --- requests ----------------------------------------------------------------------------
@@ -105,7 +110,8 @@ class Executor:
             self._finish_early(request_id, str(e))
             return request_id
         with self._lock:
-            self._in_flight[request_id] = _InFlight(engine_request.request_id, shape)
+            rescore = engine_request if shape.generation_logits and shape.beam_width > 1 else None
+            self._in_flight[request_id] = _InFlight(engine_request.request_id, shape, 0, rescore)
         sink = self._sink(request_id)
         try:
             self._loop.call_soon_threadsafe(self.engine.attach, engine_request, sink)
@@ -216,7 +222,8 @@ class Executor:
             valid.params,
             prompt_table=table,
             return_context_logits=shape.context_logits,
-            return_generation_logits=shape.generation_logits,
+            # Beam search's are recomputed per finished beam (`beam_logits`).
+            return_generation_logits=shape.generation_logits and shape.beam_width == 1,
             draft_tokens=_draft_tokens(tensors.get("draft_input_ids")),
             draft_logits=tensors.get("draft_logits"),
             grammar=grammar,
@@ -243,7 +250,11 @@ class Executor:
             return
         shape = state.shape
         if not shape.streaming:
-            if item.finished:
+            if item.finished and state.rescore is not None:
+                task = self._loop.create_task(self._finish_beams(request_id, state, item))
+                self._tasks.add(task)  # held until done (the loop keeps only weak references)
+                task.add_done_callback(self._tasks.discard)
+            elif item.finished:
                 self._emit(InferenceResponse(request_id, final_tensors(item, shape), True))
             return
         maps = stream_tensors(item, shape, state.num_sent)
@@ -253,6 +264,20 @@ class Executor:
         for k, tensors in enumerate(maps):
             final = item.finished and k == len(maps) - 1
             self._emit(InferenceResponse(request_id, tensors, final))
+
+    async def _finish_beams(self, request_id: int, state: _InFlight, out: RequestOutput) -> None:
+        """The final response of a beam search that asked for generation logits."""
+        assert state.rescore is not None
+        try:
+            tensors = final_tensors(out, state.shape)
+            tensors["generation_logits"] = await beam_generation_logits(
+                self.engine, state.rescore, out, state.shape.beam_width
+            )
+        except Exception as e:
+            logger.exception("request %d: recomputing beam generation logits failed", request_id)
+            self._finish_early(request_id, f"computing `generation_logits` failed: {e}")
+            return
+        self._emit(InferenceResponse(request_id, tensors, True))
 
     def _finish_early(self, request_id: int, err_msg: str) -> None:
         self._emit(InferenceResponse(request_id, {}, True, err_msg))
