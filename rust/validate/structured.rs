@@ -8,6 +8,7 @@
 
 use super::codes;
 use super::raw::{Field, Obj, Raw};
+use super::trt::scalar;
 use super::Route;
 use crate::error::CoreResult;
 use crate::grammar::{GrammarKind, GrammarSpec};
@@ -59,8 +60,8 @@ pub(crate) fn structured_output(route: Route, o: &Obj<'_>) -> CoreResult<Option<
 fn trt_guide(o: &Obj<'_>) -> CoreResult<Option<GrammarSpec>> {
     const TYPE: &str = "guided_decoding_guide_type";
     let (ty_field, guide_field) = (o.field(TYPE), o.field("guided_decoding_guide"));
-    let ty = one_string(&ty_field)?;
-    let guide = one_string(&guide_field)?;
+    let ty = scalar(ty_field)?.str()?;
+    let guide = scalar(guide_field)?.str()?;
     let Some(ty) = ty else {
         if guide.is_some() {
             return Err(guide_field.bad(codes::CONFLICT, format_args!("needs `{TYPE}`")));
@@ -110,22 +111,6 @@ fn trt_guide(o: &Obj<'_>) -> CoreResult<Option<GrammarSpec>> {
         }
     };
     Ok(spec(kind, text, TYPE))
-}
-
-/// A string tensor's one value: a string, or a `[1]` (or `[1, 1]`) list holding one.
-fn one_string<'a>(f: &Field<'a>) -> CoreResult<Option<&'a str>> {
-    let mut raw = f.raw;
-    while let Some(Raw::List(items)) = raw {
-        match items.as_slice() {
-            [one] => raw = Some(one),
-            _ => return Err(f.bad(codes::INVALID_FORMAT, "must hold exactly one string")),
-        }
-    }
-    match raw {
-        None | Some(Raw::Null) => Ok(None),
-        Some(Raw::Str(s)) => Ok(Some(s.as_str())),
-        Some(_) => Err(f.wrong_type("a string")),
-    }
 }
 
 fn spec(kind: GrammarKind, text: String, field: &str) -> Option<GrammarSpec> {

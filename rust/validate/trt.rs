@@ -260,7 +260,7 @@ fn aliased<'a>(o: &'a Obj<'a>, name: &'a str, alias: &'a str) -> CoreResult<Fiel
 }
 
 /// A `[1]` or `[1, 1]` tensor as its one value (a bare scalar passes through).
-fn scalar(f: Field<'_>) -> CoreResult<Field<'_>> {
+pub(super) fn scalar(f: Field<'_>) -> CoreResult<Field<'_>> {
     let mut raw = f.raw;
     while let Some(Raw::List(items)) = raw {
         match items.as_slice() {
