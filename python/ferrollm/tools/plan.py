@@ -5,6 +5,7 @@ earlier calls and results written into the history), the grammar that holds the 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,9 +28,10 @@ class ToolPlanError(ValueError):
         self.param = param
 
 
+@functools.lru_cache(maxsize=16)
 def resolve_parser(option: str, template: str | None) -> str | None:
     """The family ``--tool-call-parser option`` means for a model with ``template`` (None:
-    tool calling is off)."""
+    tool calling is off). Cached: a server asks it with the same two strings per request."""
     if option == "none":
         return None
     if option == "auto":
@@ -94,8 +96,9 @@ class ToolPlan:
         return ToolStream(self.format, self.format.names)
 
 
+@functools.lru_cache(maxsize=16)
 def renders_tools(template: str | None) -> bool:
-    """Whether a chat template uses its ``tools`` variable."""
+    """Whether a chat template uses its ``tools`` variable (cached, like `resolve_parser`)."""
     return template is not None and re.search(r"\btools\b", template) is not None
 
 
