@@ -128,11 +128,6 @@ class ToolStream:
             return None
         return self._snapshot.content, calls
 
-    @property
-    def text(self) -> str:
-        """All the text read so far."""
-        return self._text
-
 
 def _is_object(text: str) -> bool:
     try:
