@@ -56,7 +56,6 @@ class Server:
         *,
         max_model_len: int = MAX_MODEL_LEN,
         max_input_tokens: int = MAX_INPUT_TOKENS,
-        server_options: dict[str, Any] | None = None,
         **engine_options: Any,
     ) -> None:
         config = EngineConfig(
@@ -75,7 +74,6 @@ class Server:
                 served_model_name=MODEL,
                 max_input_tokens=max_input_tokens,
                 max_body_bytes=MAX_BODY_BYTES,
-                **(server_options or {}),
             ),
         )
         self.full_text_ctx = ServerContext.build(
