@@ -289,6 +289,12 @@ def test_overload_and_the_per_key_cap_over_the_wire(tmp_path: Path) -> None:
         assert third.status_code == 429, third.text
         assert third.json()["error"]["type"] == "rate_limit_error"
         assert other.status_code == 200, other.text
+        # Closing the two streams frees key 0's slots once the server has seen the disconnects
+        # (at its next engine step), not at once: wait for that before key 0 sends again.
+        deadline = time.monotonic() + 30
+        while server.metrics()["ferrollm_requests_in_flight"] != 0:
+            assert time.monotonic() < deadline, "the closed streams were never released"
+            time.sleep(0.05)
         # a wrong key (401) and a deadline that has passed before any step (504)
         wrong = server.http.post("/v1/completions", json=small, headers={"authorization": "x"})
         assert wrong.status_code == 401
