@@ -44,6 +44,7 @@ from ferrollm.models.config import ModelConfig
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.registry import build_model
 from ferrollm.platforms import get_platform
+from ferrollm.platforms.openmp import release_thread_pool
 from ferrollm.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -138,6 +139,8 @@ class LLMEngine:
             kv_plan.max_model_len,
         )
         assert config.max_beam_width is not None  # for_platform filled it in
+        # Steps may run on another thread (the server's engine loop): this one is done.
+        release_thread_pool()
         return cls(
             tokenizer,
             scheduler,
