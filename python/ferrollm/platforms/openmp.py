@@ -64,6 +64,6 @@ def release_thread_pool() -> bool:
     if lib is None:
         logger.debug("no OpenMP runtime with omp_pause_resource_all loaded")
         return False
-    released = lib.omp_pause_resource_all(_OMP_PAUSE_SOFT) == 0
+    released = bool(lib.omp_pause_resource_all(_OMP_PAUSE_SOFT) == 0)
     logger.debug("released this thread's OpenMP pool: %s", released)
     return released
