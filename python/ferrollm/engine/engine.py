@@ -44,7 +44,7 @@ from ferrollm.models.config import ModelConfig
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.registry import build_model
 from ferrollm.platforms import get_platform
-from ferrollm.platforms.openmp import release_thread_pool
+from ferrollm.platforms.host import settle_after_load
 from ferrollm.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -139,9 +139,7 @@ class LLMEngine:
             kv_plan.max_model_len,
         )
         assert config.max_beam_width is not None  # for_platform filled it in
-        # Steps may run on another thread (the server's engine loop): this one is done.
-        release_thread_pool()
-        return cls(
+        engine = cls(
             tokenizer,
             scheduler,
             runner,
@@ -149,6 +147,9 @@ class LLMEngine:
             model_path=source.path,
             max_beam_width=config.max_beam_width,
         )
+        del source  # the open file (a GGUF's mapping) goes before the heap is trimmed
+        settle_after_load()
+        return engine
 
     def add_request(self, request: EngineRequest) -> None:
         """Queue ``request``.
