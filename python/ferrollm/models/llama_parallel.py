@@ -12,19 +12,31 @@ with a ValueError naming ``tensor_parallel_size``, before anything is allocated.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ferrollm.distributed.shard_plan import ShardPlan, TensorSlice
 from ferrollm.distributed.state import ParallelState
-
-if TYPE_CHECKING:
-    from ferrollm.models.llama import LlamaConfigLike
 
 #: Input columns per quantization group of the int4 kernels (GGUF's block size too).
 QUANT_GROUP = 32
 #: Output rows the int4 pack needs a multiple of.
 INT4_ROW_MULTIPLE = 16
 _VOCAB_MULTIPLE = 16
+
+
+class ShardedConfig(Protocol):
+    """The sizes a layout splits (``ferrollm.models.llama.LlamaConfigLike`` has them)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def num_attention_heads(self) -> int: ...
+    @property
+    def num_key_value_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -56,7 +68,7 @@ class LlamaShardLayout:
 
     @classmethod
     def build(
-        cls, config: LlamaConfigLike, parallel: ParallelState, scheme: str | None
+        cls, config: ShardedConfig, parallel: ParallelState, scheme: str | None
     ) -> LlamaShardLayout:
         """The layout of rank ``parallel.rank``; ValueError when the model cannot split."""
         n, r = parallel.world_size, parallel.rank
@@ -92,7 +104,7 @@ class LlamaShardLayout:
             layout._check_int4_split(config)
         return layout
 
-    def _check_int4_split(self, config: LlamaConfigLike) -> None:
+    def _check_int4_split(self, config: ShardedConfig) -> None:
         """The int4 kernel wants input groups of 32 and output rows in 16s, per rank."""
         n = self.parallel.world_size
         d = self.head_dim
