@@ -28,6 +28,7 @@ from ferrollm._core import (
 )
 from ferrollm.config import DEFAULT_MAX_BEAM_WIDTH
 from ferrollm.default_model import default_model_path
+from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.engine.outputs import RequestFailure, RequestOutput, RequestTracker, StepInfo
 from ferrollm.engine.prompt_tables import table_digest
 from ferrollm.engine.request import EngineRequest
@@ -298,14 +299,20 @@ def load_model(
     device: torch.device,
     dtype: torch.dtype,
     quantization: str | None = None,
+    parallel: ParallelState = SINGLE,
 ) -> LlamaForCausalLM:
     """Build the model for ``source`` on ``device`` and stream its weights in, one at a time.
 
     ``quantization`` is the linear layers' scheme (None = dense); a quantized file's tensors
-    then arrive quantized and are packed without a float copy of the model.
+    then arrive quantized and are packed without a float copy of the model. ``parallel``
+    builds this rank's shard and reads only its slices of the checkpoint (ValueError naming
+    ``tensor_parallel_size`` when the model or its format cannot split that way).
     """
-    model = build_model(source.config, device, dtype, quantization)
-    model.load_weights(source.iter_weights(dtype, keep_quantized=quantization is not None))
+    model = build_model(source.config, device, dtype, quantization, parallel)
+    weights = source.iter_weights(
+        dtype, keep_quantized=quantization is not None, shard=model.shard_plan()
+    )
+    model.load_weights(weights)
     return model
 
 
