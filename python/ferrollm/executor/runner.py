@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from ferrollm.executor.compiled_decode import CompiledDecode
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.prompt_logprobs import PromptTargets, score_prompt_tokens
 from ferrollm.executor.step_extras import EmbeddingOverride, LogitRows, project_rows
@@ -72,6 +73,12 @@ class ModelRunner:
         self.device = device
         self.dtype = dtype
         self.backend: AttentionBackend = backend or TorchSDPABackend()
+        #: Compiled graphs for decode steps (``set_compiled``); None = every step eager.
+        self.compiled: CompiledDecode | None = None
+
+    def set_compiled(self, compiled: CompiledDecode | None) -> None:
+        """Run the decode steps ``compiled`` accepts through it (None: all eager)."""
+        self.compiled = compiled
 
     def run(
         self,
@@ -92,6 +99,15 @@ class ModelRunner:
             self.kv_cache.copy_blocks(plan.block_copies)
             if len(plan.input_ids) == 0:
                 return torch.empty((0, self.model.vocab_size), dtype=torch.float32)
+            compiled = self.compiled
+            if (
+                compiled is not None
+                and embeds is None
+                and prompt_targets is None
+                and keep_logits is None
+                and compiled.accepts(plan)
+            ):
+                return compiled.run(plan).to("cpu", torch.float32).contiguous()
             hidden = self.hidden_states(plan, embeds)
             if prompt_targets is not None:
                 prompt_targets.scores = score_prompt_tokens(

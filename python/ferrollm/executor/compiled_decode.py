@@ -1,0 +1,254 @@
+"""The decode step compiled with inductor, one graph per batch-size bucket.
+
+A decode-only step (every row one new token, no embedding override, no prompt logprobs, no
+kept logits) runs the whole model (embedding, every layer, final norm and LM head) as one
+inductor graph instead of ~250 eager ops per layer stack, so no per-layer Python runs and torch's
+OpenMP team enters far fewer parallel regions per token. Rows are padded up to a bucket
+(``BUCKETS``) so a handful of graphs serves every batch size: padded rows decode token 0 at
+position 0 into the scheduler's null block (block 0, never allocated, its contents never read),
+and their logits are dropped. Block tables are padded to the widest a sequence can have, so the
+graphs' shapes depend on the bucket alone (``dynamic=False``: static shapes, no recompilation
+per context length). Attention stays the opaque ``ferrollm::paged_attention`` custom op;
+torch's int4/int8 weight-only matmuls stay extern calls.
+
+Compiled graphs are cached on disk by inductor (its FX-graph and AOT caches) under
+``compile_cache_dir()``, so a second start-up only retraces (about a second per bucket) and
+loads the kernels. Every bucket up to ``MAX_COMPILED_ROWS`` (and ``max_num_seqs``) is built at
+start-up (``warm_up``), not lazily: a cold compile takes ~40 s per bucket for the default model,
+which no request should wait for. Steps of more rows, steps whose attention would run on rayon's
+pool (``PagedKernelBackend.parallel_for_decode``: long contexts), and every prefill or mixed step
+run eagerly.
+
+Measured on the default model (SmolLM2-135M Q4_1, bf16, 2-core EPYC; 64 greedy tokens per row),
+offline tok/s eager -> compiled: batch 1 75.8 -> 94.1, batch 8 185.4 -> 244.1, batch 32
+444.6 -> 547.0. A warm start-up loads a bucket in ~3 s, so buckets stop at 32 to keep a second
+start-up under 30 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ferrollm.config import EngineConfigError
+from ferrollm.layers.attention import AttentionBackend, AttentionContext
+from ferrollm.layers.paged_attention import PagedKernelBackend, PagedKernelMetadata
+
+if TYPE_CHECKING:
+    from ferrollm.executor.kv_cache import KVCache
+    from ferrollm.executor.runner import CausalLM, StepInputs
+
+logger = logging.getLogger(__name__)
+
+#: Row counts a decode step is padded up to.
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+#: The largest bucket compiled (see the module docstring).
+MAX_COMPILED_ROWS = 32
+#: Where the inductor caches live unless ``TORCHINDUCTOR_CACHE_DIR`` or ``FERROLLM_COMPILE_CACHE``
+#: says otherwise.
+DEFAULT_CACHE_DIR = Path("~/.cache/ferrollm/inductor")
+
+
+def compile_cache_dir() -> Path:
+    """The on-disk compile cache: ``$FERROLLM_COMPILE_CACHE``, else ``$TORCHINDUCTOR_CACHE_DIR``,
+    else ``~/.cache/ferrollm/inductor``."""
+    value = os.environ.get("FERROLLM_COMPILE_CACHE") or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return Path(value).expanduser() if value else DEFAULT_CACHE_DIR.expanduser()
+
+
+def bucket_for(rows: int) -> int | None:
+    """The smallest bucket holding ``rows`` rows, or None when none does."""
+    return next((b for b in BUCKETS if b >= rows), None)
+
+
+def build_compiled_decode(
+    mode: str,
+    model: CausalLM,
+    kv_cache: KVCache,
+    backend: AttentionBackend,
+    dtype: torch.dtype,
+    max_model_len: int,
+    max_num_seqs: int,
+) -> CompiledDecode | None:
+    """The compiled decode step ``mode`` ("auto", "on", "off"; ``EngineConfig.compile``) asks
+    for, warmed up, or None.
+
+    "auto" compiles on the CPU (the paged-kernel attention backend) in a dtype other than
+    float32: float32 is the parity mode, where inductor's fused kernels would round differently
+    from transformers. "on" where it cannot run raises EngineConfigError naming ``compile``.
+    """
+    supported = isinstance(backend, PagedKernelBackend) and kv_cache.device.type == "cpu"
+    if mode == "off" or (mode == "auto" and (not supported or dtype == torch.float32)):
+        return None
+    if not isinstance(backend, PagedKernelBackend) or not supported:
+        raise EngineConfigError(
+            "compile",
+            f"`compile` on needs the CPU's paged attention kernel; this device uses {backend.name}",
+        )
+    max_blocks = -(-max_model_len // kv_cache.block_size)
+    compiled = CompiledDecode(
+        model, kv_cache, backend, max_blocks, min(max_num_seqs, MAX_COMPILED_ROWS)
+    )
+    compiled.warm_up()
+    return compiled
+
+
+class CompiledDecode:
+    """Decode steps of up to ``max_bucket`` rows through per-bucket compiled graphs.
+
+    ``backend`` is the runner's attention backend (it must be a ``PagedKernelBackend``: the
+    compiled graph calls its kernel); ``max_blocks`` is the widest block table a sequence can
+    have (``ceil(max_model_len / block_size)``).
+    """
+
+    def __init__(
+        self,
+        model: CausalLM,
+        kv_cache: KVCache,
+        backend: PagedKernelBackend,
+        max_blocks: int,
+        max_bucket: int,
+    ) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.backend = backend
+        self.max_blocks = max_blocks
+        self.buckets = tuple(b for b in BUCKETS if b <= max_bucket)
+        self.max_rows = self.buckets[-1] if self.buckets else 0
+        _configure_caches()
+        self._step = torch.compile(self._forward, dynamic=False, fullgraph=True)
+        #: The one attention mode the graphs are built for (rayon or not; see ``accepts``).
+        self.parallel = False if backend.parallel is None else backend.parallel
+        # Per-bucket constants: every padded step is a decode of one token per row.
+        self._cu = {b: torch.arange(b + 1, dtype=torch.int32) for b in self.buckets}
+        self._rows = {b: torch.arange(b, dtype=torch.int32) for b in self.buckets}
+
+    def accepts(self, plan: StepInputs) -> bool:
+        """Whether ``plan`` is a decode step this can run: one token per row, at most
+        ``max_rows`` rows, block tables no wider than ``max_blocks``, attention in the mode the
+        graphs were built for (a step long enough for rayon's pool runs eagerly instead of
+        compiling a second graph per bucket)."""
+        num_tokens = len(plan.input_ids)
+        num_rows = len(plan.cu_seqlens_q) - 1
+        return (
+            0 < num_tokens <= self.max_rows
+            and num_rows == num_tokens
+            and plan.block_tables.shape[1] <= self.max_blocks
+            and self.backend.parallel_for_decode(plan.context_lens) == self.parallel
+        )
+
+    def run(self, plan: StepInputs) -> torch.Tensor:
+        """Logits ``[plan.num_samples, vocab]`` (model dtype) of an accepted decode step;
+        call under ``torch.inference_mode()``."""
+        n = len(plan.input_ids)
+        bucket = bucket_for(n)
+        assert bucket is not None and bucket <= self.max_rows
+        logits = self._run_bucket(
+            bucket,
+            _pad(plan.input_ids, bucket, np.int64),
+            _pad(plan.positions, bucket, np.int64),
+            _pad(plan.slot_mapping, bucket, np.int64),
+            _pad(plan.context_lens, bucket, np.int32, fill=1),
+            _pad_table(plan.block_tables, bucket, self.max_blocks),
+            self.parallel,
+        )
+        indices = plan.logits_indices
+        if len(indices) == n and bool((indices == np.arange(n)).all()):
+            return logits[:n]
+        return logits.index_select(0, torch.from_numpy(indices))
+
+    def warm_up(self) -> None:
+        """Compile (or load from the on-disk cache) every bucket's graph, logging the time."""
+        for bucket in self.buckets:
+            start = time.perf_counter()
+            with torch.inference_mode():  # as ModelRunner.run: the graphs guard on it
+                self._run_bucket(
+                    bucket,
+                    torch.zeros(bucket, dtype=torch.int64),
+                    torch.zeros(bucket, dtype=torch.int64),
+                    torch.zeros(bucket, dtype=torch.int64),
+                    torch.ones(bucket, dtype=torch.int32),
+                    torch.zeros((bucket, self.max_blocks), dtype=torch.int32),
+                    self.parallel,
+                )
+            logger.info(
+                "compiled decode graph for %d rows in %.1f s", bucket, time.perf_counter() - start
+            )
+
+    def _run_bucket(
+        self,
+        bucket: int,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+        parallel: bool,
+    ) -> torch.Tensor:
+        out: torch.Tensor = self._step(
+            input_ids,
+            positions,
+            slot_mapping,
+            context_lens,
+            block_tables,
+            self._cu[bucket],
+            self._rows[bucket],
+            parallel,
+        )
+        return out
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        rows: torch.Tensor,
+        parallel: bool,
+    ) -> torch.Tensor:
+        metadata = PagedKernelMetadata(
+            slot_mapping=slot_mapping,
+            positions=positions,
+            cu_seqlens_q=cu_seqlens_q,
+            context_lens=context_lens,
+            block_tables=block_tables,
+            kernel_rows=rows,
+            fresh=(),
+            gathered=None,
+            sliding_window=self.model.sliding_window,
+            parallel=parallel,
+        )
+        ctx = AttentionContext(self.backend, metadata, self.kv_cache.layers)
+        hidden = self.model(input_ids, positions, ctx)
+        return self.model.compute_logits(hidden)
+
+
+def _pad(values: np.ndarray, size: int, dtype: type, fill: int = 0) -> torch.Tensor:
+    out: np.ndarray = np.full(size, fill, dtype=dtype)
+    out[: len(values)] = values
+    return torch.from_numpy(out)
+
+
+def _pad_table(table: np.ndarray, rows: int, width: int) -> torch.Tensor:
+    out = np.zeros((rows, width), dtype=np.int32)
+    out[: table.shape[0], : table.shape[1]] = table
+    return torch.from_numpy(out)
+
+
+def _configure_caches() -> None:
+    """Point inductor's caches at ``compile_cache_dir()`` and make sure they are on."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir())
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fx_graph_cache = True
+    options: Any = torch._dynamo.config
+    # One graph per bucket, all of one function.
+    options.recompile_limit = max(options.recompile_limit, len(BUCKETS) + 1)
