@@ -122,6 +122,11 @@ class CompiledDecode:
         self.buckets = tuple(b for b in BUCKETS if b <= max_bucket)
         self.max_rows = self.buckets[-1] if self.buckets else 0
         _configure_caches()
+        # The cache's block count is the one size the graphs need not know (only the attention
+        # op reads the cache): left symbolic, a differently sized KV cache reuses the graphs.
+        for k, v in kv_cache.layers:
+            torch._dynamo.mark_dynamic(k, 0)
+            torch._dynamo.mark_dynamic(v, 0)
         self._step = torch.compile(self._forward, dynamic=False, fullgraph=True)
         #: The one attention mode the graphs are built for (rayon or not; see ``accepts``).
         self.parallel = False if backend.parallel is None else backend.parallel
