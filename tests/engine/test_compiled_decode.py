@@ -24,7 +24,7 @@ import transformers
 from ferrollm import LLM, SamplingParams
 from ferrollm.config import EngineConfig, EngineConfigError
 from ferrollm.engine import AsyncEngine, RequestOutput
-from ferrollm.executor.compiled_decode import bucket_for, build_compiled_decode
+from ferrollm.executor.compiled_decode import CompiledDecode, bucket_for, build_compiled_decode
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.layers.attention import TorchSDPABackend
 
@@ -56,8 +56,8 @@ def model_dir(tiny_model_factory: Callable[..., Path]) -> Path:
 @pytest.fixture(scope="module")
 def compiled(model_dir: Path, compile_cache: Path) -> LLM:
     llm = LLM(model_dir, compile="on", **OPTIONS)
-    assert llm.engine.runner.compiled is not None
-    assert llm.engine.runner.compiled.buckets == (1, 2, 4)
+    graphs = llm.engine.runner.compiled
+    assert isinstance(graphs, CompiledDecode) and graphs.buckets == (1, 2, 4)
     return llm
 
 
@@ -127,8 +127,11 @@ def test_compiled_top_logprobs_equal_eager(compiled: LLM, eager: LLM) -> None:
             )
 
 
-def test_compiled_stream_equals_the_finished_output(compiled: LLM) -> None:
-    engine = AsyncEngine(compiled.engine)
+def test_compiled_stream_equals_the_finished_output(
+    compiled: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = count_compiled_steps(compiled, monkeypatch)
+    engine = AsyncEngine(compiled.engine)  # steps on its own thread
 
     async def stream(prompt: str) -> list[RequestOutput]:
         return [o async for o in engine.generate(engine.request(prompt, GREEDY))]
@@ -139,8 +142,10 @@ def test_compiled_stream_equals_the_finished_output(compiled: LLM) -> None:
         finally:
             engine.shutdown()
 
+    streams = asyncio.run(main())
+    assert rows  # the engine thread ran the compiled graphs
     batch = compiled.generate(PROMPTS, GREEDY)
-    for streamed, whole in zip(asyncio.run(main()), batch, strict=True):
+    for streamed, whole in zip(streams, batch, strict=True):
         final = streamed[-1].outputs[0]
         assert [t for o in streamed for t in o.outputs[0].new_token_ids] == final.token_ids
         assert "".join(o.outputs[0].new_text for o in streamed) == final.text

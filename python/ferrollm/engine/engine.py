@@ -125,17 +125,16 @@ class LLMEngine:
         )
         kv_cache = KVCache(spec, kv_plan.num_blocks, platform.device)
         runner = ModelRunner(model, kv_cache, platform.device, dtype, platform.attention_backend())
-        runner.set_compiled(
-            build_compiled_decode(
-                config.compile,
-                model,
-                kv_cache,
-                runner.backend,
-                dtype,
-                kv_plan.max_model_len,
-                config.max_num_seqs,
-            )
+        compiled = build_compiled_decode(
+            config.compile,
+            model,
+            kv_cache,
+            runner.backend,
+            dtype,
+            kv_plan.max_model_len,
+            config.max_num_seqs,
         )
+        runner.set_compiled(compiled)
         tokenizer = Tokenizer.from_source(source)
         scheduler = _build_scheduler(config, kv_plan, source.config, tokenizer)
         logger.info(
@@ -148,9 +147,7 @@ class LLMEngine:
             kv_plan.num_blocks,
             config.block_size,
             kv_plan.max_model_len,
-            "eager"
-            if runner.compiled is None
-            else f"compiled up to {runner.compiled.max_rows} rows",
+            "eager" if compiled is None else f"compiled up to {compiled.max_rows} rows",
         )
         assert config.max_beam_width is not None  # for_platform filled it in
         return cls(

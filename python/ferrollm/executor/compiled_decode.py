@@ -1,28 +1,31 @@
-"""The decode step compiled with inductor, one graph per batch-size bucket.
+"""The decode step compiled with inductor: a few graphs serve every batch size.
 
 A decode-only step (every row one new token, no embedding override, no prompt logprobs, no
 kept logits) runs the whole model (embedding, every layer, final norm and LM head) as one
 inductor graph instead of ~250 eager ops per layer stack, so no per-layer Python runs and torch's
-OpenMP team enters far fewer parallel regions per token. Rows are padded up to a bucket
-(``BUCKETS``) so a handful of graphs serves every batch size: padded rows decode token 0 at
-position 0 into the scheduler's null block (block 0, never allocated, its contents never read),
-and their logits are dropped. Block tables are padded to the widest a sequence can have, so the
-graphs' shapes depend on the bucket alone (``dynamic=False``: static shapes, no recompilation
-per context length). Attention stays the opaque ``ferrollm::paged_attention`` custom op;
-torch's int4/int8 weight-only matmuls stay extern calls.
+OpenMP team enters far fewer parallel regions per token. Attention stays the opaque
+``ferrollm::paged_attention`` custom op; torch's int4/int8 weight-only matmuls stay extern calls.
+
+Shapes: rows are padded up to a bucket (``BUCKETS``): padded rows decode token 0 at position 0
+into the scheduler's null block (block 0, never allocated, its contents never read), and their
+logits are dropped. Block tables are padded to the widest a sequence can have. The row count
+and the KV cache's block count stay symbolic in the graphs, every other size is static, so the
+graphs split only where the model's Python does: one row, up to ``QUANTIZED_MAX_ROWS`` rows
+(the packed weight-only kernels) and more (the dense copies): three graphs for the default
+model, whatever the buckets and the cache size.
 
 Compiled graphs are cached on disk by inductor (its FX-graph and AOT caches) under
-``compile_cache_dir()``, so a second start-up only retraces (about a second per bucket) and
-loads the kernels. Every bucket up to ``MAX_COMPILED_ROWS`` (and ``max_num_seqs``) is built at
-start-up (``warm_up``), not lazily: a cold compile takes ~40 s per bucket for the default model,
-which no request should wait for. Steps of more rows, steps whose attention would run on rayon's
-pool (``PagedKernelBackend.parallel_for_decode``: long contexts), and every prefill or mixed step
+``compile_cache_dir()``, so a later start-up only retraces and loads the kernels. They are all
+built at start-up (``warm_up``), not lazily, so no request waits for a compile. Default model,
+2-core EPYC: start-up compiles ~75 s the first time, ~15 s from the cache. Steps of more than
+``MAX_COMPILED_ROWS`` rows, steps whose attention would run on rayon's pool
+(``PagedKernelBackend.parallel_for_decode``: long contexts), and every prefill or mixed step
 run eagerly.
 
-Measured on the default model (SmolLM2-135M Q4_1, bf16, 2-core EPYC; 64 greedy tokens per row),
-offline tok/s eager -> compiled: batch 1 75.8 -> 94.1, batch 8 185.4 -> 244.1, batch 32
-444.6 -> 547.0. A warm start-up loads a bucket in ~3 s, so buckets stop at 32 to keep a second
-start-up under 30 s.
+Measured on the default model (SmolLM2-135M Q4_1, bf16; ``benches/throughput.py
+--max-tokens 64 --compile both --repeats 3``), offline tok/s eager -> compiled: batch 1
+76.5 -> 95.3 (1.25x), batch 8 208.1 -> 235.4 (1.13x), batch 32 492.5 -> 533.9 (1.08x).
+Larger batches were not measured, hence ``MAX_COMPILED_ROWS``.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 #: Row counts a decode step is padded up to.
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-#: The largest bucket compiled (see the module docstring).
+#: The largest step compiled: the largest batch measured faster compiled (module docstring).
 MAX_COMPILED_ROWS = 32
 #: Where the inductor caches live unless ``TORCHINDUCTOR_CACHE_DIR`` or ``FERROLLM_COMPILE_CACHE``
 #: says otherwise.
@@ -80,8 +83,10 @@ def build_compiled_decode(
     for, warmed up, or None.
 
     "auto" compiles on the CPU (the paged-kernel attention backend) in a dtype other than
-    float32: float32 is the parity mode, where inductor's fused kernels would round differently
-    from transformers. "on" where it cannot run raises EngineConfigError naming ``compile``.
+    float32. float32 is the parity mode, where eager stays the reference: compiled float32
+    matches it (same greedy tokens, logprobs within 1e-4, tested) but not bit for bit, and its
+    speed was not measured. "on" where it cannot run raises EngineConfigError naming
+    ``compile``.
     """
     supported = isinstance(backend, PagedKernelBackend) and kv_cache.device.type == "cpu"
     if mode == "off" or (mode == "auto" and (not supported or dtype == torch.float32)):
@@ -92,15 +97,15 @@ def build_compiled_decode(
             f"`compile` on needs the CPU's paged attention kernel; this device uses {backend.name}",
         )
     max_blocks = -(-max_model_len // kv_cache.block_size)
-    compiled = CompiledDecode(
-        model, kv_cache, backend, max_blocks, min(max_num_seqs, MAX_COMPILED_ROWS)
-    )
+    max_bucket = bucket_for(min(max_num_seqs, MAX_COMPILED_ROWS))
+    assert max_bucket is not None
+    compiled = CompiledDecode(model, kv_cache, backend, max_blocks, max_bucket)
     compiled.warm_up()
     return compiled
 
 
 class CompiledDecode:
-    """Decode steps of up to ``max_bucket`` rows through per-bucket compiled graphs.
+    """Decode steps of up to ``max_bucket`` rows through compiled graphs.
 
     ``backend`` is the runner's attention backend (it must be a ``PagedKernelBackend``: the
     compiled graph calls its kernel); ``max_blocks`` is the widest block table a sequence can
@@ -183,7 +188,7 @@ class CompiledDecode:
                     self.parallel,
                 )
             logger.info(
-                "compiled decode graph for %d rows in %.1f s", bucket, time.perf_counter() - start
+                "decode graph for %d rows ready in %.1f s", bucket, time.perf_counter() - start
             )
 
     def _run_bucket(
@@ -196,14 +201,18 @@ class CompiledDecode:
         block_tables: torch.Tensor,
         parallel: bool,
     ) -> torch.Tensor:
+        cu, rows = self._cu[bucket], self._rows[bucket]
+        # The row count stays symbolic: buckets share graphs (module docstring).
+        for t in (input_ids, positions, slot_mapping, context_lens, block_tables, cu, rows):
+            torch._dynamo.maybe_mark_dynamic(t, 0)
         out: torch.Tensor = self._step(
             input_ids,
             positions,
             slot_mapping,
             context_lens,
             block_tables,
-            self._cu[bucket],
-            self._rows[bucket],
+            cu,
+            rows,
             parallel,
         )
         return out
@@ -255,5 +264,6 @@ def _configure_caches() -> None:
 
     inductor_config.fx_graph_cache = True
     options: Any = torch._dynamo.config
-    # One graph per bucket, all of one function.
-    options.recompile_limit = max(options.recompile_limit, len(BUCKETS) + 1)
+    # A few graphs per engine (module docstring), all of one function: room for several
+    # engines in one process.
+    options.recompile_limit = max(options.recompile_limit, 4 * len(BUCKETS))

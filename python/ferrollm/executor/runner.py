@@ -15,7 +15,6 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from ferrollm.executor.compiled_decode import CompiledDecode
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.prompt_logprobs import PromptTargets, score_prompt_tokens
 from ferrollm.executor.step_extras import EmbeddingOverride, LogitRows, project_rows
@@ -57,6 +56,18 @@ class StepInputs(PagedBatch, Protocol):
     def block_copies(self) -> npt.NDArray[np.int32]: ...
 
 
+class DecodeGraphs(Protocol):
+    """Decode steps run another way (``compiled_decode.CompiledDecode`` has it)."""
+
+    def accepts(self, plan: StepInputs) -> bool:
+        """Whether ``run`` can take ``plan``."""
+        ...
+
+    def run(self, plan: StepInputs) -> torch.Tensor:
+        """The logits of ``plan``'s samples (model dtype); under ``torch.inference_mode()``."""
+        ...
+
+
 class ModelRunner:
     """Runs one model over a paged KV cache, one scheduler step at a time."""
 
@@ -74,9 +85,9 @@ class ModelRunner:
         self.dtype = dtype
         self.backend: AttentionBackend = backend or TorchSDPABackend()
         #: Compiled graphs for decode steps (``set_compiled``); None = every step eager.
-        self.compiled: CompiledDecode | None = None
+        self.compiled: DecodeGraphs | None = None
 
-    def set_compiled(self, compiled: CompiledDecode | None) -> None:
+    def set_compiled(self, compiled: DecodeGraphs | None) -> None:
         """Run the decode steps ``compiled`` accepts through it (None: all eager)."""
         self.compiled = compiled
 
