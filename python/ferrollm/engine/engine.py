@@ -28,6 +28,7 @@ from ferrollm._core import (
 )
 from ferrollm.config import DEFAULT_MAX_BEAM_WIDTH
 from ferrollm.default_model import default_model_path
+from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.engine.outputs import RequestFailure, RequestOutput, RequestTracker, StepInfo
 from ferrollm.engine.prompt_tables import table_digest
 from ferrollm.engine.request import EngineRequest
@@ -45,6 +46,7 @@ from ferrollm.models.config import ModelConfig
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.registry import build_model
 from ferrollm.platforms import get_platform
+from ferrollm.platforms.host import settle_after_load
 from ferrollm.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -150,7 +152,7 @@ class LLMEngine:
             "eager" if compiled is None else f"compiled up to {compiled.max_rows} rows",
         )
         assert config.max_beam_width is not None  # for_platform filled it in
-        return cls(
+        engine = cls(
             tokenizer,
             scheduler,
             runner,
@@ -158,6 +160,9 @@ class LLMEngine:
             model_path=source.path,
             max_beam_width=config.max_beam_width,
         )
+        del source  # the open file (a GGUF's mapping) goes before the heap is trimmed
+        settle_after_load()
+        return engine
 
     def add_request(self, request: EngineRequest) -> None:
         """Queue ``request``.
@@ -306,14 +311,20 @@ def load_model(
     device: torch.device,
     dtype: torch.dtype,
     quantization: str | None = None,
+    parallel: ParallelState = SINGLE,
 ) -> LlamaForCausalLM:
     """Build the model for ``source`` on ``device`` and stream its weights in, one at a time.
 
     ``quantization`` is the linear layers' scheme (None = dense); a quantized file's tensors
-    then arrive quantized and are packed without a float copy of the model.
+    then arrive quantized and are packed without a float copy of the model. ``parallel``
+    builds this rank's shard and reads only its slices of the checkpoint (ValueError naming
+    ``tensor_parallel_size`` when the model or its format cannot split that way).
     """
-    model = build_model(source.config, device, dtype, quantization)
-    model.load_weights(source.iter_weights(dtype, keep_quantized=quantization is not None))
+    model = build_model(source.config, device, dtype, quantization, parallel)
+    weights = source.iter_weights(
+        dtype, keep_quantized=quantization is not None, shard=model.shard_plan()
+    )
+    model.load_weights(weights)
     return model
 
 
