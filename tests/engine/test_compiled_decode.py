@@ -23,10 +23,14 @@ import transformers
 
 from ferrollm import LLM, SamplingParams
 from ferrollm.config import EngineConfig, EngineConfigError
+from ferrollm.distributed.state import ParallelState
 from ferrollm.engine import AsyncEngine, RequestOutput
 from ferrollm.executor.compiled_decode import CompiledDecode, bucket_for, build_compiled_decode
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
+from ferrollm.executor.loader import load_model_source
 from ferrollm.layers.attention import TorchSDPABackend
+from ferrollm.layers.paged_attention import PagedKernelBackend
+from ferrollm.models.llama import LlamaForCausalLM
 
 NUM_NEW_TOKENS = 8
 PROMPTS = ["Hello world", "The quick brown fox jumps over", "def f(x): return x * 2"]
@@ -223,4 +227,12 @@ def test_auto_is_off_in_float32_and_on_needs_the_kernel(model_dir: Path) -> None
     assert build_compiled_decode("off", *args) is None
     with pytest.raises(EngineConfigError, match="paged attention kernel") as bad:
         build_compiled_decode("on", *args)
+    assert bad.value.field == "compile"
+    with torch.device("meta"):
+        config = load_model_source(str(model_dir)).config
+        sharded = LlamaForCausalLM(config, None, ParallelState(0, 2))
+    shard_args = (sharded, cache, PagedKernelBackend(), torch.bfloat16, 64, 4)
+    assert build_compiled_decode("auto", *shard_args) is None
+    with pytest.raises(EngineConfigError, match="tensor parallelism") as bad:
+        build_compiled_decode("on", *shard_args)
     assert bad.value.field == "compile"

@@ -89,13 +89,17 @@ def build_compiled_decode(
     ``compile``.
     """
     supported = isinstance(backend, PagedKernelBackend) and kv_cache.device.type == "cpu"
-    if mode == "off" or (mode == "auto" and (not supported or dtype == torch.float32)):
+    # A tensor-parallel shard's forward holds collectives, which are not compiled here.
+    sharded = getattr(getattr(model, "parallel", None), "world_size", 1) > 1
+    if mode == "off" or (mode == "auto" and (not supported or sharded or dtype == torch.float32)):
         return None
     if not isinstance(backend, PagedKernelBackend) or not supported:
         raise EngineConfigError(
             "compile",
             f"`compile` on needs the CPU's paged attention kernel; this device uses {backend.name}",
         )
+    if sharded:
+        raise EngineConfigError("compile", "`compile` on cannot be used with tensor parallelism")
     max_blocks = -(-max_model_len // kv_cache.block_size)
     max_bucket = bucket_for(min(max_num_seqs, MAX_COMPILED_ROWS))
     assert max_bucket is not None
