@@ -32,6 +32,7 @@ from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.engine.outputs import RequestFailure, RequestOutput, RequestTracker, StepInfo
 from ferrollm.engine.prompt_tables import table_digest
 from ferrollm.engine.request import EngineRequest
+from ferrollm.executor.compiled_decode import build_compiled_decode
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.loader import ModelSource, load_model_source
 from ferrollm.executor.runner import ModelRunner
@@ -126,11 +127,21 @@ class LLMEngine:
         )
         kv_cache = KVCache(spec, kv_plan.num_blocks, platform.device)
         runner = ModelRunner(model, kv_cache, platform.device, dtype, platform.attention_backend())
+        compiled = build_compiled_decode(
+            config.compile,
+            model,
+            kv_cache,
+            runner.backend,
+            dtype,
+            kv_plan.max_model_len,
+            config.max_num_seqs,
+        )
+        runner.set_compiled(compiled)
         tokenizer = Tokenizer.from_source(source)
         scheduler = _build_scheduler(config, kv_plan, source.config, tokenizer)
         logger.info(
             "engine ready: model %s on %s in %s, weights %s; %d KV blocks of %d tokens, "
-            "max_model_len %d",
+            "max_model_len %d; decode %s",
             source.path,
             platform.name,
             str(dtype).removeprefix("torch."),
@@ -138,6 +149,7 @@ class LLMEngine:
             kv_plan.num_blocks,
             config.block_size,
             kv_plan.max_model_len,
+            "eager" if compiled is None else f"compiled up to {compiled.max_rows} rows",
         )
         assert config.max_beam_width is not None  # for_platform filled it in
         engine = cls(
