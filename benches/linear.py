@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ferrollm.layers.linear import prepack_dense
+from ferrollm.layers.linear import onednn_linear, prepack_dense
 from ferrollm.layers.quant import QuantizedWeight, quantize_rtn
 
 #: (name, K = in features, N = out features) of SmolLM2-135M's matmuls.
@@ -38,11 +38,6 @@ SHAPES = (
     ("down", 1536, 576),
     ("lm_head", 576, 49152),
 )
-
-
-def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-    return out
 
 
 def best_time(fn: Callable[[], object], repeats: int) -> float:
@@ -83,7 +78,11 @@ def main() -> None:
             weights["bf16"] = (lambda x, wb=wb: F.linear(x, wb), wb.nbytes, torch.bfloat16)
             pk = prepack_dense(wb)
             if pk is not None:
-                weights["bf16pk"] = (lambda x, pk=pk: packed_linear(x, pk), wb.nbytes, wb.dtype)
+                weights["bf16pk"] = (
+                    lambda x, pk=pk: onednn_linear(x, pk, None),
+                    wb.nbytes,
+                    wb.dtype,
+                )
             for scheme in ("int8", "int4"):
                 packed = QuantizedWeight.from_group(quantize_rtn(w, scheme), scheme, torch.bfloat16)
                 weights[scheme] = (packed.matmul, packed.nbytes, torch.bfloat16)
