@@ -10,9 +10,11 @@ chunks, hits the prefix cache and is preempted.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +25,7 @@ import pytest
 from ferrollm import LLM, SamplingParams
 from ferrollm.config import EngineConfig, EngineConfigError
 from ferrollm.distributed.launch import GroupError
-from ferrollm.engine import EngineRequest, RequestOutput
+from ferrollm.engine import EngineRequest, RequestOutput, StepError
 
 TIMEOUT_S = 30
 #: Chunked prefill (8 tokens a step), 4 seats, and 16 blocks of 4 tokens: the batch below
@@ -308,3 +310,28 @@ def test_the_plan_broadcast_rebuilds_every_column_and_extra_on_a_worker(
     np.testing.assert_array_equal(got["0.embed_rows"], embeds.rows.numpy())
     assert "1.targets" not in got and "1.keep" not in got and "1.embed_rows" not in got
     assert int(got["2.op"]) == Op.SHUTDOWN
+
+
+def test_a_hung_worker_fails_the_engine_within_the_timeout(model_dir: Path) -> None:
+    options = {**BUSY, "max_model_len": 256, "kv_cache_memory": "1MiB"}
+    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    llm = LLM(model_dir, tensor_parallel_size=2, distributed_timeout=2, **options)
+    (worker,) = llm.engine.driver.workers.processes.values()  # type: ignore[union-attr]
+    try:
+        worker.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(StepError, match=r"did not answer within 2 s"):
+            _generate_until(llm, long, started + TIMEOUT_S)
+        assert time.monotonic() - started < 10
+        assert worker.wait(TIMEOUT_S) == -signal.SIGKILL  # the broken group's workers are ended
+        with pytest.raises(StepError, match="did not answer"):  # and the engine stays failed
+            llm.generate(PROMPTS[:1], long)
+    finally:
+        worker.kill()
+        llm.shutdown()
+
+
+def _generate_until(llm: LLM, params: SamplingParams, deadline: float) -> None:
+    """Generate again and again until a call raises or ``deadline`` passes."""
+    while time.monotonic() < deadline:
+        llm.generate(PROMPTS[:1], params)

@@ -3,7 +3,7 @@
 `start_driver(config, platform)` forms the group (spawning the workers on one node) and returns
 a `Driver`, or None for ``tensor_parallel_size`` 1. Its `DriverRunner` broadcasts each step to
 the workers before running it itself. A heartbeat thread polls the spawned workers' processes
-(every ``POLL_S``) and, while no step has run for ``PING_S``, pings the group (a broadcast and
+(every ``POLL_S``) and every ``PING_S`` pings the group (a broadcast and
 a one-element all-reduce), so a worker that dies or hangs is noticed between steps too, and the
 workers' receive never waits past the timeout. The first fault is kept in ``Driver.fault``
 (naming the rank), every later step fails with it at once, the remaining workers are killed,
@@ -46,7 +46,7 @@ logger = logging.getLogger("ferrollm.distributed")
 
 #: Seconds between polls of the spawned workers' processes.
 POLL_S = 0.2
-#: Seconds without a step after which the group is pinged (capped at a quarter of the timeout).
+#: Seconds between pings of the group (at most a quarter of the timeout).
 PING_S = 5.0
 
 
@@ -129,17 +129,14 @@ class Driver(GroupMember):
                 return
 
     def ping(self) -> None:
-        """Ping the group if no step ran since the last ping; raises on a failed collective."""
+        """Ping the group (every rank answers); raises on a failed collective. Steps do not
+        count as pings: a step need not wait for every rank."""
         with self.lock:
             if self.fault is not None or self._closed:
                 return
             self.channel.send_op(Op.PING)
             self.channel.answer_ping()
             self._last_ping = time.monotonic()
-
-    def stepped(self) -> None:
-        """A step went through every rank (it counts as a ping)."""
-        self._last_ping = time.monotonic()
 
     def shutdown(self) -> None:
         """Tell the workers to exit, wait for them, and leave the group (idempotent)."""
@@ -194,7 +191,6 @@ class DriverRunner(ModelRunner):
                 # The workers ran (or wait in) the same step's collectives: once rank 0 fails
                 # mid-step they cannot be brought back in line, so the group is done.
                 raise driver.fail(e) from e
-        driver.stepped()
         return logits
 
 
