@@ -29,7 +29,9 @@ from ferrollm.distributed.launch import (
     Workers,
     connect_store,
     init_group,
+    ranks_on_this_node,
     report_failure,
+    share_cpu_threads,
     timeout_of,
     wait_for_checkins,
 )
@@ -225,6 +227,8 @@ def start_driver(config: EngineConfig, platform: Platform) -> Driver | None:
         report_failure(store, 0, e)
         workers.kill()
         raise
+    if platform.name == "cpu":
+        share_cpu_threads(ranks_on_this_node(env, spawned=bool(workers.processes)))
     device = torch.device("cpu") if platform.dist_backend == "gloo" else platform.device
     member = GroupMember(
         parallel, store, Channel(parallel, device), timeout, options_fingerprint(config)

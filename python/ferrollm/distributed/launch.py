@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 # The store types (torch.distributed re-exports them without declaring it to type checkers).
@@ -142,6 +143,24 @@ def init_group(env: LauncherEnv, store: Store, backend: str, timeout: float) -> 
         timeout=timedelta(seconds=timeout),
     )
     return ParallelState(env.rank, env.world_size, dist.group.WORLD)
+
+
+def share_cpu_threads(ranks_here: int) -> None:
+    """On CPU, give each of the ``ranks_here`` ranks of this node its share of the cores (each
+    would otherwise start a thread per core), unless OMP_NUM_THREADS says otherwise."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    threads = max(1, (os.cpu_count() or 1) // ranks_here)
+    torch.set_num_threads(threads)
+    logger.info("CPU tensor parallelism: %d torch threads for this rank", threads)
+
+
+def ranks_on_this_node(env: LauncherEnv, spawned: bool) -> int:
+    """All ranks when rank 0 spawned them here; else the launcher's ``LOCAL_WORLD_SIZE``."""
+    if spawned:
+        return env.world_size
+    local = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    return int(local) if local.isdigit() and int(local) > 0 else 1
 
 
 def report_failure(store: Store, rank: int, cause: BaseException | str) -> None:

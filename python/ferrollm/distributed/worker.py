@@ -36,7 +36,9 @@ from ferrollm.distributed.launch import (
     LauncherEnv,
     connect_store,
     init_group,
+    ranks_on_this_node,
     report_failure,
+    share_cpu_threads,
     timeout_of,
 )
 from ferrollm.distributed.protocol import Channel, Op
@@ -74,7 +76,7 @@ def run_worker(load_config: Callable[[], EngineConfig], *, spawned: bool = False
         return EXIT_GROUP_BROKEN
     store.set(f"hello/{env.rank}", "1")
     try:
-        return _serve(config, env, store, timeout)
+        return _serve(config, env, store, timeout, spawned)
     except GroupError as e:
         logger.error("tensor-parallel rank %d: %s", env.rank, e)
     except Exception as e:
@@ -84,13 +86,17 @@ def run_worker(load_config: Callable[[], EngineConfig], *, spawned: bool = False
     return EXIT_GROUP_BROKEN
 
 
-def _serve(config: EngineConfig, env: LauncherEnv, store: Any, timeout: float) -> int:
+def _serve(
+    config: EngineConfig, env: LauncherEnv, store: Any, timeout: float, spawned: bool
+) -> int:
     from ferrollm.engine.engine import build_runner
     from ferrollm.executor.loader import load_model_source
     from ferrollm.platforms import get_platform
 
     platform = get_platform(config.device)
     parallel = init_group(env, store, platform.dist_backend, timeout)
+    if platform.name == "cpu":
+        share_cpu_threads(ranks_on_this_node(env, spawned))
     device = torch.device("cpu") if platform.dist_backend == "gloo" else platform.device
     channel = Channel(parallel, device)
     member = GroupMember(parallel, store, channel, timeout, options_fingerprint(config))
