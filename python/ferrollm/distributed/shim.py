@@ -13,6 +13,7 @@ import torch
 from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.executor.loader import ModelSource
 from ferrollm.models.llama import LlamaForCausalLM
+from ferrollm.models.registry import build_model
 
 
 def load_model(
@@ -22,8 +23,9 @@ def load_model(
     quantization: str | None = None,
     parallel: ParallelState = SINGLE,
 ) -> LlamaForCausalLM:
-    """The whole model on every rank (``parallel`` is not used yet)."""
+    """The whole model on every rank (``parallel`` is not used yet), as
+    ``ferrollm.engine.engine.load_model`` builds it (not imported: the engine imports this)."""
     # TP-SHIM: replaced by the sharded load_model at merge
-    from ferrollm.engine.engine import load_model as load_replicated
-
-    return load_replicated(source, device, dtype, quantization)
+    model = build_model(source.config, device, dtype, quantization)
+    model.load_weights(source.iter_weights(dtype, keep_quantized=quantization is not None))
+    return model
