@@ -31,6 +31,7 @@ from ferrollm.distributed.launch import (
     init_group,
     ranks_on_this_node,
     report_failure,
+    select_device,
     share_cpu_threads,
     timeout_of,
     wait_for_checkins,
@@ -221,6 +222,7 @@ def start_driver(config: EngineConfig, platform: Platform) -> Driver | None:
         env = LauncherEnv("127.0.0.1", store.port, config.tensor_parallel_size, 0)
         workers = Workers.spawn(config, env)
     try:
+        select_device(platform, env, spawned=bool(workers.processes))
         wait_for_checkins(store, env.world_size, workers, timeout)
         parallel = init_group(env, store, platform.dist_backend, timeout)
     except BaseException as e:

@@ -41,6 +41,7 @@ from torch._C._distributed_c10d import Store, TCPStore
 
 from ferrollm.config import EngineConfig
 from ferrollm.distributed.state import ParallelState
+from ferrollm.platforms import Platform
 
 logger = logging.getLogger("ferrollm.distributed")
 
@@ -143,6 +144,14 @@ def init_group(env: LauncherEnv, store: Store, backend: str, timeout: float) -> 
         timeout=timedelta(seconds=timeout),
     )
     return ParallelState(env.rank, env.world_size, dist.group.WORLD)
+
+
+def select_device(platform: Platform, env: LauncherEnv, spawned: bool) -> None:
+    """Make this rank's accelerator the current device (``cuda``/``npu`` without an index then
+    means it): the rank on one node, ``LOCAL_RANK`` on several. Call before loading anything.
+    NOT RUN with more than one GPU or on any NPU (none was available)."""
+    local = str(env.rank) if spawned else os.environ.get("LOCAL_RANK", "0")
+    platform.set_device(int(local) if local.isdigit() else 0)
 
 
 def share_cpu_threads(ranks_here: int) -> None:

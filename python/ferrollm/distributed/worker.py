@@ -38,11 +38,13 @@ from ferrollm.distributed.launch import (
     init_group,
     ranks_on_this_node,
     report_failure,
+    select_device,
     share_cpu_threads,
     timeout_of,
 )
 from ferrollm.distributed.protocol import Channel, Op
 from ferrollm.distributed.startup import GroupMember, options_fingerprint
+from ferrollm.platforms import Platform, get_platform
 
 logger = logging.getLogger("ferrollm.distributed")
 
@@ -74,9 +76,16 @@ def run_worker(load_config: Callable[[], EngineConfig], *, spawned: bool = False
         logger.error("tensor-parallel rank %d cannot start: %s", env.rank, error)
         report_failure(store, env.rank, error or "no engine options")
         return EXIT_GROUP_BROKEN
+    try:
+        platform = get_platform(config.device)
+        select_device(platform, env, spawned)
+    except Exception as e:  # no such device here: reported before the group forms
+        logger.error("tensor-parallel rank %d cannot start: %s", env.rank, e)
+        report_failure(store, env.rank, e)
+        return EXIT_GROUP_BROKEN
     store.set(f"hello/{env.rank}", "1")
     try:
-        return _serve(config, env, store, timeout, spawned)
+        return _serve(config, platform, env, store, timeout, spawned)
     except GroupError as e:
         logger.error("tensor-parallel rank %d: %s", env.rank, e)
     except Exception as e:
@@ -87,13 +96,16 @@ def run_worker(load_config: Callable[[], EngineConfig], *, spawned: bool = False
 
 
 def _serve(
-    config: EngineConfig, env: LauncherEnv, store: Any, timeout: float, spawned: bool
+    config: EngineConfig,
+    platform: Platform,
+    env: LauncherEnv,
+    store: Any,
+    timeout: float,
+    spawned: bool,
 ) -> int:
     from ferrollm.engine.engine import build_runner
     from ferrollm.executor.loader import load_model_source
-    from ferrollm.platforms import get_platform
 
-    platform = get_platform(config.device)
     parallel = init_group(env, store, platform.dist_backend, timeout)
     if platform.name == "cpu":
         share_cpu_threads(ranks_on_this_node(env, spawned))
