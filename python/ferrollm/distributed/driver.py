@@ -66,6 +66,7 @@ class Driver(GroupMember):
         self.on_fault: Callable[[GroupError], None] = lambda error: None
         #: Held for a whole step or ping: the group's collectives must not interleave.
         self.lock = threading.Lock()
+        self._fault_lock = threading.Lock()
         self._last_ping = time.monotonic()
         self._stopping = threading.Event()
         self._heartbeat = threading.Thread(
@@ -95,15 +96,16 @@ class Driver(GroupMember):
 
     def fail(self, error: BaseException) -> GroupError:
         """Record the group's fault (the first one wins), kill the workers, tell the owner."""
-        with contextlib.suppress(GroupError):
-            self._check_workers()  # a dead worker is the better explanation of a failed collective
-        if self.fault is None:
+        with self._fault_lock:  # the heartbeat and the engine thread may both find it
+            if self.fault is not None:
+                return self.fault
             fault = error if isinstance(error, GroupError) else self._explain(error)
             self.fault = fault
-            logger.critical("the tensor-parallel group failed: %s", fault)
-            self.workers.kill()
-            self.on_fault(fault)
-        return self.fault
+        logger.critical("the tensor-parallel group failed: %s", fault)
+        self._stopping.set()
+        self.workers.kill()
+        self.on_fault(fault)
+        return fault
 
     def _explain(self, error: BaseException) -> GroupError:
         try:
@@ -146,11 +148,16 @@ class Driver(GroupMember):
         if self._closed:
             return
         self._stopping.set()
-        with self.lock:
+        # Bounded: at exit a step may still hold the lock on a thread that will never finish.
+        locked = self.lock.acquire(timeout=self.timeout)
+        try:
             self._closed = True
-            if self.fault is None:
+            if self.fault is None and locked:
                 with contextlib.suppress(Exception):
                     self.channel.send_op(Op.SHUTDOWN)
+        finally:
+            if locked:
+                self.lock.release()
         self.workers.stop(timeout=min(10.0, self.timeout))
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
