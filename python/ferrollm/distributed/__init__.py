@@ -1,7 +1,3 @@
-"""Tensor parallelism over torch.distributed: one model split across several processes.
-
-Rank 0 owns the scheduler, the tokenizer and the HTTP server; the other ranks run the worker
-loop (``ferrollm.distributed.worker``), each holding its shard of the model and of the paged KV
-cache. Every step rank 0 broadcasts the plan's columns and all ranks run the same forward, so
-the collectives inside the model line up; only rank 0 samples.
-"""
+"""Tensor parallelism over torch.distributed: a process's place in the group (`state`), the
+collectives the sharded model calls (`collectives`) and which slice of each checkpoint tensor a
+rank reads (`shard_plan`). Modules are imported by their full path; nothing is re-exported."""

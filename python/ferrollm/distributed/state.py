@@ -1,4 +1,4 @@
-"""`ParallelState`: this process's place in a tensor-parallel group."""
+"""This process's place in a tensor-parallel group, passed to everything that shards."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ class ParallelState:
 
     rank: int = 0
     world_size: int = 1
-    group: "torch.distributed.ProcessGroup | None" = None  # None when world_size == 1  # noqa: UP037
+    group: torch.distributed.ProcessGroup | None = None  # None when world_size == 1
 
     @property
     def is_driver(self) -> bool:
+        """Rank 0: the process that owns the scheduler and samples."""
         return self.rank == 0
 
 
+#: One process, no group: the unsharded model.
 SINGLE = ParallelState()
