@@ -1,4 +1,4 @@
-"""Tensor parallelism runtime offline, on CPU over gloo: ``LLM(tensor_parallel_size=2)`` against TP=1.
+"""The tensor-parallel runtime offline (CPU, gloo): ``LLM(tensor_parallel_size=2)`` vs TP=1.
 
 Rank 0 is this process; its worker is spawned (one node) or started separately with torch's
 launcher environment (the two-"node" run). Every run is bounded: the group's collectives time
