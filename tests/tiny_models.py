@@ -106,12 +106,14 @@ def build_tiny_model(
     max_shard_size: str | None = None,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
+    sizes: dict[str, Any] | None = None,
 ) -> Path:
-    """Save a seeded random ``family`` model (and the tiny tokenizer) to ``directory``."""
+    """Save a seeded random ``family`` model (and the tiny tokenizer) to ``directory``;
+    ``sizes`` overrides `TINY_SIZES` (head counts that divide by 3, say)."""
     import transformers
 
     class_name, overrides = TINY_FAMILIES[family]
-    config = getattr(transformers, class_name)(**{**TINY_SIZES, **overrides})
+    config = getattr(transformers, class_name)(**{**TINY_SIZES, **(sizes or {}), **overrides})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
     _randomize(model, seed)

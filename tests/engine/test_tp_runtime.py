@@ -39,6 +39,8 @@ BUSY = {
     "kv_cache_memory": 16 * 2048,
     "max_model_len": 48,
 }
+#: The same 16 blocks at TP=2: each rank stores half the KV heads, so half the bytes.
+BUSY_TP2 = {**BUSY, "kv_cache_memory": 8 * 2048}
 PREFIX = [5, 17, 29, 41, 53, 65, 77, 89, 101, 113, 125, 137]
 PROMPTS = [[*PREFIX, 7 * i + 3, 11 * i + 2, 200 + i] for i in range(5)] + [[9, 8, 7, 6, 5]]
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
@@ -87,7 +89,7 @@ def free_port() -> int:
 def test_tp2_equals_tp1_with_chunked_prefill_prefix_hits_and_preemption(
     model_dir: Path, expected: list[RequestOutput]
 ) -> None:
-    with LLM(model_dir, tensor_parallel_size=2, distributed_timeout=TIMEOUT_S, **BUSY) as llm:
+    with LLM(model_dir, tensor_parallel_size=2, distributed_timeout=TIMEOUT_S, **BUSY_TP2) as llm:
         workers = llm.engine.driver.workers.processes  # type: ignore[union-attr]
         assert list(workers) == [1]
         ours = llm.generate(PROMPTS, GREEDY) + llm.generate(PROMPTS[:2], SCORED)
@@ -136,7 +138,7 @@ def _launch_rank1(model_dir: Path, port: int, *flags: str) -> subprocess.Popen[b
         "WORLD_SIZE": "2",
         "RANK": "1",
     }
-    options = [f"--{k.replace('_', '-')}={v}" for k, v in BUSY.items()]
+    options = [f"--{k.replace('_', '-')}={v}" for k, v in BUSY_TP2.items()]
     command = [sys.executable, "-m", "ferrollm", "serve", str(model_dir), *options]
     command += ["--tensor-parallel-size", "2", "--distributed-timeout", str(TIMEOUT_S)]
     return subprocess.Popen([*command, *flags], stdin=subprocess.DEVNULL, env=env)
@@ -161,7 +163,9 @@ def test_two_launcher_placed_nodes_reach_the_same_output(
 ) -> None:
     rank1 = _launch_rank1(model_dir, launcher_env)
     try:
-        with LLM(model_dir, tensor_parallel_size=2, distributed_timeout=TIMEOUT_S, **BUSY) as llm:
+        with LLM(
+            model_dir, tensor_parallel_size=2, distributed_timeout=TIMEOUT_S, **BUSY_TP2
+        ) as llm:
             assert llm.engine.driver.workers.processes == {}  # type: ignore[union-attr]
             ours = llm.generate(PROMPTS, GREEDY) + llm.generate(PROMPTS[:2], SCORED)
         assert rank1.wait(TIMEOUT_S) == 0
@@ -177,7 +181,7 @@ def test_a_worker_with_a_bad_option_is_reported_with_its_rank(
     rank1 = _launch_rank1(model_dir, launcher_env, "--block-size", "0")
     try:
         with pytest.raises(GroupError, match=r"rank 1 failed to start: .*block_size"):
-            LLM(model_dir, tensor_parallel_size=2, distributed_timeout=TIMEOUT_S, **BUSY)
+            LLM(model_dir, tensor_parallel_size=2, distributed_timeout=TIMEOUT_S, **BUSY_TP2)
         assert rank1.wait(TIMEOUT_S) != 0
     finally:
         rank1.kill()

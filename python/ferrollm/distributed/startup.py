@@ -25,7 +25,11 @@ from ferrollm.config import EngineConfig
 from ferrollm.distributed.launch import GroupError, failure_of, report_failure
 from ferrollm.distributed.protocol import Channel
 from ferrollm.distributed.state import ParallelState
+from ferrollm.distributed.worker_runner import WorkerRunner
+from ferrollm.executor.kv_cache import KVCache
+from ferrollm.executor.runner import CausalLM, ModelRunner
 from ferrollm.executor.sizing import KVCachePlan
+from ferrollm.layers.attention import AttentionBackend
 
 #: Options every rank must share (the model path may differ between nodes).
 _SHARED_OPTIONS = (
@@ -65,6 +69,17 @@ class GroupMember:
     fingerprint: int
     #: Raises GroupError if a rank is known to be dead (rank 0 polls its spawned workers).
     watch: Callable[[], None] = field(default=_no_check)
+
+    def make_runner(
+        self,
+        model: CausalLM,
+        kv_cache: KVCache,
+        device: torch.device,
+        dtype: torch.dtype,
+        backend: AttentionBackend | None = None,
+    ) -> ModelRunner:
+        """A worker's runner: the same collective calls as rank 0's, nothing sampled."""
+        return WorkerRunner(model, kv_cache, device, dtype, backend)
 
     def fail_startup(self, error: BaseException) -> None:
         """This rank could not load: report ``error`` and join the agreement so that no

@@ -30,6 +30,7 @@ from ferrollm.models.bert import ENCODER_TYPES, BertModel, load_bert
 from ferrollm.models.config import UnsupportedModelError
 from ferrollm.models.pooling import POOLING_MODES, EmbedSpec, pool, read_sentence_transformers
 from ferrollm.platforms import get_platform
+from ferrollm.platforms.host import settle_after_load
 
 #: Token budget of one step when none is given.
 DEFAULT_EMBED_BATCHED_TOKENS = 8192
@@ -130,6 +131,7 @@ class Embedder:
             model = DecoderEncoder(encoder_dir, platform, torch_dtype)
         tokenizer = EmbedTokenizer((encoder_dir / "tokenizer.json").read_text())
         budget = max_num_batched_tokens or DEFAULT_EMBED_BATCHED_TOKENS
+        settle_after_load()  # batches may run on another thread (the server's embedder)
         return cls(model, tokenizer, spec, platform.device, budget, max_num_seqs, root)
 
     @property

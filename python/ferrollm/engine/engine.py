@@ -31,9 +31,8 @@ from ferrollm._core import (
 from ferrollm.config import DEFAULT_MAX_BEAM_WIDTH
 from ferrollm.default_model import default_model_path
 from ferrollm.distributed.driver import Driver, start_driver
-from ferrollm.distributed.shim import load_model as load_sharded
 from ferrollm.distributed.startup import GroupMember
-from ferrollm.distributed.state import SINGLE
+from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.engine.outputs import RequestFailure, RequestOutput, RequestTracker, StepInfo
 from ferrollm.engine.prompt_tables import table_digest
 from ferrollm.engine.request import EngineRequest
@@ -50,6 +49,7 @@ from ferrollm.models.config import ModelConfig
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.registry import build_model
 from ferrollm.platforms import Platform, get_platform
+from ferrollm.platforms.host import settle_after_load
 from ferrollm.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -144,6 +144,8 @@ class LLMEngine:
             max_beam_width=config.max_beam_width,
         )
         engine.driver = driver
+        del source  # the open file (a GGUF's mapping) goes before the heap is trimmed
+        settle_after_load()
         return engine
 
     @property
@@ -308,14 +310,20 @@ def load_model(
     device: torch.device,
     dtype: torch.dtype,
     quantization: str | None = None,
+    parallel: ParallelState = SINGLE,
 ) -> LlamaForCausalLM:
     """Build the model for ``source`` on ``device`` and stream its weights in, one at a time.
 
     ``quantization`` is the linear layers' scheme (None = dense); a quantized file's tensors
-    then arrive quantized and are packed without a float copy of the model.
+    then arrive quantized and are packed without a float copy of the model. ``parallel``
+    builds this rank's shard and reads only its slices of the checkpoint (ValueError naming
+    ``tensor_parallel_size`` when the model or its format cannot split that way).
     """
-    model = build_model(source.config, device, dtype, quantization)
-    model.load_weights(source.iter_weights(dtype, keep_quantized=quantization is not None))
+    model = build_model(source.config, device, dtype, quantization, parallel)
+    weights = source.iter_weights(
+        dtype, keep_quantized=quantization is not None, shard=model.shard_plan()
+    )
+    model.load_weights(weights)
     return model
 
 
@@ -352,11 +360,10 @@ def build_runner(
             if config.kv_cache_dtype == "auto"
             else resolve_dtype(platform, config.kv_cache_dtype, "kv_cache_dtype")
         )
-        model = load_sharded(source, platform.device, dtype, quantization, parallel=parallel)
+        model = load_model(source, platform.device, dtype, quantization, parallel=parallel)
         spec = KVCacheSpec(
             source.config.num_hidden_layers,
-            # TP-SHIM: `model.num_local_kv_heads` once the sharded model is merged.
-            getattr(model, "num_local_kv_heads", source.config.num_key_value_heads),
+            model.num_local_kv_heads,
             source.config.head_dim,
             config.block_size,
             kv_dtype,
@@ -371,7 +378,7 @@ def build_runner(
     if group is not None:
         kv_plan = group.agree(kv_plan)
     kv_cache = KVCache(spec, kv_plan.num_blocks, platform.device)
-    make_runner = ModelRunner if not isinstance(group, Driver) else group.make_runner
+    make_runner = ModelRunner if group is None else group.make_runner
     runner = make_runner(model, kv_cache, platform.device, dtype, platform.attention_backend())
     return BuiltRunner(runner, kv_plan, quantization)
 

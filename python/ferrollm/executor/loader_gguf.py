@@ -16,8 +16,9 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from ferrollm.distributed.shard_plan import WHOLE, ShardPlan
 from ferrollm.executor.gguf_quant import GGML_TYPE_NAMES, decode_blocks
-from ferrollm.executor.gguf_reader import GGUFFile
+from ferrollm.executor.gguf_reader import GGUFFile, GGUFTensor
 from ferrollm.executor.gguf_tokenizer import add_bos_token, build_tokenizer_json, special_token
 from ferrollm.executor.source import ModelSource, SpecialTokens, progress_bar
 from ferrollm.layers.linear import Weight
@@ -93,9 +94,12 @@ class GGUFCheckpoint(ModelSource):
         )
 
     def iter_weights(
-        self, dtype: torch.dtype, keep_quantized: bool = False
+        self, dtype: torch.dtype, keep_quantized: bool = False, shard: ShardPlan = WHOLE
     ) -> Iterator[tuple[str, Weight]]:
         """See `ModelSource.iter_weights`.
+
+        A slice reads only its bytes of the memory map (`_sliced`): a row range is one
+        contiguous run of blocks, a column range a run of blocks in every row.
 
         Dense: each tensor is dequantized to float32, then cast. ``keep_quantized``: Q4_0,
         Q4_1 and Q8_0 matrices come as their own blocks (`gguf_quant.decode_blocks`); other
@@ -115,13 +119,16 @@ class GGUFCheckpoint(ModelSource):
                 name = hf_tensor_name(tensor.name)
                 if name is None:  # known and unused (warned about at open where it matters)
                     continue
-                data = self._file.data(tensor)
                 kind = GGMLQuantizationType(tensor.ggml_type)
+                data, columns = self._sliced(tensor, name, shard, keep_quantized)
+                self.num_bytes_read += data.nbytes
                 if keep_quantized and tensor.ggml_type in GGML_TYPE_NAMES:
-                    yield name, self._unpermuted(tensor.name, decode_blocks(data, tensor.ggml_type))
+                    yield name, self._unpermuted(tensor, decode_blocks(data, tensor.ggml_type))
                     continue
                 array = dequantize(data, kind)
-                array = self._unpermuted(tensor.name, array)
+                if columns is not None:
+                    array = array[:, columns]
+                array = self._unpermuted(tensor, array)
                 if not array.flags.writeable:  # F32 comes back as a view of the memory map
                     array = array.copy()
                 weight = torch.from_numpy(array)
@@ -139,16 +146,47 @@ class GGUFCheckpoint(ModelSource):
                 scheme,
             )
 
-    def _unpermuted(self, gguf_name: str, array: _Rows) -> _Rows:
+    def _sliced(
+        self, tensor: GGUFTensor, name: str, shard: ShardPlan, keep_quantized: bool
+    ) -> tuple[np.ndarray[Any, Any], slice | None]:
+        """``tensor``'s bytes for ``shard``'s slice of it, and the columns to keep of their
+        dequantization (None: all) when the slice starts or ends inside a block."""
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        data = self._file.data(tensor)
+        part = shard.slice_of(name)
+        if part is None:
+            return data, None
+        if part.dim == 0:
+            return data[part.start : part.stop], None
+        if data.shape == tensor.shape:  # plain floats: one element per value
+            return data[:, part.start : part.stop], None
+        kind = GGMLQuantizationType(tensor.ggml_type)
+        block, block_bytes = GGML_QUANT_SIZES[kind]
+        first, last = part.start // block, -(-part.stop // block)
+        columns: slice | None = None
+        if part.start % block != 0 or part.stop % block != 0:
+            columns = slice(part.start - first * block, part.stop - first * block)
+        if columns is not None and keep_quantized and tensor.ggml_type in GGML_TYPE_NAMES:
+            raise shard.refusal(
+                name,
+                f"rank {shard.rank}'s input columns [{part.start}, {part.stop}) cut through "
+                f"its {kind.name} blocks of {block} values",
+            )
+        return np.ascontiguousarray(data[:, first * block_bytes : last * block_bytes]), columns
+
+    def _unpermuted(self, tensor: GGUFTensor, array: _Rows) -> _Rows:
         # llama.cpp's converter interleaves the rotary halves of Llama's q/k rows (it uses
         # GPT-J-style rope there); transformers uses NeoX-style halves, so undo it. Qwen files
-        # are written unpermuted.
+        # are written unpermuted. The interleave stays within each head, so a slice of whole
+        # heads undoes it with its own head count.
         if self.config.model_type != "llama":
             return array
-        if ".attn_q." in gguf_name:
-            return _reverse_permute(array, self.config.num_attention_heads)
-        if ".attn_k." in gguf_name:
-            return _reverse_permute(array, self.config.num_key_value_heads)
+        share = array.shape[0] / tensor.shape[0]
+        if ".attn_q." in tensor.name:
+            return _reverse_permute(array, round(self.config.num_attention_heads * share))
+        if ".attn_k." in tensor.name:
+            return _reverse_permute(array, round(self.config.num_key_value_heads * share))
         return array
 
 

@@ -11,6 +11,7 @@ import torch
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
+from ferrollm.distributed.shard_plan import WHOLE, ShardPlan
 from ferrollm.executor.source import ModelSource, SpecialTokens, progress_bar
 from ferrollm.layers.linear import Weight
 from ferrollm.models.config import ModelConfig
@@ -46,26 +47,39 @@ class HFCheckpoint(ModelSource):
         )
 
     def iter_weights(
-        self, dtype: torch.dtype, keep_quantized: bool = False
+        self, dtype: torch.dtype, keep_quantized: bool = False, shard: ShardPlan = WHOLE
     ) -> Iterator[tuple[str, Weight]]:
         """See `ModelSource.iter_weights`; shards are opened one after another (safetensors
-        checkpoints are dense, so ``keep_quantized`` changes nothing)."""
+        checkpoints are dense, so ``keep_quantized`` changes nothing), and a sliced tensor is
+        read through ``get_slice``, which reads only the slice's bytes."""
         names_by_shard: dict[str, list[str]] = {}
-        for name, shard in self.weight_map.items():
-            names_by_shard.setdefault(shard, []).append(name)
+        for name, file_name in self.weight_map.items():
+            names_by_shard.setdefault(file_name, []).append(name)
         with progress_bar(len(self.weight_map), "Loading weights") as tick:
-            for shard, names in names_by_shard.items():
-                with safe_open(str(self.path / shard), framework="pt") as f:
+            for file_name, names in names_by_shard.items():
+                with safe_open(str(self.path / file_name), framework="pt") as f:
                     for name in names:
                         tick()
                         if not self._skipped(name):
-                            yield name, f.get_tensor(name).to(dtype)
+                            tensor = _read(f, name, shard)
+                            self.num_bytes_read += tensor.nbytes
+                            yield name, tensor.to(dtype)
 
     def _skipped(self, name: str) -> bool:
         # Rotary tables are recomputed; a tied head would be a second copy of the embeddings.
         if name.endswith("rotary_emb.inv_freq"):
             return True
         return self.config.tie_word_embeddings and name == "lm_head.weight"
+
+
+def _read(file: Any, name: str, shard: ShardPlan) -> torch.Tensor:
+    part = shard.slice_of(name)
+    if part is None:
+        return file.get_tensor(name)  # type: ignore[no-any-return]
+    sliced = file.get_slice(name)
+    if part.dim == 0:
+        return sliced[part.start : part.stop]  # type: ignore[no-any-return]
+    return sliced[:, part.start : part.stop]  # type: ignore[no-any-return]
 
 
 def _read_json(path: Path, missing_ok: bool = False) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ferrollm.distributed.shard_plan import WHOLE, ShardPlan
 from ferrollm.models.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -58,6 +59,8 @@ class ModelSource(abc.ABC):
         self.tokenizer_json = tokenizer_json
         self.chat_template = chat_template
         self.special_tokens = special_tokens
+        #: Bytes of tensor data read from the file so far (what a shard plan saves shows here).
+        self.num_bytes_read = 0
 
     @property
     def is_quantized(self) -> bool:
@@ -66,7 +69,7 @@ class ModelSource(abc.ABC):
 
     @abc.abstractmethod
     def iter_weights(
-        self, dtype: torch.dtype, keep_quantized: bool = False
+        self, dtype: torch.dtype, keep_quantized: bool = False, shard: ShardPlan = WHOLE
     ) -> Iterator[tuple[str, Weight]]:
         """Yield ``(hf_name, tensor)`` one at a time, each converted to ``dtype`` on the CPU.
 
@@ -75,6 +78,11 @@ class ModelSource(abc.ABC):
         fresh memory the caller may keep or drop; nothing else holds the weights. With
         ``keep_quantized``, a tensor the file stores quantized comes as a `GroupQuantized`
         instead (never dequantized whole); formats that only store dense tensors ignore it.
+
+        ``shard`` names the slice of each tensor to read (a tensor-parallel rank's share): only
+        those bytes are read from the file, and the tensor yielded is the slice. A slice the
+        format cannot cut (inside a quantized block) raises ValueError naming
+        ``tensor_parallel_size`` and the tensor.
         """
 
     def __repr__(self) -> str:

@@ -13,6 +13,11 @@ Parameter names follow Hugging Face checkpoints except that q/k/v and gate/up pr
 stored merged (``qkv_proj``, ``gate_up_proj``); ``load_weights`` takes HF names and routes them.
 With a ``quantization`` scheme the linear layers (the LM head too, tied or not) hold packed
 weight-only kernels instead of float weights (``ferrollm.layers.linear``).
+
+Built for a rank of a tensor-parallel group (``parallel``), the model holds only that rank's
+heads, MLP features and vocabulary rows (``ferrollm.models.llama_parallel``), reads only those
+slices of the checkpoint (``shard_plan``), and its forward and ``compute_logits`` are collective:
+every rank calls them in the same order with the same shapes.
 """
 
 from __future__ import annotations
@@ -24,10 +29,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ferrollm.distributed.collectives import gather_to_driver
+from ferrollm.distributed.shard_plan import ShardPlan
+from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.layers.attention import AttentionContext, PagedAttention
 from ferrollm.layers.linear import Embedding, Linear, Weight, copy_checked, dense_tensor
 from ferrollm.layers.norm import RMSNorm
+from ferrollm.layers.parallel import RowParallelLinear, VocabParallelEmbedding, pad_rows
 from ferrollm.layers.rotary import RotaryEmbedding, apply_rotary
+from ferrollm.models.llama_parallel import LlamaShardLayout
 
 if TYPE_CHECKING:
     from ferrollm.executor.step_extras import EmbeddingOverride
@@ -73,10 +83,12 @@ class LlamaConfigLike(Protocol):
 class LlamaAttention(nn.Module):
     """Self-attention with GQA, optional q/k/v and o_proj biases and optional q/k norm."""
 
-    def __init__(self, config: LlamaConfigLike, layer_idx: int, scheme: str | None) -> None:
+    def __init__(
+        self, config: LlamaConfigLike, layer_idx: int, scheme: str | None, layout: LlamaShardLayout
+    ) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.num_heads = layout.num_heads
+        self.num_kv_heads = layout.num_kv_heads
         self.head_dim = config.head_dim
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
@@ -85,8 +97,8 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = Linear(
             config.hidden_size, shards, bias=config.attention_bias, scheme=scheme
         )
-        self.o_proj = Linear(
-            q_size, [("o_proj", config.hidden_size)], bias=config.o_proj_bias, scheme=scheme
+        self.o_proj = _row_linear(
+            q_size, "o_proj", config.hidden_size, config.o_proj_bias, scheme, layout
         )
         norm = config.qk_norm
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if norm else None
@@ -114,13 +126,15 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
 
-    def __init__(self, config: LlamaConfigLike, scheme: str | None) -> None:
+    def __init__(
+        self, config: LlamaConfigLike, scheme: str | None, layout: LlamaShardLayout
+    ) -> None:
         super().__init__()
-        size = config.intermediate_size
+        size = layout.intermediate_size
         shards = [("gate_proj", size), ("up_proj", size)]
         bias = config.mlp_bias
         self.gate_up_proj = Linear(config.hidden_size, shards, bias=bias, scheme=scheme)
-        self.down_proj = Linear(size, [("down_proj", config.hidden_size)], bias=bias, scheme=scheme)
+        self.down_proj = _row_linear(size, "down_proj", config.hidden_size, bias, scheme, layout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, hidden]`` -> ``[T, hidden]``."""
@@ -132,10 +146,12 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention and MLP blocks, each with a residual connection."""
 
-    def __init__(self, config: LlamaConfigLike, layer_idx: int, scheme: str | None) -> None:
+    def __init__(
+        self, config: LlamaConfigLike, layer_idx: int, scheme: str | None, layout: LlamaShardLayout
+    ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx, scheme)
-        self.mlp = LlamaMLP(config, scheme)
+        self.self_attn = LlamaAttention(config, layer_idx, scheme, layout)
+        self.mlp = LlamaMLP(config, scheme, layout)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -151,14 +167,25 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embeddings, decoder layers and the final norm (HF's ``model.`` prefix)."""
 
-    def __init__(self, config: LlamaConfigLike, scheme: str | None) -> None:
+    def __init__(
+        self, config: LlamaConfigLike, scheme: str | None, layout: LlamaShardLayout
+    ) -> None:
         super().__init__()
         quantized_table = scheme is not None
-        self.embed_tokens = Embedding(
-            config.vocab_size, config.hidden_size, quantized=quantized_table
+        parallel = layout.parallel
+        self.embed_tokens: Embedding = (
+            Embedding(config.vocab_size, config.hidden_size, quantized=quantized_table)
+            if parallel.world_size == 1
+            else VocabParallelEmbedding(
+                layout.num_vocab_rows,
+                config.hidden_size,
+                quantized=quantized_table,
+                start=layout.vocab[0],
+                parallel=parallel,
+            )
         )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, scheme) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i, scheme, layout) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -171,12 +198,20 @@ class LlamaForCausalLM(nn.Module):
     runs on this class; what differs is read from ``config``.
     """
 
-    def __init__(self, config: LlamaConfigLike, quantization: str | None = None) -> None:
+    def __init__(
+        self,
+        config: LlamaConfigLike,
+        quantization: str | None = None,
+        parallel: ParallelState = SINGLE,
+    ) -> None:
         super().__init__()
         self.config = config
         #: The linear layers' scheme (see ``ferrollm.layers.linear.Linear``); None = dense.
         self.quantization = quantization
-        self.model = LlamaModel(config, quantization)
+        #: This rank's share of the model (all of it when ``parallel`` is ``SINGLE``).
+        self.layout = LlamaShardLayout.build(config, parallel, quantization)
+        self.parallel = parallel
+        self.model = LlamaModel(config, quantization, self.layout)
         # A dense tied head reads the embedding table itself; a quantized one packs its own
         # copy of it (the head is a fifth of a small model's weights: worth the kernel).
         tied_dense = config.tie_word_embeddings and quantization is None
@@ -185,7 +220,7 @@ class LlamaForCausalLM(nn.Module):
             if tied_dense
             else Linear(
                 config.hidden_size,
-                [("lm_head", config.vocab_size)],
+                [("lm_head", self.layout.num_vocab_rows)],
                 bias=False,
                 scheme=quantization,
             )
@@ -196,8 +231,17 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def vocab_size(self) -> int:
-        """Rows of the output projection."""
+        """Rows of the output projection (the whole vocabulary, on every rank)."""
         return self.config.vocab_size
+
+    @property
+    def num_local_kv_heads(self) -> int:
+        """KV heads this rank keeps in its KV cache."""
+        return self.layout.num_kv_heads
+
+    def shard_plan(self) -> ShardPlan:
+        """The slices of the checkpoint this rank reads (``ModelSource.iter_weights``)."""
+        return self.layout.plan(self.config.num_hidden_layers, self.config.tie_word_embeddings)
 
     def forward(
         self,
@@ -220,10 +264,18 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(h)  # type: ignore[no-any-return]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits ``[rows, vocab]`` (model dtype) for hidden states ``[rows, hidden]``."""
+        """Logits ``[rows, vocab]`` (model dtype) for hidden states ``[rows, hidden]``.
+
+        Sharded, it is collective and the full logits land on rank 0 only; another rank gets
+        its own vocabulary rows' logits back (padding included), to ignore."""
         if self.lm_head is None:
-            return F.linear(hidden, self.model.embed_tokens.weight)  # type: ignore[arg-type]
-        return self.lm_head(hidden)  # type: ignore[no-any-return]
+            logits = F.linear(hidden, self.model.embed_tokens.weight)  # type: ignore[arg-type]
+        else:
+            logits = self.lm_head(hidden)
+        if self.parallel.world_size == 1:
+            return logits
+        logits = gather_to_driver(logits, self.parallel)
+        return logits[:, : self.vocab_size] if self.parallel.is_driver else logits
 
     def set_compute_dtype(self, dtype: torch.dtype, dense_copy_budget: int = 0) -> None:
         """The activations' dtype, which quantized layers pack their scales in; quantized
@@ -306,8 +358,12 @@ class LlamaForCausalLM(nn.Module):
         if name == "model.embed_tokens.weight":
             self.model.embed_tokens.load(tensor)
             if self.lm_head is not None and self.config.tie_word_embeddings:
-                self.lm_head.load_shard("lm_head", "weight", tensor)
+                self.lm_head.load_shard(
+                    "lm_head", "weight", pad_rows(tensor, self.lm_head.out_features)
+                )
             return
+        if name == "lm_head.weight" and self.lm_head is not None:
+            tensor = pad_rows(tensor, self.lm_head.out_features)
         path, _, kind = name.rpartition(".")
         if path in routes:
             layer, shard = routes[path]
@@ -316,3 +372,19 @@ class LlamaForCausalLM(nn.Module):
         if name not in params:
             raise ValueError(f"checkpoint tensor `{name}` does not belong to this model")
         copy_checked(params[name].data, dense_tensor(tensor, params[name].dtype), name)
+
+
+def _row_linear(
+    in_features: int,
+    name: str,
+    out_features: int,
+    bias: bool,
+    scheme: str | None,
+    layout: LlamaShardLayout,
+) -> Linear:
+    """o_proj / down_proj: a plain `Linear` alone, row-parallel in a group."""
+    if layout.parallel.world_size == 1:
+        return Linear(in_features, [(name, out_features)], bias=bias, scheme=scheme)
+    return RowParallelLinear(
+        in_features, [(name, out_features)], bias=bias, scheme=scheme, parallel=layout.parallel
+    )

@@ -8,6 +8,7 @@ from typing import Protocol
 
 import torch
 
+from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.models.config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from ferrollm.models.llama import LlamaConfigLike, LlamaForCausalLM
 
@@ -45,18 +46,20 @@ def build_model(
     device: torch.device,
     dtype: torch.dtype,
     quantization: str | None = None,
+    parallel: ParallelState = SINGLE,
 ) -> LlamaForCausalLM:
     """An uninitialized model for ``config.architecture`` on ``device`` in ``dtype``.
 
     ``quantization`` is the linear layers' scheme (``ferrollm.layers.linear.QUANT_MODES``);
-    quantized layers keep dense copies within ``DENSE_COPY_BUDGET``.
+    quantized layers keep dense copies within ``DENSE_COPY_BUDGET`` (this rank's share of
+    them, when ``parallel`` shards the model).
 
     Built on the meta device and then allocated once in the target dtype, so no random init
     runs and no float32 copy of a bfloat16 model is ever made. Load weights next.
     """
     cls = resolve_model_class(config.architecture)
     with torch.device("meta"):
-        model = cls(config, quantization)
+        model = cls(config, quantization, parallel)
     model = model.to(dtype=dtype).to_empty(device=device)
     model.set_compute_dtype(dtype, DENSE_COPY_BUDGET)
     model.eval()
