@@ -8,16 +8,23 @@ batch on rank 0 of each size > 1: the share of the steps' time spent in collecti
 (``c10d`` broadcast of the plan, all-reduce / all-gather inside the model). On CPU the ranks
 split the cores between them (``share_cpu_threads``), so expect little gain here.
 
-Usage: python benches/tp.py [--model PATH] [--sizes 1 2] [--batches 1 32] [--max-tokens 32]
-                            [--repeats 1] [--dtype float32] [--quantization none]
+The default model has 9 attention heads, which do not split in two: ``--random-llama DIR``
+builds (once, into DIR) a random-weight Llama of the same size whose heads do (8 query heads,
+4 KV heads, hidden 576, 30 layers, 49152-token vocabulary; the tests' tiny tokenizer).
+
+Usage: python benches/tp.py [--model PATH | --random-llama DIR] [--sizes 1 2]
+                            [--batches 1 32] [--max-tokens 32] [--repeats 1]
+                            [--dtype float32] [--quantization none]
                             [--profile-steps 8]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -74,9 +81,33 @@ def collective_share(llm: LLM, batch: int, num_steps: int) -> tuple[float, float
     return collective_us / 1e6 / elapsed, elapsed / num_steps * 1e3
 
 
+#: SmolLM2-135M's shape with heads that split in two (it has 9 query and 3 KV heads).
+SPLITTABLE_135M = {
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+}
+
+
+def random_llama(directory: Path) -> Path:
+    """A random-weight Llama of ``SPLITTABLE_135M``'s shape in ``directory`` (built once)."""
+    if not (directory / "config.json").exists():
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from tiny_models import build_tiny_model
+
+        build_tiny_model("llama3", directory, sizes=SPLITTABLE_135M)
+    return directory
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None)
+    parser.add_argument("--random-llama", type=Path, default=None)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -85,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quantization", default="none")
     parser.add_argument("--profile-steps", type=int, default=8)
     args = parser.parse_args(argv)
+    if args.random_llama is not None:
+        args.model = str(random_llama(args.random_llama))
     threads = torch.get_num_threads()
     rates: dict[tuple[int, int], float] = {}
     shares: dict[int, tuple[float, float]] = {}
