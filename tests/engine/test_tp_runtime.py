@@ -339,3 +339,25 @@ def _generate_until(llm: LLM, params: SamplingParams, deadline: float) -> None:
     """Generate again and again until a call raises or ``deadline`` passes."""
     while time.monotonic() < deadline:
         llm.generate(PROMPTS[:1], params)
+
+
+def test_a_model_that_cannot_split_fails_every_rank_without_hanging(model_dir: Path) -> None:
+    """Every rank refuses the split (4 heads over 3 ranks); rank 0 raises the cause, not a
+    timeout, and its workers are gone."""
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="`tensor_parallel_size` 3 cannot split this model"):
+        LLM(model_dir, tensor_parallel_size=3, distributed_timeout=TIMEOUT_S, **BUSY)
+    assert time.monotonic() - started < TIMEOUT_S
+    assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if _is_our_worker(p)]
+
+
+def _is_our_worker(cmdline: Path) -> bool:
+    """Whether ``/proc/<pid>/cmdline`` is a live tensor-parallel worker this process spawned."""
+    try:
+        stat = (cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()
+        command = cmdline.read_bytes()
+    except OSError:
+        return False
+    return (
+        b"ferrollm.distributed.worker" in command and int(stat[1]) == os.getpid() and stat[0] != "Z"
+    )
