@@ -11,7 +11,9 @@ bandwidth of this machine (a 256 MiB ``copy_``, read + write bytes):
 
 int4 is ``aten._weight_int4pack_mm_for_cpu`` (group 32), int8 ``aten._weight_int8pack_mm``
 (per-channel scales); both run with bfloat16 activations, as the engine runs them
-(``ferrollm.layers.quant``). float32 and bfloat16 are ``F.linear``.
+(``ferrollm.layers.quant``). float32 and bfloat16 are ``F.linear``; bf16pk is the bfloat16
+weight reordered for oneDNN (``ferrollm.layers.linear.prepack_dense``, what quantized layers
+keep as their copy for many-row calls), where torch has oneDNN.
 
 Usage: python benches/linear.py [--m 1 8 32 256] [--repeats 50] [--threads N]
 """
@@ -25,6 +27,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from ferrollm.layers.linear import prepack_dense
 from ferrollm.layers.quant import QuantizedWeight, quantize_rtn
 
 #: (name, K = in features, N = out features) of SmolLM2-135M's matmuls.
@@ -35,6 +38,11 @@ SHAPES = (
     ("down", 1536, 576),
     ("lm_head", 576, 49152),
 )
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    return out
 
 
 def best_time(fn: Callable[[], object], repeats: int) -> float:
@@ -73,6 +81,9 @@ def main() -> None:
             weights = {"f32": (lambda x, w=w: F.linear(x, w), w.nbytes, torch.float32)}
             wb = w.bfloat16()
             weights["bf16"] = (lambda x, wb=wb: F.linear(x, wb), wb.nbytes, torch.bfloat16)
+            pk = prepack_dense(wb)
+            if pk is not None:
+                weights["bf16pk"] = (lambda x, pk=pk: packed_linear(x, pk), wb.nbytes, wb.dtype)
             for scheme in ("int8", "int4"):
                 packed = QuantizedWeight.from_group(quantize_rtn(w, scheme), scheme, torch.bfloat16)
                 weights[scheme] = (packed.matmul, packed.nbytes, torch.bfloat16)

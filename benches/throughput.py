@@ -7,9 +7,12 @@ each batch generates `--max-tokens` tokens per prompt with greedy decoding and n
 (`ignore_eos` / `min_new_tokens`). transformers runs `generate` on the left-padded batch.
 One line per batch size: output tokens/s (best of `--repeats`) for both, and the ratio.
 
+``--compile both`` also builds a second ferrollm engine with compiled decode steps
+(``--compile on``; the first is eager) and prints both side by side with their ratio.
+
 Usage: python benches/throughput.py [--batches 1 8 32] [--max-tokens 128] [--repeats 1]
                                     [--device cpu] [--dtype auto] [--quantization auto]
-                                    [--no-transformers]
+                                    [--compile auto|on|off|both] [--no-transformers]
 """
 
 from __future__ import annotations
@@ -101,12 +104,15 @@ def transformers_rate(
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    llm = LLM(
-        device=args.device,
-        dtype=args.dtype,
-        quantization=args.quantization,
-        max_num_seqs=max(args.batches),
-    )
+    options = {
+        "device": args.device,
+        "dtype": args.dtype,
+        "quantization": args.quantization,
+        "max_num_seqs": max(args.batches),
+    }
+    both = args.compile == "both"
+    llm = LLM(**options, compile="off" if both else args.compile)
+    compiled = LLM(**options, compile="on") if both else None
     runner = llm.engine.runner
     hf = (
         None
@@ -122,12 +128,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     warm = prompt_ids(llm, 1)
     ferrollm_rate(llm, warm, 4, 1)
+    if compiled is not None:
+        ferrollm_rate(compiled, warm, 4, 1)
     if hf is not None:
         transformers_rate(hf, warm, 4, 1, pad_id)
     for batch in args.batches:
         prompts = prompt_ids(llm, batch)
         ours = ferrollm_rate(llm, prompts, args.max_tokens, args.repeats)
         line = f"batch {batch:3d}: ferrollm {ours:8.1f} tok/s"
+        if compiled is not None:
+            fast = ferrollm_rate(compiled, prompts, args.max_tokens, args.repeats)
+            line = (
+                f"batch {batch:3d}: ferrollm eager {ours:8.1f} tok/s | compiled {fast:8.1f} tok/s"
+                f" | {fast / ours:5.2f}x"
+            )
         if hf is not None:
             theirs = transformers_rate(hf, prompts, args.max_tokens, args.repeats, pad_id)
             line += f" | transformers {theirs:8.1f} tok/s | {ours / theirs:5.2f}x"
@@ -142,6 +156,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default=None, help="cpu, cuda or npu (default: detected)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantization", default="auto")
+    parser.add_argument(
+        "--compile",
+        default="auto",
+        choices=["auto", "on", "off", "both"],
+        help="ferrollm's compiled decode steps; both: eager and compiled side by side",
+    )
     parser.add_argument("--no-transformers", action="store_true", help="ferrollm only")
     return parser.parse_args(argv)
 

@@ -57,6 +57,10 @@ POOLING_NAMES = ("mean", "cls", "last", "max")
 #: Weight quantization: "auto" keeps what the checkpoint has (where the compute dtype allows),
 #: "none" runs dense weights (dequantizing a quantized file), "int8"/"int4" quantize at load.
 QUANTIZATION_NAMES = ("auto", "none", "int8", "int4")
+#: Compiled decode steps (``ferrollm.executor.compiled_decode``): "auto" (on for CPU steps in
+#: a reduced-precision dtype, where it measured faster; off in float32, the parity mode), "on"
+#: or "off".
+COMPILE_NAMES = ("auto", "on", "off")
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(|b|[kmgt]i?b?)\s*$", re.IGNORECASE)
 # Binary multiples for KiB/K, decimal for KB, as `free`, docker and vLLM read them.
@@ -89,6 +93,10 @@ class EngineConfig:
     quantization: str = "auto"
     #: KV-cache dtype: "auto" (the compute dtype), "float32", "bfloat16" or "float16".
     kv_cache_dtype: str = "auto"
+    #: Decode steps through per-batch-size inductor graphs: "auto" (CPU, not float32), "on"
+    #: or "off". Graphs are cached on disk (``$FERROLLM_COMPILE_CACHE``, default
+    #: ``~/.cache/ferrollm/inductor``) and built at start-up.
+    compile: str = "auto"
     #: "cpu", "cuda" or "npu"; None = detected (npu, then cuda, then cpu).
     device: str | None = None
     #: Tokens per KV-cache block.
@@ -269,6 +277,11 @@ def _check_fields(config: EngineConfig) -> None:
             f"`quantization` must be one of {', '.join(QUANTIZATION_NAMES)}; "
             f"got {config.quantization!r}",
         )
+    if config.compile not in COMPILE_NAMES:
+        raise EngineConfigError(
+            "compile",
+            f"`compile` must be one of {', '.join(COMPILE_NAMES)}; got {config.compile!r}",
+        )
     if config.logprobs_mode not in LOGPROBS_MODES:
         raise EngineConfigError(
             "logprobs_mode",
@@ -330,6 +343,12 @@ def _check_parallel(config: EngineConfig) -> None:
                 "`distributed_timeout` needs `tensor_parallel_size` > 1 (one process has no "
                 "collectives to wait for)",
             )
+    if config.tensor_parallel_size > 1 and config.compile == "on":
+        raise EngineConfigError(
+            "compile",
+            "`compile` on cannot be used with `tensor_parallel_size` > 1 (a shard's forward "
+            "holds collectives, which are not compiled); use auto or off",
+        )
     if config.tensor_parallel_size > 1 and config.task == "embed":
         raise EngineConfigError(
             "tensor_parallel_size",
@@ -346,6 +365,7 @@ SPECULATIVE_NAMES = (None, "ngram")
 _GENERATION_ONLY = {
     "quantization": "auto",
     "kv_cache_dtype": "auto",
+    "compile": "auto",
     "kv_cache_memory": None,
     "max_model_len": None,
     "max_beam_width": None,

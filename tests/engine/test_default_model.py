@@ -65,7 +65,11 @@ def test_greedy_tokens_and_logprobs_equal_transformers(llm: LLM, smollm2_gguf: P
 
 
 def test_the_default_mode_runs_quantized_bfloat16_where_the_cpu_has_bfloat16_units() -> None:
-    fast = LLM(kv_cache_memory="64MiB", max_num_batched_tokens=256, max_num_seqs=8, seed=7)
+    # Compiled decode is tested on a tiny model (test_compiled_decode): compiling this one's
+    # buckets would take minutes of CI.
+    fast = LLM(
+        kv_cache_memory="64MiB", max_num_batched_tokens=256, max_num_seqs=8, seed=7, compile="off"
+    )
     runner = fast.engine.runner
     layers = [m for m in runner.model.modules() if isinstance(m, Linear)]
     if has_fast_bfloat16():

@@ -27,6 +27,7 @@ from ferrollm.executor.kv_cache import KVCacheSpec
 from ferrollm.executor.loader import load_model_source
 from ferrollm.executor.runner import teacher_forced_scores
 from ferrollm.executor.sizing import resolve_quantization
+from ferrollm.layers import linear as linear_module
 from ferrollm.layers.linear import QUANTIZED_MAX_ROWS, Linear
 from ferrollm.layers.quant import QuantizedWeight, quantize_rtn
 from ferrollm.models import registry
@@ -179,19 +180,33 @@ def test_a_quantized_gguf_stays_quantized_and_matches_its_dequantized_model(
 
 
 def test_small_models_keep_a_dense_copy_for_many_rows(
-    tiny_model_factory: Callable[..., Path], tmp_path: Path
+    tiny_model_factory: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write_tiny_gguf(tiny_model_factory("tied"), tmp_path / "t.gguf", "llama", "Q4_1")
+    with monkeypatch.context() as patch:  # the copy as a plain weight, for reference
+        patch.setattr(linear_module, "prepack_dense", lambda weight: None)
+        plain = load_model(load_model_source(path), CPU, torch.bfloat16, "native")
+    plain_layer = plain.model.layers[0].mlp.gate_up_proj
+    assert plain_layer.quantized is not None and plain_layer.weight is not None
+    assert plain_layer.weight.dtype == torch.bfloat16
+    many = torch.randn(QUANTIZED_MAX_ROWS + 1, plain_layer.in_features).bfloat16()
+    assert torch.equal(plain_layer(many), F.linear(many, plain_layer.weight))
+    few = many[:QUANTIZED_MAX_ROWS]
+    assert torch.equal(plain_layer(few), plain_layer.quantized.matmul(few))
+    # The copy is the packed weight's own dequantization: the two paths agree.
+    assert (
+        (plain_layer(few).float() - F.linear(few, plain_layer.weight).float()).abs() < 0.05
+    ).all()
+
+    # By default the copy is reordered for oneDNN where torch has it (x86 wheels do), in place
+    # of the plain one (same memory), and gives the plain copy's results.
     model = load_model(load_model_source(path), CPU, torch.bfloat16, "native")
     layer = model.model.layers[0].mlp.gate_up_proj
-    assert layer.quantized is not None and layer.weight is not None
-    assert layer.weight.dtype == torch.bfloat16
-    many = torch.randn(QUANTIZED_MAX_ROWS + 1, layer.in_features).bfloat16()
-    assert torch.equal(layer(many), F.linear(many, layer.weight))
-    few = many[:QUANTIZED_MAX_ROWS]
-    assert torch.equal(layer(few), layer.quantized.matmul(few))
-    # The copy is the packed weight's own dequantization: the two paths agree.
-    assert ((layer(few).float() - F.linear(few, layer.weight).float()).abs() < 0.05).all()
+    has_onednn = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+    assert (layer.packed is not None) == has_onednn
+    assert (layer.weight is None) == has_onednn
+    torch.testing.assert_close(layer(many), plain_layer(many))
+    assert torch.equal(layer(few), plain_layer(few))
 
 
 def test_other_gguf_types_are_requantized_to_the_nearest_kernel(

@@ -212,6 +212,11 @@ def test_world_size_must_match_tensor_parallel_size(model_dir: Path, launcher_en
         ),
         ({"distributed_timeout": 5}, "distributed_timeout", "needs `tensor_parallel_size` > 1"),
         (
+            {"tensor_parallel_size": 2, "compile": "on"},
+            "compile",
+            "cannot be used with `tensor_parallel_size` > 1",
+        ),
+        (
             {"tensor_parallel_size": 2, "distributed_timeout": 0},
             "distributed_timeout",
             "> 0",

@@ -36,6 +36,7 @@ from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.engine.outputs import RequestFailure, RequestOutput, RequestTracker, StepInfo
 from ferrollm.engine.prompt_tables import table_digest
 from ferrollm.engine.request import EngineRequest
+from ferrollm.executor.compiled_decode import CompiledDecode, build_compiled_decode
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.loader import ModelSource, load_model_source
 from ferrollm.executor.runner import ModelRunner
@@ -124,7 +125,7 @@ class LLMEngine:
             driver.start()
         logger.info(
             "engine ready: model %s on %s in %s, weights %s; %d KV blocks of %d tokens, "
-            "max_model_len %d%s",
+            "max_model_len %d; decode %s%s",
             source.path,
             platform.name,
             str(built.runner.dtype).removeprefix("torch."),
@@ -132,6 +133,7 @@ class LLMEngine:
             built.kv_plan.num_blocks,
             config.block_size,
             built.kv_plan.max_model_len,
+            "eager" if built.compiled is None else f"compiled up to {built.compiled.max_rows} rows",
             "" if driver is None else f", tensor parallel over {config.tensor_parallel_size}",
         )
         assert config.max_beam_width is not None  # for_platform filled it in
@@ -335,6 +337,8 @@ class BuiltRunner:
     kv_plan: KVCachePlan
     #: The linear layers' weight scheme (None = dense).
     quantization: str | None
+    #: The compiled decode graphs, or None (eager).
+    compiled: CompiledDecode | None
 
 
 def build_runner(
@@ -380,7 +384,18 @@ def build_runner(
     kv_cache = KVCache(spec, kv_plan.num_blocks, platform.device)
     make_runner = ModelRunner if group is None else group.make_runner
     runner = make_runner(model, kv_cache, platform.device, dtype, platform.attention_backend())
-    return BuiltRunner(runner, kv_plan, quantization)
+    # Every rank decides alike (a tensor-parallel shard stays eager; "on" is refused there).
+    compiled = build_compiled_decode(
+        config.compile,
+        model,
+        kv_cache,
+        runner.backend,
+        dtype,
+        kv_plan.max_model_len,
+        config.max_num_seqs,
+    )
+    runner.set_compiled(compiled)
+    return BuiltRunner(runner, kv_plan, quantization, compiled)
 
 
 def _build_scheduler(

@@ -1,9 +1,9 @@
-"""The paged KV cache: one tensor holding every layer's K and V blocks.
+"""The paged KV cache: every layer's K and V blocks.
 
-Layout ``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]``; ``layer(i)`` gives
-that layer's ``(k, v)`` views ``[num_blocks, block_size, num_kv_heads, head_dim]``, which is what
-``ferrollm.layers.attention`` reads and writes. Block 0 is the scheduler's null block: it pads
-block tables and is never allocated, so its contents never matter.
+Per layer a K and a V tensor ``[num_blocks, block_size, num_kv_heads, head_dim]``; ``layer(i)``
+gives that layer's ``(k, v)``, which is what ``ferrollm.layers.attention`` reads and writes.
+Block 0 is the scheduler's null block: it pads block tables and is never allocated, so its
+contents never matter.
 """
 
 from __future__ import annotations
@@ -37,7 +37,13 @@ class KVCacheSpec:
 
 
 class KVCache:
-    """Every layer's paged K/V, allocated once (zeroed, so stale NaNs never meet a mask)."""
+    """Every layer's paged K/V, allocated once (zeroed, so stale NaNs never meet a mask).
+
+    Each layer's K and each layer's V is its own tensor, not a view of one shared buffer: the
+    compiled decode step (``compiled_decode``) mutates them in place through the attention op,
+    and inductor can only do that in place for tensors that alias nothing else (views of one
+    buffer made it clone and copy back a layer's whole cache per step).
+    """
 
     def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device) -> None:
         if num_blocks < 2:
@@ -45,12 +51,14 @@ class KVCache:
         self.spec = spec
         self.num_blocks = num_blocks
         self.device = device
-        self.tensor = torch.zeros(
-            (spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim),
-            dtype=spec.dtype,
-            device=device,
-        )
-        self._layers = [(self.tensor[i, 0], self.tensor[i, 1]) for i in range(spec.num_layers)]
+        shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        self._layers = [
+            (
+                torch.zeros(shape, dtype=spec.dtype, device=device),
+                torch.zeros(shape, dtype=spec.dtype, device=device),
+            )
+            for _ in range(spec.num_layers)
+        ]
 
     @property
     def block_size(self) -> int:
@@ -63,7 +71,7 @@ class KVCache:
         return self._layers
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``i``'s ``(k, v)`` views."""
+        """Layer ``i``'s ``(k, v)`` tensors."""
         return self._layers[i]
 
     def copy_blocks(self, block_copies: npt.NDArray[np.int32]) -> None:
@@ -76,4 +84,6 @@ class KVCache:
         if len(block_copies) == 0:
             return
         pairs = torch.from_numpy(block_copies.astype(np.int64)).to(self.device)
-        self.tensor[:, :, pairs[:, 1]] = self.tensor[:, :, pairs[:, 0]]
+        for k, v in self._layers:
+            k[pairs[:, 1]] = k[pairs[:, 0]]
+            v[pairs[:, 1]] = v[pairs[:, 0]]

@@ -56,6 +56,18 @@ class StepInputs(PagedBatch, Protocol):
     def block_copies(self) -> npt.NDArray[np.int32]: ...
 
 
+class DecodeGraphs(Protocol):
+    """Decode steps run another way (``compiled_decode.CompiledDecode`` has it)."""
+
+    def accepts(self, plan: StepInputs) -> bool:
+        """Whether ``run`` can take ``plan``."""
+        ...
+
+    def run(self, plan: StepInputs) -> torch.Tensor:
+        """The logits of ``plan``'s samples (model dtype); under ``torch.inference_mode()``."""
+        ...
+
+
 class ModelRunner:
     """Runs one model over a paged KV cache, one scheduler step at a time."""
 
@@ -72,6 +84,12 @@ class ModelRunner:
         self.device = device
         self.dtype = dtype
         self.backend: AttentionBackend = backend or TorchSDPABackend()
+        #: Compiled graphs for decode steps (``set_compiled``); None = every step eager.
+        self.compiled: DecodeGraphs | None = None
+
+    def set_compiled(self, compiled: DecodeGraphs | None) -> None:
+        """Run the decode steps ``compiled`` accepts through it (None: all eager)."""
+        self.compiled = compiled
 
     def run(
         self,
@@ -92,6 +110,15 @@ class ModelRunner:
             self.kv_cache.copy_blocks(plan.block_copies)
             if len(plan.input_ids) == 0:
                 return torch.empty((0, self.model.vocab_size), dtype=torch.float32)
+            compiled = self.compiled
+            if (
+                compiled is not None
+                and embeds is None
+                and prompt_targets is None
+                and keep_logits is None
+                and compiled.accepts(plan)
+            ):
+                return compiled.run(plan).to("cpu", torch.float32).contiguous()
             hidden = self.hidden_states(plan, embeds)
             if prompt_targets is not None:
                 prompt_targets.scores = score_prompt_tokens(

@@ -243,6 +243,12 @@ class PagedKernelBackend:
         num_keys = int((q_lens[rows].astype(np.int64) * context_lens[rows]).sum())
         return num_keys >= self.PARALLEL_MIN_KEYS
 
+    def parallel_for_decode(self, context_lens: np.ndarray) -> bool:
+        """Whether a decode step (one query per row) over ``context_lens`` uses rayon."""
+        if self.parallel is not None:
+            return self.parallel
+        return int(context_lens.astype(np.int64).sum()) >= self.PARALLEL_MIN_KEYS
+
     def forward(
         self,
         q: torch.Tensor,

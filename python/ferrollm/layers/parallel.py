@@ -14,11 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from ferrollm.distributed.collectives import all_reduce
 from ferrollm.distributed.state import ParallelState
-from ferrollm.layers import linear as _linear
 from ferrollm.layers.linear import Embedding, Linear, Weight
 from ferrollm.layers.quant import GroupQuantized
 
@@ -40,12 +38,7 @@ class RowParallelLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, in_r]`` (this rank's columns) -> the full ``[T, out]`` on every rank."""
-        if self.quantized is None or (
-            self.weight is not None and len(x) > _linear.QUANTIZED_MAX_ROWS
-        ):
-            out = F.linear(x, self.weight)  # type: ignore[arg-type]
-        else:
-            out = self.quantized.matmul(x)
+        out = self.product(x, None)
         all_reduce(out, self.parallel)
         return out if self.bias is None else out + self.bias
 
