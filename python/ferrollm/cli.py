@@ -1,5 +1,10 @@
 """``ferrollm serve [MODEL] [options]``: the HTTP server on Granian (one worker).
 
+With ``--tensor-parallel-size N`` the server process spawns N - 1 workers on this node; on
+several nodes, start every rank with torch's launcher environment (``MASTER_ADDR``,
+``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``) and the same options: rank 0 serves, a process with
+``RANK`` > 0 runs the worker loop instead (``ferrollm.distributed.worker``).
+
 Options come from built-in defaults, then ``--config FILE.json`` (a JSON object whose keys
 mirror the flags: ``max_num_seqs`` or ``max-num-seqs``), then the flags given. The parent
 process only parses and checks them (no torch); Granian's worker loads the model at lifespan
@@ -48,6 +53,16 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--num-speculative-tokens": ("num_speculative_tokens", int, "draft tokens per step (4)"),
     "--ngram-min": ("ngram_min", int, "shortest n-gram the drafter matches (1)"),
     "--ngram-max": ("ngram_max", int, "longest n-gram the drafter matches (3)"),
+    "--tensor-parallel-size": (
+        "tensor_parallel_size",
+        int,
+        "processes (devices) the model is split across (default 1); see `ferrollm worker`",
+    ),
+    "--distributed-timeout": (
+        "distributed_timeout",
+        float,
+        "seconds a tensor-parallel rank may take to answer (default 300)",
+    ),
     "--task": ("task", str, "generate (default) or embed (an embedding model, /v1/embeddings)"),
     "--pooling": ("pooling", str, "embed: mean, cls, last or max (default: as the model says)"),
     "--api-key-file": ("api_key_file", str, "file of API keys, one a line"),
@@ -120,6 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``ferrollm`` and ``python -m ferrollm``."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if _worker_rank() is not None:  # a tensor-parallel rank > 0 of a launcher-placed group
+        from ferrollm.distributed.worker import run_worker
+
+        return run_worker(lambda: split_options(serve_options(args))[0])
     try:
         options = serve_options(args)
     except EngineConfigError as e:
@@ -128,6 +147,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if model is not None and not Path(model).exists():
         parser.error(f"model path {model!r} does not exist")
     return _run_granian(options, args.log_level)
+
+
+def _worker_rank() -> int | None:
+    """``RANK`` when torch's launcher environment makes this process a rank > 0 (it runs the
+    worker loop then, not a server); None otherwise (rank 0 checks the environment itself)."""
+    if not all(name in os.environ for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")):
+        return None
+    rank = os.environ.get("RANK", "")
+    return int(rank) if rank.isdigit() and int(rank) > 0 else None
 
 
 def _run_granian(options: dict[str, Any], log_level: str) -> int:

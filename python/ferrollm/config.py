@@ -141,6 +141,13 @@ class EngineConfig:
     #: Shortest and longest n-gram the drafter matches (the longest match wins).
     ngram_min: int = 1
     ngram_max: int = 3
+    #: Tensor parallelism: the processes (devices) one model is split across. Rank 0 (this
+    #: process) spawns the others on this node, unless torch's launcher environment
+    #: (``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``) places the ranks.
+    tensor_parallel_size: int = 1
+    #: Seconds a tensor-parallel collective (start-up included) may wait for a rank before
+    #: the group is declared broken; None = 300. Needs ``tensor_parallel_size`` > 1.
+    distributed_timeout: float | None = None
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -296,6 +303,7 @@ def _check_fields(config: EngineConfig) -> None:
             f"got {config.pooling!r} with task {config.task!r}",
         )
     _check_speculative(config)
+    _check_parallel(config)
     if config.seed is not None and (
         isinstance(config.seed, bool) or not isinstance(config.seed, int) or config.seed < 0
     ):
@@ -317,6 +325,35 @@ def _check_speculative(config: EngineConfig) -> None:
             "ngram_max",
             f"`ngram_max` must be at least `ngram_min` ({config.ngram_min}); "
             f"got {config.ngram_max}",
+        )
+
+
+def _check_parallel(config: EngineConfig) -> None:
+    _positive_int("tensor_parallel_size", config.tensor_parallel_size)
+    timeout = config.distributed_timeout
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise EngineConfigError(
+                "distributed_timeout",
+                f"`distributed_timeout` must be a number of seconds > 0; got {timeout!r}",
+            )
+        if config.tensor_parallel_size == 1:
+            raise EngineConfigError(
+                "distributed_timeout",
+                "`distributed_timeout` needs `tensor_parallel_size` > 1 (one process has no "
+                "collectives to wait for)",
+            )
+    if config.tensor_parallel_size > 1 and config.compile == "on":
+        raise EngineConfigError(
+            "compile",
+            "`compile` on cannot be used with `tensor_parallel_size` > 1 (a shard's forward "
+            "holds collectives, which are not compiled); use auto or off",
+        )
+    if config.tensor_parallel_size > 1 and config.task == "embed":
+        raise EngineConfigError(
+            "tensor_parallel_size",
+            "`tensor_parallel_size` > 1 cannot be used with `task` embed (the embedding "
+            "engine runs on one device)",
         )
 
 

@@ -39,6 +39,17 @@ class LLM:
         self.engine = LLMEngine.from_config(config)
         self._ids = count()
 
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (also done at exit); the LLM cannot
+        generate afterwards."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
     def get_tokenizer(self) -> Tokenizer:
         """The model's tokenizer and chat template."""
         return self.engine.tokenizer

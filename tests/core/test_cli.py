@@ -28,3 +28,14 @@ def test_seed_and_flags_reach_the_engine_config(tmp_path: Path) -> None:
 def test_a_bad_seed_is_refused_by_name() -> None:
     with pytest.raises(EngineConfigError, match="seed"):
         options("--seed", "-1")
+
+
+def test_tensor_parallel_flags_reach_the_engine_config() -> None:
+    engine, _ = split_options(
+        options("--tensor-parallel-size", "2", "--distributed-timeout", "7.5")
+    )
+    assert (engine.tensor_parallel_size, engine.distributed_timeout) == (2, 7.5)
+    with pytest.raises(EngineConfigError, match="tensor_parallel_size"):
+        options("--tensor-parallel-size", "0")
+    with pytest.raises(EngineConfigError, match=r"tensor_parallel_size.*task"):
+        options("--tensor-parallel-size", "2", "--task", "embed")

@@ -187,6 +187,7 @@ class AsyncEngine:
             self._loop.shutdown()
             if not self._loop.is_running:  # joined: this thread may touch the engine now
                 self.engine.abort_all()
+        self.engine.shutdown()
         if self._event_loop is not None and not self._event_loop.is_closed():
             # On the event loop: `_streams` belongs to it, and this may be another thread.
             self._event_loop.call_soon_threadsafe(self._fail_open_streams)

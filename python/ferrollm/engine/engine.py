@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,11 +30,13 @@ from ferrollm._core import (
 )
 from ferrollm.config import DEFAULT_MAX_BEAM_WIDTH
 from ferrollm.default_model import default_model_path
+from ferrollm.distributed.driver import Driver, start_driver
+from ferrollm.distributed.startup import GroupMember
 from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.engine.outputs import RequestFailure, RequestOutput, RequestTracker, StepInfo
 from ferrollm.engine.prompt_tables import table_digest
 from ferrollm.engine.request import EngineRequest
-from ferrollm.executor.compiled_decode import build_compiled_decode
+from ferrollm.executor.compiled_decode import CompiledDecode, build_compiled_decode
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.loader import ModelSource, load_model_source
 from ferrollm.executor.runner import ModelRunner
@@ -45,7 +49,7 @@ from ferrollm.executor.sizing import (
 from ferrollm.models.config import ModelConfig
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.registry import build_model
-from ferrollm.platforms import get_platform
+from ferrollm.platforms import Platform, get_platform
 from ferrollm.platforms.host import settle_after_load
 from ferrollm.tokenizer import Tokenizer
 
@@ -87,6 +91,8 @@ class LLMEngine:
         self._tracker = RequestTracker(model_config.vocab_size)
         self._grammar_compiler: GrammarCompiler | None = None
         self._grammar_lock = threading.Lock()
+        #: Rank 0's side of the tensor-parallel group (None on one device).
+        self.driver: Driver | None = None
 
     @property
     def grammar_compiler(self) -> GrammarCompiler:
@@ -101,68 +107,63 @@ class LLMEngine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
-        """Load the model named by ``config`` (the default model when None) and size its cache."""
+        """Load the model named by ``config`` (the default model when None) and size its cache;
+        with ``tensor_parallel_size`` > 1, as rank 0 of the group it forms."""
         platform = get_platform(config.device)
         config = config.for_platform(platform)
         source = load_model_source(config.model or default_model_path())
-        dtype = resolve_dtype(platform, config.dtype)
-        quantization = resolve_quantization(
-            platform, config.quantization, dtype, source.is_quantized
-        )
-        kv_dtype = (
-            dtype
-            if config.kv_cache_dtype == "auto"
-            else resolve_dtype(platform, config.kv_cache_dtype, "kv_cache_dtype")
-        )
-        model = load_model(source, platform.device, dtype, quantization)
-        spec = KVCacheSpec(
-            source.config.num_hidden_layers,
-            source.config.num_key_value_heads,
-            source.config.head_dim,
-            config.block_size,
-            kv_dtype,
-        )
-        kv_plan = plan_kv_cache(
-            model, spec, platform, config, source.config.max_position_embeddings
-        )
-        kv_cache = KVCache(spec, kv_plan.num_blocks, platform.device)
-        runner = ModelRunner(model, kv_cache, platform.device, dtype, platform.attention_backend())
-        compiled = build_compiled_decode(
-            config.compile,
-            model,
-            kv_cache,
-            runner.backend,
-            dtype,
-            kv_plan.max_model_len,
-            config.max_num_seqs,
-        )
-        runner.set_compiled(compiled)
-        tokenizer = Tokenizer.from_source(source)
-        scheduler = _build_scheduler(config, kv_plan, source.config, tokenizer)
+        driver = start_driver(config, platform)
+        try:
+            built = build_runner(config, platform, source, driver)
+            tokenizer = Tokenizer.from_source(source)
+            scheduler = _build_scheduler(config, built.kv_plan, source.config, tokenizer)
+        except BaseException:
+            if driver is not None:
+                driver.shutdown()
+            raise
+        if driver is not None:
+            driver.start()
         logger.info(
             "engine ready: model %s on %s in %s, weights %s; %d KV blocks of %d tokens, "
-            "max_model_len %d; decode %s",
+            "max_model_len %d; decode %s%s",
             source.path,
             platform.name,
-            str(dtype).removeprefix("torch."),
-            quantization or "dense",
-            kv_plan.num_blocks,
+            str(built.runner.dtype).removeprefix("torch."),
+            built.quantization or "dense",
+            built.kv_plan.num_blocks,
             config.block_size,
-            kv_plan.max_model_len,
-            "eager" if compiled is None else f"compiled up to {compiled.max_rows} rows",
+            built.kv_plan.max_model_len,
+            "eager" if built.compiled is None else f"compiled up to {built.compiled.max_rows} rows",
+            "" if driver is None else f", tensor parallel over {config.tensor_parallel_size}",
         )
         assert config.max_beam_width is not None  # for_platform filled it in
         engine = cls(
             tokenizer,
             scheduler,
-            runner,
+            built.runner,
             source.config,
             model_path=source.path,
             max_beam_width=config.max_beam_width,
         )
+        engine.driver = driver
         del source  # the open file (a GGUF's mapping) goes before the heap is trimmed
         settle_after_load()
         return engine
+
+    @property
+    def fault(self) -> BaseException | None:
+        """What broke the engine for good (a tensor-parallel rank died or hung), or None."""
+        return None if self.driver is None else self.driver.fault
+
+    def watch_faults(self, callback: Callable[[BaseException], None]) -> None:
+        """Call ``callback(fault)`` (from any thread) when `fault` is set."""
+        if self.driver is not None:
+            self.driver.on_fault = callback
+
+    def shutdown(self) -> None:
+        """Release what outlives the engine object: the tensor-parallel workers (idempotent)."""
+        if self.driver is not None:
+            self.driver.shutdown()
 
     def add_request(self, request: EngineRequest) -> None:
         """Queue ``request``.
@@ -326,6 +327,75 @@ def load_model(
     )
     model.load_weights(weights)
     return model
+
+
+@dataclass(frozen=True)
+class BuiltRunner:
+    """A loaded model over its sized KV cache."""
+
+    runner: ModelRunner
+    kv_plan: KVCachePlan
+    #: The linear layers' weight scheme (None = dense).
+    quantization: str | None
+    #: The compiled decode graphs, or None (eager).
+    compiled: CompiledDecode | None
+
+
+def build_runner(
+    config: EngineConfig,
+    platform: Platform,
+    source: ModelSource,
+    group: GroupMember | Driver | None = None,
+) -> BuiltRunner:
+    """Load ``source`` (this rank's shard of it, in a group) and size its KV cache.
+
+    ``config`` must have come through ``for_platform``. In a tensor-parallel group every rank
+    calls this with its `GroupMember` (rank 0 with its `Driver`): the ranks agree on one KV
+    block count, and a rank that fails to load tells the others before raising.
+    """
+    parallel = SINGLE if group is None else group.parallel
+    try:
+        dtype = resolve_dtype(platform, config.dtype)
+        quantization = resolve_quantization(
+            platform, config.quantization, dtype, source.is_quantized
+        )
+        kv_dtype = (
+            dtype
+            if config.kv_cache_dtype == "auto"
+            else resolve_dtype(platform, config.kv_cache_dtype, "kv_cache_dtype")
+        )
+        model = load_model(source, platform.device, dtype, quantization, parallel=parallel)
+        spec = KVCacheSpec(
+            source.config.num_hidden_layers,
+            model.num_local_kv_heads,
+            source.config.head_dim,
+            config.block_size,
+            kv_dtype,
+        )
+        kv_plan = plan_kv_cache(
+            model, spec, platform, config, source.config.max_position_embeddings
+        )
+    except Exception as e:
+        if group is not None:
+            group.fail_startup(e)
+        raise
+    if group is not None:
+        kv_plan = group.agree(kv_plan)
+    kv_cache = KVCache(spec, kv_plan.num_blocks, platform.device)
+    make_runner = ModelRunner if group is None else group.make_runner
+    runner = make_runner(model, kv_cache, platform.device, dtype, platform.attention_backend())
+    # Every rank decides alike (a tensor-parallel shard stays eager; "on" is refused there).
+    compiled = build_compiled_decode(
+        config.compile,
+        model,
+        kv_cache,
+        runner.backend,
+        dtype,
+        kv_plan.max_model_len,
+        config.max_num_seqs,
+    )
+    runner.set_compiled(compiled)
+    return BuiltRunner(runner, kv_plan, quantization, compiled)
 
 
 def _build_scheduler(

@@ -66,6 +66,7 @@ class EngineLoop:
         self.stats: dict[str, int] = engine.scheduler.stats()
         #: ``time.monotonic()`` when the latest step finished (or the loop was made).
         self.last_step_time = time.monotonic()
+        engine.watch_faults(self._wake)
 
     def start(self) -> None:
         """Start the engine thread."""
@@ -92,6 +93,11 @@ class EngineLoop:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
+    def _wake(self, fault: BaseException) -> None:
+        """From any thread: the engine broke for good (``engine.fault``); the loop ends."""
+        with self._cond:
+            self._cond.notify()
+
     def _put(self, command: _Add | _Abort) -> None:
         with self._cond:
             self._inbox.append(command)
@@ -115,18 +121,27 @@ class EngineLoop:
     def _serve(self) -> None:
         while (commands := self._wait_for_work()) is not None:
             deliveries = self._apply(commands)
-            if self.engine.has_unfinished_requests():
+            if self.engine.has_unfinished_requests() and self.engine.fault is None:
                 deliveries += self._step()
                 self.stats = self.engine.scheduler.stats()
                 self.last_step_time = time.monotonic()
             if deliveries and not self._post(deliveries):
                 return
+            if self.engine.fault is not None:
+                # A tensor-parallel rank is gone: the step's requests got the error above,
+                # and dying here fails every other open stream and ends the process.
+                raise self.engine.fault
 
     def _wait_for_work(self) -> list[_Add | _Abort] | None:
         """The inbox's commands, once there is anything to do; None when shutting down."""
         with self._cond:
             idle = False
-            while not (self._stopping or self._inbox or self.engine.has_unfinished_requests()):
+            while not (
+                self._stopping
+                or self._inbox
+                or self.engine.has_unfinished_requests()
+                or self.engine.fault is not None
+            ):
                 idle = True
                 self._cond.wait()
             if idle:  # progress is measured from when there is work again

@@ -68,6 +68,10 @@ class Platform(ABC):
     def memory_info(self) -> MemoryInfo:
         """Free and total bytes of the memory the KV cache would live in."""
 
+    def set_device(self, index: int) -> None:  # noqa: B027 (the CPU has one "device")
+        """Make device ``index`` the current one (a tensor-parallel rank's own device), so
+        that ``device`` means it."""
+
     def check_block_size(self, block_size: int) -> None:  # noqa: B027 (most devices take any)
         """Raise ValueError if this device's attention kernel cannot use ``block_size``."""
 

@@ -29,6 +29,10 @@ class CudaPlatform(Platform):
         """Plain-torch paged attention on the GPU."""
         return TorchSDPABackend()
 
+    def set_device(self, index: int) -> None:
+        """``torch.cuda.set_device`` (NOT RUN with more than one GPU: none was available)."""
+        torch.cuda.set_device(index)
+
     def synchronize(self) -> None:
         """Wait for every queued kernel on the current device."""
         torch.cuda.synchronize()

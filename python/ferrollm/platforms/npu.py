@@ -61,6 +61,11 @@ class NpuPlatform(Platform):
         """``npu_fused_infer_attention_score`` over the block tables."""
         return NpuPagedAttentionBackend()
 
+    def set_device(self, index: int) -> None:
+        """``torch.npu.set_device`` (importing torch_npu also registers the ``hccl`` backend
+        with torch.distributed)."""
+        _torch_npu().npu.set_device(index)
+
     def synchronize(self) -> None:
         """Wait for every queued kernel on the current device."""
         _torch_npu().npu.synchronize()

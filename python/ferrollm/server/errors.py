@@ -73,7 +73,9 @@ def to_api_error(error: BaseException) -> ApiError:
     if isinstance(error, ValueError):  # the engine's own checks of a request
         return ApiError(400, str(error), code="invalid_value")
     if _is_engine_dead(error):
-        return ApiError(503, "the engine is not running", code="engine_dead")
+        fault = _group_fault(error)
+        detail = "" if fault is None else f": {fault}"
+        return ApiError(503, f"the engine is not running{detail}", code="engine_dead")
     logger.error("request failed", exc_info=error)
     return ApiError(500, "internal server error; see the server log", code="internal_error")
 
@@ -83,6 +85,15 @@ def _is_engine_dead(error: BaseException) -> bool:
     from ferrollm.engine import EngineDeadError, StepError
 
     return isinstance(error, (EngineDeadError, StepError))
+
+
+def _group_fault(error: BaseException) -> str | None:
+    """What broke the tensor-parallel group, when that is why the engine stopped (it names the
+    rank and the cause; clients and operators see it in the error)."""
+    from ferrollm.distributed.launch import GroupError
+
+    cause = error if isinstance(error, GroupError) else error.__cause__
+    return str(cause) if isinstance(cause, GroupError) else None
 
 
 _OPENAI_TYPES = {
