@@ -21,11 +21,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from ferrollm import LLM, SamplingParams
 from ferrollm.config import EngineConfig, EngineConfigError
 from ferrollm.distributed.launch import GroupError
 from ferrollm.engine import EngineRequest, RequestOutput, StepError
+from ferrollm.executor.kv_cache import KVCacheSpec
+from tiny_models import build_tiny_model
 
 TIMEOUT_S = 30
 #: Chunked prefill (8 tokens a step), 4 seats, and 16 blocks of 4 tokens: the batch below
@@ -97,6 +100,29 @@ def test_tp2_equals_tp1_with_chunked_prefill_prefix_hits_and_preemption(
         assert stats["num_preemptions"] > 0 and stats["num_prefix_hit_blocks"] > 0
     assert_same(ours, expected)
     assert workers[1].wait(TIMEOUT_S) == 0  # shut down cleanly by rank 0
+
+
+def test_tp3_equals_tp1_on_a_model_whose_heads_divide_by_three(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Three ranks (one KV head each, a vocabulary of 320 split into padded thirds) on the
+    same busy batch: chunked prefill, prefix-cache hits and preemption."""
+    sizes = {"hidden_size": 96, "num_attention_heads": 6, "num_key_value_heads": 3}
+    model = build_tiny_model(
+        "llama3", tmp_path_factory.mktemp("six-heads"), sizes={**sizes, "intermediate_size": 192}
+    )
+    block = KVCacheSpec(2, 3, 16, BUSY["block_size"], torch.float32).bytes_per_block
+    tp1 = LLM(model, **{**BUSY, "kv_cache_memory": 16 * block})
+    expected = tp1.generate(PROMPTS, GREEDY)
+    stats = tp1.engine.scheduler.stats()
+    assert stats["num_preemptions"] > 0 and stats["num_prefix_hit_blocks"] > 0
+    tp3_options = {**BUSY, "kv_cache_memory": 16 * block // 3}  # a third of the heads a rank
+    with LLM(model, tensor_parallel_size=3, distributed_timeout=TIMEOUT_S, **tp3_options) as llm:
+        assert sorted(llm.engine.driver.workers.processes) == [1, 2]  # type: ignore[union-attr]
+        ours = llm.generate(PROMPTS, GREEDY)
+        stats = llm.engine.scheduler.stats()
+        assert stats["num_preemptions"] > 0 and stats["num_prefix_hit_blocks"] > 0
+    assert_same(ours, expected)
 
 
 def test_tp2_runs_the_steps_extras_on_every_rank(model_dir: Path) -> None:
