@@ -18,7 +18,8 @@ Compiled graphs are cached on disk by inductor (its FX-graph and AOT caches) und
 ``compile_cache_dir()``, so a later start-up only retraces and loads the kernels. They are all
 built at start-up (``warm_up``), not lazily, so no request waits for a compile. Default model,
 2-core EPYC: start-up compiles ~75 s the first time, ~15 s from the cache. Steps of more than
-``MAX_COMPILED_ROWS`` rows, steps whose attention would run on rayon's pool
+``MAX_COMPILED_ROWS`` rows (``QUANTIZED_MAX_ROWS`` on a model whose many-row steps run on
+oneDNN-packed copies: see `_has_packed_copies`), steps whose attention would run on rayon's pool
 (``PagedKernelBackend.parallel_for_decode``: long contexts), and every prefill or mixed step
 run eagerly.
 
@@ -41,6 +42,7 @@ import torch
 
 from ferrollm.config import EngineConfigError
 from ferrollm.layers.attention import AttentionBackend, AttentionContext
+from ferrollm.layers.linear import QUANTIZED_MAX_ROWS, Linear
 from ferrollm.layers.paged_attention import PagedKernelBackend, PagedKernelMetadata
 
 if TYPE_CHECKING:
@@ -101,11 +103,27 @@ def build_compiled_decode(
     if sharded:
         raise EngineConfigError("compile", "`compile` on cannot be used with tensor parallelism")
     max_blocks = -(-max_model_len // kv_cache.block_size)
-    max_bucket = bucket_for(min(max_num_seqs, MAX_COMPILED_ROWS))
+    max_rows = min(max_num_seqs, MAX_COMPILED_ROWS)
+    if _has_packed_copies(model):
+        max_rows = min(max_rows, QUANTIZED_MAX_ROWS)
+    max_bucket = bucket_for(max_rows)
     assert max_bucket is not None
     compiled = CompiledDecode(model, kv_cache, backend, max_blocks, max_bucket)
     compiled.warm_up()
     return compiled
+
+
+def _has_packed_copies(model: CausalLM) -> bool:
+    """Whether ``model``'s many-row steps run on oneDNN-packed weights (`prepack_dense`).
+
+    A graph over them cannot be cached on disk (inductor bypasses its FX-graph cache:
+    "mkldnn tensors unpickleable"), so it would recompile at every start (23 s for the default
+    model), and compiling it gains little there: the dense matmuls dominate those steps
+    (default model, offline ms per step eager -> compiled: batch 8 30.5 -> 28.5, batch 32
+    54.1 -> 56.3). Such steps stay eager.
+    """
+    modules = model.modules() if isinstance(model, torch.nn.Module) else ()
+    return any(isinstance(m, Linear) and m.packed is not None for m in modules)
 
 
 class CompiledDecode:

@@ -86,8 +86,7 @@ class Linear(nn.Module):
         """``x @ W.T (+ bias)`` on the kernel that suits ``x``'s row count."""
         many_rows = len(x) > QUANTIZED_MAX_ROWS
         if self.packed is not None and many_rows:
-            linear = onednn_linear_op if torch.compiler.is_compiling() else onednn_linear
-            return linear(x, self.packed, bias)
+            return onednn_linear(x, self.packed, bias)
         if self.quantized is None or (self.weight is not None and many_rows):
             return F.linear(x, self.weight, bias)  # type: ignore[arg-type]
         out = self.quantized.matmul(x)
@@ -208,21 +207,6 @@ def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     """``x @ W.T (+ bias)`` for a weight reordered by `prepack_dense`."""
     out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return out
-
-
-#: `onednn_linear` as an op compiled graphs call opaquely: inductor lowers the mkldnn op only
-#: when the weight is a graph constant, which a module's attribute is not. Eager calls skip
-#: the registered op's dispatch overhead.
-onednn_linear_op = torch.library.custom_op("ferrollm::onednn_linear", mutates_args=())(
-    onednn_linear
-)
-
-
-@onednn_linear_op.register_fake
-def _onednn_linear_fake(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    return x.new_empty((x.shape[0], packed.shape[0]))
 
 
 def dense_tensor(tensor: Weight, dtype: torch.dtype) -> torch.Tensor:
