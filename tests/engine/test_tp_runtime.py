@@ -125,6 +125,42 @@ def test_tp3_equals_tp1_on_a_model_whose_heads_divide_by_three(
     assert_same(ours, expected)
 
 
+#: /proc/net/tcp{,6} spellings of 127.0.0.1 and ::1.
+LOOPBACK = {"0100007F", "00000000000000000000000001000000"}
+
+
+def listening_addresses(pid: int) -> list[str]:
+    """The local addresses (as /proc/net/tcp spells them) process ``pid`` listens on."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as lines:
+            next(lines)
+            for line in lines:
+                cols = line.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                    found.append(cols[1].split(":")[0])
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_one_node_group_listens_on_loopback_only(model_dir: Path) -> None:
+    """The rendezvous store and gloo's pairs of every rank: nothing on another interface."""
+    with LLM(model_dir, tensor_parallel_size=2, distributed_timeout=TIMEOUT_S, **BUSY_TP2) as llm:
+        worker = llm.engine.driver.workers.processes[1]  # type: ignore[union-attr]
+        for pid in (os.getpid(), worker.pid):
+            addresses = listening_addresses(pid)
+            assert addresses, pid  # rank 0 hosts the store; every rank has gloo listeners
+            assert set(addresses) <= LOOPBACK, (pid, addresses)
+
+
 def test_tp2_runs_the_steps_extras_on_every_rank(model_dir: Path) -> None:
     """A prompt table (embedding overrides) and kept context logits travel with the step."""
     hidden = 64

@@ -51,6 +51,8 @@ logger = logging.getLogger("ferrollm.distributed")
 POLL_S = 0.2
 #: Seconds between pings of the group (at most a quarter of the timeout).
 PING_S = 5.0
+#: Seconds a failed step waits for a dead worker to show in the poll, to name it.
+EXPLAIN_GRACE_S = 1.0
 
 
 class Driver(GroupMember):
@@ -108,10 +110,17 @@ class Driver(GroupMember):
         return fault
 
     def _explain(self, error: BaseException) -> GroupError:
-        try:
-            self._check_workers()
-        except GroupError as dead:
-            return dead
+        # A killed worker's sockets close before its exit can be reaped: give the poll a
+        # moment to name the rank and its cause before settling for the collective's error.
+        deadline = time.monotonic() + EXPLAIN_GRACE_S
+        while True:
+            try:
+                self._check_workers()
+            except GroupError as dead:
+                return dead
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_S / 4)
         if isinstance(error, dist.DistBackendError) or "gloo" in str(error):
             return GroupError(
                 f"a tensor-parallel collective failed ({type(error).__name__}: {error}); a "

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -121,15 +122,39 @@ def timeout_of(config: EngineConfig) -> float:
 
 
 def connect_store(env: LauncherEnv, timeout: float, *, is_master: bool) -> TCPStore:
-    """The group's rendezvous store at ``MASTER_ADDR:MASTER_PORT`` (hosted by rank 0)."""
+    """The group's rendezvous store at ``MASTER_ADDR:MASTER_PORT`` (hosted by rank 0).
+
+    Rank 0 listens on ``MASTER_ADDR`` only (loopback on one node): torch's own store server
+    would listen on every interface, so it gets a socket bound here instead. Port 0 picks a
+    free port (``store.port`` tells which).
+    """
+    listener = _listen(env.master_addr, env.master_port) if is_master else None
+    port = env.master_port if listener is None else listener.getsockname()[1]
     return TCPStore(
         env.master_addr,
-        env.master_port,
+        port,
         env.world_size,
         is_master,
         timedelta(seconds=timeout),
         wait_for_workers=False,
+        master_listen_fd=None if listener is None else listener.detach(),
     )
+
+
+def _listen(address: str, port: int) -> socket.socket:
+    """A listening TCP socket bound to ``address:port`` (its fd goes to the store)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((address, port))
+        listener.listen(128)
+    except OSError as e:
+        listener.close()
+        raise GroupError(
+            f"rank 0 cannot listen on MASTER_ADDR:MASTER_PORT = {address}:{port} ({e})"
+        ) from e
+    return listener
 
 
 def init_group(env: LauncherEnv, store: Store, backend: str, timeout: float) -> ParallelState:
