@@ -18,8 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-#: Float32 logits per chunk (64 MiB): the rows projected at once are this over the vocabulary.
-CHUNK_LOGITS = 1 << 24
+from ferrollm.executor.step_extras import logits_in_chunks
 
 
 @dataclass(slots=True)
@@ -61,17 +60,15 @@ def score_prompt_tokens(
     targets: PromptTargets,
 ) -> PromptScores:
     """Score ``targets`` from the step's final hidden states ``[T, hidden]`` on their device,
-    at most ``CHUNK_LOGITS`` logits at a time; call under ``torch.inference_mode()``."""
-    device = hidden.device
-    rows = torch.from_numpy(targets.token_indices).to(device)
-    wanted = torch.from_numpy(targets.target_ids).to(device)
-    step = max(1, CHUNK_LOGITS // vocab_size)
+    at most ``step_extras.CHUNK_LOGITS`` logits at a time; call under
+    ``torch.inference_mode()``."""
+    wanted = torch.from_numpy(targets.target_ids).to(hidden.device)
     k = targets.num_top
     parts = []
-    for start in range(0, len(rows), step):
-        logits = compute_logits(hidden.index_select(0, rows[start : start + step]))
+    chunks = logits_in_chunks(hidden, compute_logits, vocab_size, targets.token_indices)
+    for rows, logits in chunks:
         logprobs = logits.float().log_softmax(-1)
-        chosen = logprobs.gather(1, wanted[start : start + step, None])
+        chosen = logprobs.gather(1, wanted[rows, None])
         ranks = (logprobs > chosen).sum(-1) + 1
         top_logprobs, top_ids = logprobs.topk(k, -1)
         parts.append((chosen[:, 0], ranks, top_ids, top_logprobs))

@@ -7,7 +7,7 @@ a step without either passes None and pays nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,10 +56,27 @@ def project_rows(
 ) -> npt.NDArray[np.float32]:
     """Float32 logits ``[m, vocab]`` on the host of the hidden-state rows ``token_indices``,
     at most ``CHUNK_LOGITS`` logits at a time on the device; call under inference mode."""
-    rows = torch.from_numpy(token_indices).to(hidden.device)
-    step = max(1, CHUNK_LOGITS // vocab_size)
     parts = [
-        compute_logits(hidden.index_select(0, rows[start : start + step])).float().cpu()
-        for start in range(0, len(rows), step)
+        logits.float().cpu()
+        for _, logits in logits_in_chunks(hidden, compute_logits, vocab_size, token_indices)
     ]
     return torch.cat(parts).numpy()
+
+
+def logits_in_chunks(
+    hidden: torch.Tensor,
+    compute_logits: Callable[[torch.Tensor], torch.Tensor],
+    vocab_size: int,
+    token_indices: npt.NDArray[np.int64],
+) -> Iterator[tuple[slice, torch.Tensor]]:
+    """The logits of the hidden-state rows ``token_indices``, ``CHUNK_LOGITS // vocab_size``
+    rows at a time, each with the slice of ``token_indices`` it covers.
+
+    Every projection of extra rows goes through here, on every rank of a tensor-parallel
+    group (``compute_logits`` is collective there), so all ranks make the same calls.
+    """
+    rows = torch.from_numpy(token_indices).to(hidden.device)
+    step = max(1, CHUNK_LOGITS // vocab_size)
+    for start in range(0, len(rows), step):
+        part = slice(start, start + step)
+        yield part, compute_logits(hidden.index_select(0, rows[part]))
