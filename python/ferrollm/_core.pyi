@@ -10,6 +10,7 @@ import numpy.typing as npt
 __all__ = [
     "FINISH_REASON_NAMES",
     "CompiledGrammar",
+    "CpuFeatures",
     "DecodeStream",
     "Detokenizer",
     "GrammarCompiler",
@@ -28,6 +29,7 @@ __all__ = [
     "ValidationError",
     "__version__",
     "check_supported",
+    "cpu_features",
     "paged_attention",
     "truncate_at_stop",
     "validate",
@@ -825,6 +827,31 @@ class Sampler:
         processed_row: npt.NDArray[np.float32], params: SamplingParams
     ) -> npt.NDArray[np.float32]:
         """The exact distribution a draw uses over a processed row (zeros for removed tokens)."""
+
+@final
+class CpuFeatures:
+    """This process's CPU features, detected once from the CPU itself and capped by the
+    ``FERROLLM_CPU_ISA`` environment variable (``native``, the default; ``avx2``: as an
+    AVX2-only CPU; ``baseline``: no AVX2). The Rust kernels and the torch paths both follow it."""
+
+    @property
+    def cap(self) -> str:
+        """The cap in force: "native", "avx2" or "baseline"."""
+    @property
+    def names(self) -> list[str]:
+        """The features present and allowed, as ``/proc/cpuinfo`` names them (``avx2``,
+        ``fma``, ``f16c``, ``avx_vnni``, ``avx_ne_convert``, ``avx512f``, ``avx512bw``,
+        ``avx512vl``, ``avx512dq``, ``avx512_vnni``, ``avx512_bf16``, ``amx_tile``,
+        ``amx_bf16``, ``amx_int8``)."""
+    @property
+    def kernel_tier(self) -> str:
+        """The SIMD tier the Rust kernels run: "avx512", "avx2" or "generic"."""
+    def has(self, name: str) -> bool:
+        """Whether feature ``name`` is present and allowed."""
+
+def cpu_features() -> CpuFeatures:
+    """The features (see `CpuFeatures`); ValueError naming ``FERROLLM_CPU_ISA`` if it holds an
+    unknown cap."""
 
 def paged_attention(
     q: tuple[int, int],

@@ -9,6 +9,7 @@
 
 use rayon::prelude::*;
 
+use super::cpu::{CpuFeatures, KernelTier};
 use super::simd::{axpy, dot, exp_neg, Elem};
 use crate::error::{CoreError, CoreResult};
 
@@ -313,18 +314,21 @@ struct Job<'a, Q, C> {
 type ItemFn<Q, C> = unsafe fn(&Job<'_, Q, C>, usize, &mut [Q]);
 
 /// The widest variant this CPU runs (the wheel targets baseline x86_64, so wider SIMD is
-/// detected at run time).
+/// detected at run time, under the process's `FERROLLM_CPU_ISA` cap).
 fn select<Q: Elem, C: Elem>() -> ItemFn<Q, C> {
+    variant(CpuFeatures::get().tier)
+}
+
+/// The variant compiled for `tier`; the caller vouches that the CPU runs that tier.
+fn variant<Q: Elem, C: Elem>(tier: KernelTier) -> ItemFn<Q, C> {
     #[cfg(target_arch = "x86_64")]
-    {
-        let fma = is_x86_feature_detected!("fma");
-        if fma && is_x86_feature_detected!("avx512f") {
-            return item_avx512::<Q, C>;
-        }
-        if fma && is_x86_feature_detected!("avx2") {
-            return item_avx2::<Q, C>;
-        }
+    match tier {
+        KernelTier::Avx512 => return item_avx512::<Q, C>,
+        KernelTier::Avx2 => return item_avx2::<Q, C>,
+        KernelTier::Generic => {}
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = tier;
     item_generic::<Q, C>
 }
 

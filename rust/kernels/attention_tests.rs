@@ -222,6 +222,15 @@ fn every_simd_variant_agrees() {
     };
     let generic = run(item_generic::<f32, f32>);
     assert!(max_diff(&generic, &run(select::<f32, f32>())) < 1e-6);
+    // Every variant the hardware runs, whatever the process's cap, against the portable one.
+    for tier in [KernelTier::Avx2, KernelTier::Avx512] {
+        if tier <= CpuFeatures::uncapped().tier {
+            assert!(
+                max_diff(&generic, &run(variant::<f32, f32>(tier))) < 1e-6,
+                "{tier:?}"
+            );
+        }
+    }
 }
 
 #[test]

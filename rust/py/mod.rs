@@ -4,6 +4,7 @@
 
 mod arrays;
 mod attention;
+mod cpu;
 mod detok;
 mod errors;
 mod grammar;
@@ -49,6 +50,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stop::PyStopMatcher>()?;
     m.add_function(wrap_pyfunction!(stop::py_truncate_at_stop, m)?)?;
     m.add_function(wrap_pyfunction!(attention::paged_attention, m)?)?;
+    m.add_class::<cpu::PyCpuFeatures>()?;
+    m.add_function(wrap_pyfunction!(cpu::cpu_features, m)?)?;
     m.add_class::<sampling::PySampler>()?;
     m.add_class::<sampling::PySampleResult>()?;
     m.add("ValidationError", py.get_type::<errors::ValidationError>())?;

@@ -11,8 +11,8 @@ const LANES: usize = 8;
 /// Elements summed in `f32` before the block's sum is added to the `f64` total.
 const BLOCK: usize = 256;
 
-/// Defines `pub(crate) fn $name`, which runs `$any` compiled for AVX2 when the CPU has it and
-/// for the baseline otherwise. Both builds run the same operations, only on wider registers:
+/// Defines `pub(crate) fn $name`, which runs `$any` compiled for AVX2 when the CPU has it (and
+/// `FERROLLM_CPU_ISA` allows it: `crate::kernels::CpuFeatures`) and for the baseline otherwise. Both builds run the same operations, only on wider registers:
 /// Rust never fuses a multiply and an add on its own and every sum here has a fixed order, so
 /// the results are the same bits (the tests compare them).
 macro_rules! dispatch {
@@ -20,12 +20,12 @@ macro_rules! dispatch {
         $(#[$doc])*
         pub(crate) fn $name $(<$($g: $b),+>)? ($($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
-            if std::is_x86_feature_detected!("avx2") {
+            if $crate::kernels::CpuFeatures::get().tier >= $crate::kernels::KernelTier::Avx2 {
                 #[target_feature(enable = "avx2")]
                 fn wide $(<$($g: $b),+>)? ($($arg: $ty),*) -> $ret {
                     $any($($arg),*)
                 }
-                // SAFETY: the CPU has AVX2, checked just above.
+                // SAFETY: the CPU has AVX2 (and FMA), checked just above.
                 return unsafe { wide($($arg),*) };
             }
             $any($($arg),*)

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from gguf import quants
 
+from cpu_support import AVX2_ONLY, fake_cpu
 from ferrollm.config import EngineConfig, EngineConfigError
 from ferrollm.engine.engine import load_model
 from ferrollm.executor.gguf_quant import decode_blocks
@@ -27,11 +28,10 @@ from ferrollm.executor.kv_cache import KVCacheSpec
 from ferrollm.executor.loader import load_model_source
 from ferrollm.executor.runner import teacher_forced_scores
 from ferrollm.executor.sizing import resolve_quantization
-from ferrollm.layers import linear as linear_module
 from ferrollm.layers.linear import QUANTIZED_MAX_ROWS, Linear
 from ferrollm.layers.quant import QuantizedWeight, quantize_rtn
 from ferrollm.models import registry
-from ferrollm.platforms import get_platform
+from ferrollm.platforms import cpu_features, get_platform
 from ferrollm.tokenizer import Tokenizer
 from tiny_models import write_tiny_gguf
 
@@ -183,8 +183,8 @@ def test_small_models_keep_a_dense_copy_for_many_rows(
     tiny_model_factory: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write_tiny_gguf(tiny_model_factory("tied"), tmp_path / "t.gguf", "llama", "Q4_1")
-    with monkeypatch.context() as patch:  # the copy as a plain weight, for reference
-        patch.setattr(linear_module, "prepack_dense", lambda weight: None)
+    with monkeypatch.context() as patch:  # an AVX2-only CPU: the copy as a plain weight
+        fake_cpu(patch, *AVX2_ONLY)
         plain = load_model(load_model_source(path), CPU, torch.bfloat16, "native")
     plain_layer = plain.model.layers[0].mlp.gate_up_proj
     assert plain_layer.quantized is not None and plain_layer.weight is not None
@@ -198,11 +198,15 @@ def test_small_models_keep_a_dense_copy_for_many_rows(
         (plain_layer(few).float() - F.linear(few, plain_layer.weight).float()).abs() < 0.05
     ).all()
 
-    # By default the copy is reordered for oneDNN where torch has it (x86 wheels do), in place
-    # of the plain one (same memory), and gives the plain copy's results.
+    # On the host, the copy is reordered for oneDNN where torch has it (x86 wheels do) and the
+    # CPU runs its bfloat16 kernels, in place of the plain one (same memory), and gives the
+    # plain copy's results.
     model = load_model(load_model_source(path), CPU, torch.bfloat16, "native")
     layer = model.model.layers[0].mlp.gate_up_proj
-    has_onednn = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+    has_onednn = (
+        torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+        and cpu_features.cpu_caps().onednn_bf16
+    )
     assert (layer.packed is not None) == has_onednn
     assert (layer.weight is None) == has_onednn
     torch.testing.assert_close(layer(many), plain_layer(many))

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
+from cpu_support import fake_cpu
 from ferrollm.config import (
     DEFAULT_CPU_KV_CACHE_MEMORY,
     EngineConfig,
@@ -28,6 +29,7 @@ from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.registry import build_model
 from ferrollm.platforms import MemoryInfo
 from ferrollm.platforms import cpu as cpu_platform
+from ferrollm.platforms.base import Platform
 from ferrollm.platforms.cpu import CpuPlatform
 from ferrollm.platforms.npu import NpuPlatform
 
@@ -44,10 +46,14 @@ class FixedMemoryCpu(CpuPlatform):
 
 
 class FakeAccelerator(FixedMemoryCpu):
-    """Runs on the CPU but sizes and picks dtypes like an accelerator."""
+    """Runs on the CPU but sizes and picks dtypes like an accelerator (whatever the host CPU
+    has: "auto" is the accelerator's preferred dtype, never the CPU's bfloat16 probe)."""
 
     is_accelerator = True
     preferred_dtype = torch.bfloat16
+
+    def auto_dtype(self) -> torch.dtype:
+        return Platform.auto_dtype(self)
 
 
 # --- EngineConfig --------------------------------------------------------------------------
@@ -175,7 +181,7 @@ def test_auto_dtype_on_cpu_is_bfloat16_only_where_it_is_fast(
 
 def test_a_cpu_without_bfloat16_flags_is_not_probed(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu_platform.has_fast_bfloat16.cache_clear()
-    monkeypatch.setattr(cpu_platform, "cpu_flags", lambda: frozenset(["avx2", "fma"]))
+    fake_cpu(monkeypatch, "avx2", "fma")
     monkeypatch.setattr(cpu_platform, "_time_linear", lambda dtype: pytest.fail("probed"))
     try:
         assert not cpu_platform.has_fast_bfloat16()
@@ -185,7 +191,7 @@ def test_a_cpu_without_bfloat16_flags_is_not_probed(monkeypatch: pytest.MonkeyPa
 
 def test_the_bfloat16_probe_wants_a_real_speedup(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu_platform.has_fast_bfloat16.cache_clear()
-    monkeypatch.setattr(cpu_platform, "cpu_flags", lambda: frozenset(["avx512_bf16"]))
+    fake_cpu(monkeypatch, "avx512_bf16")
     timings = {torch.float32: 1.0, torch.bfloat16: 0.9}  # flags, but no faster: float32
     monkeypatch.setattr(cpu_platform, "_time_linear", timings.__getitem__)
     try:

@@ -56,6 +56,7 @@ def resolve_dtype(platform: Platform, requested: str, field: str = "dtype") -> t
         raise EngineConfigError(
             field, f"`{field}` {name} is not supported on {platform.name}; use one of {supported}"
         )
+    platform.check_dtype(dtype, field)
     return dtype
 
 

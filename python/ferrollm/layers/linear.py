@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ferrollm.layers.quant import GroupQuantized, QuantizedWeight, native_scheme, quantize_rtn
+from ferrollm.platforms import cpu_features
 
 #: What a checkpoint gives for one tensor: dense, or group-quantized as the file stores it.
 Weight = torch.Tensor | GroupQuantized
@@ -191,8 +192,14 @@ def prepack_dense(weight: torch.Tensor) -> torch.Tensor | None:
     ``bf16pk`` against ``bf16``): 1.3-1.8x at M=8 (LM head 4.09 -> 2.23 ms), 1.1-1.4x at M=32,
     about 1.05x at M=256; slightly slower at M=1, which is why quantized layers use it only
     above ``QUANTIZED_MAX_ROWS`` rows (their packed int4/int8 kernel takes the fewer rows).
+
+    None too on a CPU without the features oneDNN's bfloat16 kernels need
+    (`CpuCaps.onednn_bf16`: an AVX2-only CPU), where torch's reorder would raise: the layer
+    keeps the plain copy, which torch multiplies on its own kernels there.
     """
     if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
+        return None
+    if not cpu_features.cpu_caps().onednn_bf16:
         return None
     if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         return None

@@ -72,6 +72,10 @@ class Platform(ABC):
         """Make device ``index`` the current one (a tensor-parallel rank's own device), so
         that ``device`` means it."""
 
+    def check_dtype(self, dtype: torch.dtype, field: str) -> None:  # noqa: B027 (most run any)
+        """Raise EngineConfigError naming ``field`` if ``dtype`` cannot run on this machine's
+        hardware (beyond ``supported_dtypes``), or log what running it there costs."""
+
     def check_block_size(self, block_size: int) -> None:  # noqa: B027 (most devices take any)
         """Raise ValueError if this device's attention kernel cannot use ``block_size``."""
 

@@ -1,8 +1,9 @@
 """The CPU platform: the paged-attention kernel reading KV blocks in place; memory is the host's.
 
 The compute dtype "auto" is bfloat16 when the CPU really has bfloat16 units and float32
-otherwise (`has_fast_bfloat16`): flags alone are not trusted (a CPU may advertise AMX that a
-library cannot use), so a short matmul is timed once at start-up in both dtypes.
+otherwise (`has_fast_bfloat16`): the units come from `cpu_caps` (detected once, capped by
+``FERROLLM_CPU_ISA``), but flags alone are not trusted (a CPU may advertise AMX that a library
+cannot use), so a short matmul is timed once at start-up in both dtypes.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ import torch
 
 from ferrollm.layers.attention import AttentionBackend
 from ferrollm.layers.paged_attention import PagedKernelBackend
+from ferrollm.platforms import cpu_features
 from ferrollm.platforms.base import MemoryInfo, Platform
 
 logger = logging.getLogger(__name__)
 
-#: /proc/cpuinfo flags of bfloat16 arithmetic units (x86 AVX512-BF16 / AMX, Arm BF16).
-BF16_FLAGS = frozenset(["avx512_bf16", "amx_bf16", "bf16"])
 #: bfloat16 must beat float32 by this factor in the start-up probe to be chosen.
 BF16_MIN_SPEEDUP = 1.3
 
@@ -45,6 +45,20 @@ class CpuPlatform(Platform):
     def available(cls) -> bool:
         """Always: the host CPU is there."""
         return True
+
+    def check_dtype(self, dtype: torch.dtype, field: str) -> None:
+        """Every dtype runs on every CPU (torch converts where the CPU lacks the units); logs
+        the CPU's features once, and warns when the model's ``dtype`` is bfloat16 without
+        bfloat16 units (the KV cache's is read by the Rust kernel, which converts cheaply)."""
+        caps = cpu_features.cpu_caps()
+        if field == "dtype" and dtype == torch.bfloat16 and not caps.bf16_units:
+            logger.warning(
+                "`dtype` bfloat16 on a CPU without bfloat16 units (no %s): it runs on torch's "
+                "converting kernels%s, slower than float32 from batches of about 8 rows "
+                "(see ferrollm.executor.sizing.resolve_dtype)",
+                "/".join(cpu_features.BF16_UNIT_FEATURES),
+                "" if caps.onednn_bf16 else " without oneDNN-packed weights",
+            )
 
     def attention_backend(self) -> AttentionBackend:
         """The Rust paged-attention kernel (no per-step gather; see ``benches/attention.py``)."""
@@ -71,11 +85,10 @@ def has_fast_bfloat16() -> bool:
     Probed once per process (about 50 ms): ``linear`` at M=64, K=N=1024 in both dtypes, best
     of five. The result and the timings are logged.
     """
-    flags = cpu_flags()
-    if not flags & BF16_FLAGS:
+    if not cpu_features.cpu_caps().bf16_units:
         logger.info(
-            "CPU has no bfloat16 units (no %s flag): computing in float32",
-            "/".join(sorted(BF16_FLAGS)),
+            "CPU has no bfloat16 units (no %s): computing in float32",
+            "/".join(cpu_features.BF16_UNIT_FEATURES),
         )
         return False
     f32 = _time_linear(torch.float32)
@@ -88,19 +101,6 @@ def has_fast_bfloat16() -> bool:
         "bfloat16" if fast else "float32",
     )
     return fast
-
-
-def cpu_flags() -> frozenset[str]:
-    """The CPU feature flags of /proc/cpuinfo (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return frozenset(value.split())
-    except OSError:
-        pass
-    return frozenset()
 
 
 def _time_linear(dtype: torch.dtype) -> float:
