@@ -178,6 +178,16 @@ class AsyncEngine:
             return 0.0
         return time.monotonic() - self._loop.last_step_time
 
+    def fail_in_flight(self, error: Exception) -> int:
+        """On the event loop: abort every request in flight and fail it with ``error`` (its
+        stream raises it, its sink gets it); the engine keeps serving. How many there were."""
+        open_ids = [*self._streams, *self._sinks]
+        if self._loop is not None:
+            for request_id in open_ids:
+                self._loop.abort(request_id)
+        self._dispatch([RequestFailure(request_id, error) for request_id in open_ids])
+        return len(open_ids)
+
     def shutdown(self) -> None:
         """Stop the engine thread and drop its requests; open streams raise EngineDeadError."""
         if self._closed:

@@ -79,6 +79,8 @@ class AsyncEmbedder:
             )
         )
         self._inbox: list[tuple[str, _Job]] = []
+        #: Requests awaiting their vectors (the event loop's view; `fail_in_flight`).
+        self._jobs: set[_Job] = set()
         self._rows: dict[int, tuple[_Job, int]] = {}
         self._next_id = 0
         self._wake = threading.Condition()
@@ -126,6 +128,7 @@ class AsyncEmbedder:
             self._inbox.append(("add", job))
             self._counters.num_waiting += len(inputs)
             self._wake.notify()
+        self._jobs.add(job)
         try:
             return await job.future
         except asyncio.CancelledError:
@@ -134,6 +137,8 @@ class AsyncEmbedder:
                 self._inbox.append(("abort", job))
                 self._wake.notify()
             raise
+        finally:
+            self._jobs.discard(job)
 
     def watch(self, on_death: Callable[[BaseException], None]) -> None:
         """Call ``on_death(cause)`` on the running event loop when the thread dies (at once
@@ -170,6 +175,19 @@ class AsyncEmbedder:
         if not self._counters.num_waiting:
             return 0.0
         return time.monotonic() - self._counters.last_step_time
+
+    def fail_in_flight(self, error: Exception) -> int:
+        """On the event loop: fail every request waiting or running with ``error`` (the thread
+        aborts their inputs, as for a cancelled request); how many there were."""
+        jobs = [job for job in self._jobs if not job.future.done()]
+        with self._wake:
+            for job in jobs:
+                job.cancelled = True
+                self._inbox.append(("abort", job))
+            self._wake.notify()
+        for job in jobs:
+            _set_exception(job.future, error)
+        return len(jobs)
 
     def shutdown(self) -> None:
         """Stop the thread; queued requests fail."""

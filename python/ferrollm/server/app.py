@@ -23,7 +23,6 @@ from ferrollm.server.errors import (
 )
 from ferrollm.server.guard import exit_on_engine_death
 from ferrollm.server.http import (
-    ClientDisconnected,
     JSONResponse,
     Message,
     Receive,
@@ -40,8 +39,13 @@ from ferrollm.server.protocol import mindie as mi
 from ferrollm.server.protocol import openai as oa
 from ferrollm.server.routes import chat, completions, databricks, embeddings, mindie, ops
 from ferrollm.server.routing import Route
+from ferrollm.server.signals import on_termination
 
 logger = logging.getLogger("ferrollm.server")
+
+#: Seconds the requests ended at the drain timeout get to write their error before the engine
+#: stops (well inside the worker's kill margin, ``ferrollm.server.transport.KILL_MARGIN_S``).
+ERROR_FLUSH_S = 2.0
 
 ROUTES = (
     Route("POST", "/v1/chat/completions", chat.chat_completions, "Chat completion (MindIE/vLLM)",
@@ -122,17 +126,47 @@ class App:
                             engine.on_death = exit_on_engine_death
                         else:  # the embedding engine's thread runs from the start
                             engine.watch(exit_on_engine_death)
+                        on_termination(asyncio.get_running_loop(), self._on_termination)
                 except Exception as e:
-                    logger.exception("startup failed")
-                    await send({"type": "lifespan.startup.failed", "message": str(e)})
+                    # A missing file, a bad format, an unsupported model or option (OSError,
+                    # ValueError) is the user's to fix: one line, the traceback only in debug.
+                    user_error = isinstance(e, (OSError, ValueError))
+                    trace = not user_error or logger.isEnabledFor(logging.DEBUG)
+                    logger.error("startup failed: %s", e, exc_info=trace)
+                    # No message: Granian would log it a second time.
+                    await send({"type": "lifespan.startup.failed", "message": ""})
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 if self._ctx is not None:
-                    await self._ctx.guard.drain(self._ctx.config.drain_timeout)
+                    if not await self._ctx.guard.drain(self._ctx.config.drain_timeout):
+                        self._end_in_flight()
+                        await self._ctx.guard.wait_idle(ERROR_FLUSH_S)
                     self._ctx.engine.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    def _on_termination(self) -> None:
+        """SIGTERM/SIGINT: drain from now, and end what is still running at the deadline."""
+        ctx = self.ctx
+        if ctx.guard.draining:
+            return
+        ctx.guard.start_drain()
+        asyncio.get_running_loop().call_later(ctx.config.drain_timeout, self._end_in_flight)
+
+    def _end_in_flight(self) -> None:
+        """The drain timeout passed: every request still running ends with a 503 in its
+        route's shape (an error event once its stream began), never a cut connection."""
+        ctx = self.ctx
+        timeout = ctx.config.drain_timeout
+        error = ApiError(
+            503,
+            f"the server is shutting down and this request did not finish within the drain "
+            f"timeout ({timeout:g} s)",
+            code="shutting_down",
+        )
+        if num := ctx.engine.fail_in_flight(error):
+            logger.warning("drain timeout (%g s): %d requests end with an error", timeout, num)
 
     def _match(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
         allowed = []
@@ -159,8 +193,6 @@ class App:
         try:
             with self.ctx.guard.admit(path, headers):  # keys, per-key cap, drain
                 await self._admitted(scope, headers, receive, send, style)
-        except ClientDisconnected:
-            return
         except ApiError as e:
             await self._reject(send, style, e)
 

@@ -3,9 +3,10 @@
 `Guard.admit(path, headers)` is the app's one call site: it refuses a request whose key is
 missing or wrong (401), whose key has too many requests in flight (429), or that arrives while
 the server drains (503), and counts the request in flight until the response is written.
-`Guard.drain(timeout)` runs at shutdown (Granian turns SIGTERM into the lifespan's shutdown):
-readiness turns 503, new requests get 503, and the requests in flight get up to ``timeout``
-seconds to finish before the engine stops.
+`Guard.start_drain()` runs at the termination signal (and `Guard.drain(timeout)` at the
+lifespan's shutdown, which Granian runs once the open connections are done): readiness turns
+503, new requests get 503, and the requests in flight get up to ``timeout`` seconds from the
+signal to finish; the app ends the rest with their route's error (`App`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -37,6 +39,7 @@ class Guard:
         self._hosts = frozenset(config.allowed_hosts)
         self._public = frozenset(config.public_paths)
         self.draining = False
+        self._drain_started: float | None = None
         self.num_in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -83,22 +86,40 @@ class Guard:
                 code="host_not_allowed",
             )
 
+    def start_drain(self) -> None:
+        """Refuse new requests from now on; the drain's clock starts at the first call (the
+        termination signal, else the lifespan shutdown)."""
+        if self._drain_started is None:
+            self._drain_started = time.monotonic()
+            self.draining = True
+            logger.info("draining: %d requests in flight", self.num_in_flight)
+
     async def drain(self, timeout: float) -> bool:
-        """Refuse new requests and wait up to ``timeout`` s for those in flight; whether all
-        of them finished."""
-        self.draining = True
+        """Refuse new requests and wait for those in flight until ``timeout`` s after the
+        drain started; whether all of them finished."""
+        self.start_drain()
+        assert self._drain_started is not None
+        remaining = max(0.0, timeout - (time.monotonic() - self._drain_started))
         num = self.num_in_flight
-        logger.info("draining: %d requests in flight, up to %g s", num, timeout)
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
+        if not await self.wait_idle(remaining):
             logger.warning(
-                "drain timeout: %d of %d requests still in flight are cut",
+                "drain timeout (%g s): %d of %d requests still in flight",
+                timeout,
                 self.num_in_flight,
                 num,
             )
             return False
         logger.info("drained: all %d requests in flight finished", num)
+        return True
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for no request to be in flight; whether none is."""
+        if self._idle.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
         return True
 
 
