@@ -7,8 +7,10 @@ several nodes, start every rank with torch's launcher environment (``MASTER_ADDR
 
 Options come from built-in defaults, then ``--config FILE.json`` (a JSON object whose keys
 mirror the flags: ``max_num_seqs`` or ``max-num-seqs``), then the flags given. The parent
-process only parses and checks them (no torch); Granian's worker loads the model at lifespan
-startup and logs the model, device, dtype, KV blocks and URL.
+process only parses and checks them, and opens the model's config and tokenizer (no torch:
+`ferrollm.preflight`), so a bad model is one line and exit status 2 before any port is bound;
+Granian's worker loads the model at lifespan startup and logs the model, device, dtype, KV
+blocks and URL.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ferrollm import __version__
 from ferrollm.config import EngineConfigError, read_options_file, split_options
+from ferrollm.preflight import PreflightError, check_serving
 
 #: Where the parent hands the options to Granian's worker.
 OPTIONS_ENV = "FERROLLM_SERVE_OPTIONS"
@@ -146,6 +150,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = options.get("model")
     if model is not None and not Path(model).exists():
         parser.error(f"model path {model!r} does not exist")
+    try:
+        check_serving(split_options(options)[0])  # before any port is bound
+    except PreflightError as e:
+        if args.log_level == "debug":
+            traceback.print_exception(e)
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
     return _run_granian(options, args.log_level)
 
 

@@ -346,7 +346,10 @@ pub(crate) fn validate(
     let parsed = Route::parse(route)?;
     let raw = body_to_raw(body)?;
     let limits = limits_or_default(limits);
-    let inner = guard("validate", || validate_request(parsed, &raw, &limits))??;
+    // Without the GIL: a large body validated on a worker thread leaves the event loop free.
+    let inner = body
+        .py()
+        .detach(|| guard("validate", || validate_request(parsed, &raw, &limits)))??;
     let params = Py::new(
         body.py(),
         PySamplingParams {

@@ -88,8 +88,7 @@ pub(crate) fn logit_bias(f: Field<'_>, limits: &Limits) -> CoreResult<Vec<(Token
     };
     let top = max_token_id(limits);
     let mut out = Vec::with_capacity(obj.entries.len());
-    for (key, _) in obj.entries {
-        let value = obj.field(key);
+    for (key, value) in obj.members() {
         let id = match key.trim().parse::<i128>() {
             Ok(id) if (0..=top).contains(&id) => id as TokenId,
             Ok(_) => {

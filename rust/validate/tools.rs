@@ -1,6 +1,8 @@
 //! `tools`, `tool_choice` and `response_format` of the chat routes (SPEC 4.3, 6.3, →A-35,
 //!
 
+use rustc_hash::FxHashSet;
+
 use crate::error::CoreResult;
 
 use super::codes;
@@ -31,6 +33,7 @@ pub(crate) fn tools<'a>(
         }
     }
     let mut names: Vec<&'a str> = Vec::with_capacity(items.len());
+    let mut seen = FxHashSet::default(); // `names.contains` would be quadratic in 50,000 tools
     for (i, item) in items.iter().enumerate() {
         let path = f.path.index(i);
         let item = Field::new(path, Some(item));
@@ -41,8 +44,9 @@ pub(crate) fn tools<'a>(
         let func = tool.field("function");
         let func = func.obj()?.ok_or_else(|| func.missing())?;
         let name_field = func.field("name");
-        let name = non_empty_str(name_field)?;
-        if names.contains(&name) {
+        non_empty_str(name_field)?;
+        let name = lookup_name(&items[i]); // the same string, borrowed from the body
+        if !seen.insert(name) {
             return Err(name_field.bad(codes::CONFLICT, "must be unique within `tools`"));
         }
         func.field("description").str()?;
@@ -53,7 +57,7 @@ pub(crate) fn tools<'a>(
                 Flavor::Databricks => databricks_parameters(&params)?,
             }
         }
-        names.push(lookup_name(&items[i]));
+        names.push(name);
     }
     Ok(names)
 }
@@ -77,8 +81,7 @@ fn mindie_parameters(params: &Obj<'_>) -> CoreResult<()> {
     }
     let props = params.field("properties");
     let props = props.obj()?.ok_or_else(|| props.missing())?;
-    for (key, _) in props.entries {
-        let prop = props.field(key);
+    for (_, prop) in props.members() {
         prop.obj()?;
     }
     let required = params.field("required");

@@ -172,3 +172,21 @@ def test_headers_trickled_slower_than_the_header_timeout_are_cut_off(
     assert limit_s - 1 <= elapsed < limit_s + 10, elapsed
     assert _status(answer) in (None, 408), answer[:300]
     _assert_serving(strict_server)
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [b"zz\r\n{}\r\n0\r\n\r\n", b"2\r\n{}XX0\r\n\r\n", b"-1\r\n{}\r\n0\r\n\r\n"],
+    ids=["size-not-hex", "no-crlf-after-data", "negative-size"],
+)
+def test_broken_chunked_framing_is_a_400_not_a_500(server: Server, chunks: bytes) -> None:
+    """Granian reports a body it cannot decode as a disconnect and answered the app's silence
+    with a bare 500; the client's broken framing is a 400, and the connection closes."""
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + chunks
+    )
+    answer = _raw(server, request)
+    assert _status(answer) == 400, answer[:300]
+    assert b'"code":"invalid_body"' in answer and b"connection: close" in answer.lower()
+    _assert_serving(server)

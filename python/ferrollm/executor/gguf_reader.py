@@ -110,6 +110,24 @@ class GGUFFile:
             GGUFTensor(name, shape, ggml_type, data_start + offset)
             for name, shape, ggml_type, offset in infos
         ]
+        for tensor in self.tensors:  # a truncated file fails here, not halfway through loading
+            end = tensor.offset + self._num_bytes(tensor)
+            if end > len(self._map):
+                raise GGUFFormatError(
+                    f"{self._path!r} is truncated: tensor {tensor.name!r} ends at byte {end} "
+                    f"but the file has {len(self._map)} bytes"
+                )
+
+    @staticmethod
+    def _num_bytes(tensor: GGUFTensor) -> int:
+        count = int(np.prod(tensor.shape))
+        plain = _PLAIN_TENSORS.get(tensor.ggml_type)
+        if plain is not None:
+            return count * np.dtype(plain).itemsize
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.ggml_type)]
+        return count // block_size * type_size
 
     def data(self, tensor: GGUFTensor) -> np.ndarray[Any, Any]:
         """A read-only view of ``tensor``'s bytes, shaped as ``gguf.quants.dequantize`` wants;

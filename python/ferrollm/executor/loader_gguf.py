@@ -11,19 +11,21 @@ import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-import torch
 
 from ferrollm.distributed.shard_plan import WHOLE, ShardPlan
-from ferrollm.executor.gguf_quant import GGML_TYPE_NAMES, decode_blocks
 from ferrollm.executor.gguf_reader import GGUFFile, GGUFTensor
 from ferrollm.executor.gguf_tokenizer import add_bos_token, build_tokenizer_json, special_token
 from ferrollm.executor.source import ModelSource, SpecialTokens, progress_bar
-from ferrollm.layers.linear import Weight
-from ferrollm.layers.quant import GroupQuantized, quantize_rtn
 from ferrollm.models.config import ModelConfig, UnsupportedModelError
+
+if TYPE_CHECKING:  # opening a file (config, tokenizer) needs no torch: `ferrollm.preflight`
+    import torch
+
+    from ferrollm.layers.linear import Weight
+    from ferrollm.layers.quant import GroupQuantized
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ _LAYER_TENSORS = {
 #: Types stored as plain floats (no quantization to keep).
 _DENSE_TYPES = frozenset(["F32", "F16", "BF16", "F64"])
 #: A tensor's rows: a dense array, or a quantized tensor (whose rows reorder the same way).
-_Rows = TypeVar("_Rows", np.ndarray[Any, Any], GroupQuantized)
+_Rows = TypeVar("_Rows", "np.ndarray[Any, Any]", "GroupQuantized")
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 #: Tensors with no transformers counterpart: llama.cpp's precomputed llama3 rope factors.
 _IGNORED_TENSORS = frozenset(["rope_freqs.weight"])
@@ -106,6 +108,11 @@ class GGUFCheckpoint(ModelSource):
         quantized types are dequantized and re-quantized to the nearest scheme the kernels run
         (int4 for up to 4.5 bits per weight, else int8), said once in the log.
         """
+        import torch
+
+        from ferrollm.executor.gguf_quant import GGML_TYPE_NAMES, decode_blocks
+        from ferrollm.layers.quant import quantize_rtn
+
         try:
             from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize
         except ImportError as err:  # optional: only GGUF files need it
@@ -152,6 +159,8 @@ class GGUFCheckpoint(ModelSource):
         """``tensor``'s bytes for ``shard``'s slice of it, and the columns to keep of their
         dequantization (None: all) when the slice starts or ends inside a block."""
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        from ferrollm.executor.gguf_quant import GGML_TYPE_NAMES
 
         data = self._file.data(tensor)
         part = shard.slice_of(name)
@@ -211,8 +220,10 @@ def _reverse_permute(array: _Rows, num_heads: int) -> _Rows:
     rows = array.shape[0]
     half = rows // num_heads // 2
     order = np.arange(rows).reshape(num_heads, half, 2).swapaxes(2, 1).reshape(-1)
-    if isinstance(array, GroupQuantized):
-        return array.rows(torch.from_numpy(order))  # type: ignore[return-value]
+    if not isinstance(array, np.ndarray):  # a GroupQuantized: reorder its rows with torch
+        import torch
+
+        return array.rows(torch.from_numpy(order))
     return array[order]  # type: ignore[no-any-return]
 
 

@@ -5,16 +5,19 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
 from ferrollm.distributed.shard_plan import WHOLE, ShardPlan
 from ferrollm.executor.source import ModelSource, SpecialTokens, progress_bar
-from ferrollm.layers.linear import Weight
 from ferrollm.models.config import ModelConfig
+
+if TYPE_CHECKING:  # opening a directory (config, tokenizer) needs no torch: `ferrollm.preflight`
+    import torch
+
+    from ferrollm.layers.linear import Weight
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"

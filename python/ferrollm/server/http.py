@@ -23,10 +23,6 @@ Send = Callable[[Message], Awaitable[None]]
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-class ClientDisconnected(Exception):
-    """The client went away before its request body arrived."""
-
-
 def sse_event(payload: bytes) -> bytes:
     """One SSE event: ``data: <one-line JSON>`` and a blank line (SPEC 1.2)."""
     return b"data: " + payload + b"\n\n"
@@ -130,7 +126,7 @@ async def _read(receive: Receive, limit: int) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ClientDisconnected
+            raise _unreadable()
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
@@ -138,6 +134,19 @@ async def _read(receive: Receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _unreadable() -> ApiError:
+    # Granian reports a body it cannot decode (a chunk size that is not hexadecimal, say) as a
+    # disconnect, and answers an app that sends nothing with a bare 500: answer 400 instead. A
+    # client that really left never reads it.
+    return ApiError(
+        400,
+        "the request body could not be read: its framing is malformed (e.g. a chunk size "
+        "that is not hexadecimal) or the connection closed before it ended",
+        code="invalid_body",
+        headers=((b"connection", b"close"),),
+    )
 
 
 def _too_large(limit: int) -> ApiError:

@@ -6,7 +6,8 @@ step yet (its first output has not arrived). Past ``max_waiting_requests`` such 
 ``Retry-After`` of how long the queue ahead takes to drain at the rate measured over the
 latest departures, so that an overloaded server answers fast instead of letting every
 request's latency grow without bound. A request larger than the token bound alone is still
-admitted into an empty queue (it would otherwise never run).
+admitted into an empty queue (it would otherwise never run); a batch of prompts that could not
+wait together even in an idle server is refused at once with 413 (`Admission.check_batch`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,32 @@ class Admission:
         if rate is None:
             return MIN_RETRY_S
         return max(MIN_RETRY_S, min(MAX_RETRY_S, math.ceil((self.num_waiting + 1) / rate)))
+
+    def check_batch(self, num_requests: int, num_prompt_tokens: int | None = None) -> None:
+        """Raise a 413 ApiError naming ``prompt`` for a batch of ``num_requests`` engine
+        requests (``num_prompt_tokens`` in all, once known) that could not wait even in an idle
+        server: retrying it could never succeed, unlike the 503 of `check`. One request may
+        exceed the token bound alone (it is admitted into an empty queue)."""
+        if num_requests > self.max_waiting_requests:
+            raise ApiError(
+                413,
+                f"`prompt` has {num_requests} entries; a request may have at most "
+                f"{self.max_waiting_requests} (max_waiting_requests: no more can wait at once)",
+                param="prompt",
+                code="too_many_prompts",
+            )
+        too_many_tokens = num_prompt_tokens is not None and (
+            num_requests > 1 and num_prompt_tokens > self.max_waiting_tokens
+        )
+        if too_many_tokens:
+            raise ApiError(
+                413,
+                f"`prompt` holds {num_prompt_tokens} prompt tokens in its {num_requests} "
+                f"entries; a batch may hold at most {self.max_waiting_tokens} "
+                "(max_waiting_tokens: no more can wait at once)",
+                param="prompt",
+                code="too_many_tokens",
+            )
 
     def check(self, num_prompt_tokens: int) -> None:
         """Raise a 503 ApiError if a request of ``num_prompt_tokens`` may not enter now."""

@@ -52,8 +52,21 @@ def tool_parser(ctx: ServerContext) -> str | None:
     return resolve_parser(ctx.config.tool_call_parser, template.source if template else None)
 
 
-async def chat_prompt(ctx: ServerContext, valid: ValidRequest) -> ChatPrompt:
-    """Render and tokenize ``valid``'s messages (with its tools), and compile its grammar."""
+async def chat_prompt(ctx: ServerContext, valid: ValidRequest, size: int) -> ChatPrompt:
+    """Render and tokenize ``valid``'s messages (with its tools), and compile its grammar; a
+    body of ``size`` bytes over the off-loop bound is rendered on a worker thread (a huge tool
+    schema goes through the tool plan and the template)."""
+    ids, plan = await run_sized(size, _rendered, ctx, valid)
+    if plan is None:
+        return ChatPrompt(ids, await compiled_grammar(ctx, valid), None)
+    compiler = ctx.generator.grammar_compiler
+    # The grammar's text holds every tool's schema: it is written on the worker thread too.
+    grammar = await asyncio.to_thread(lambda: compiler.compile("lark", plan.grammar(), "tools"))
+    return ChatPrompt(ids, grammar, plan)
+
+
+def _rendered(ctx: ServerContext, valid: ValidRequest) -> tuple[list[int], ToolPlan | None]:
+    """The prompt's token ids and the tool plan (None: no tool calls)."""
     tokenizer = ctx.tokenizer
     parser = tool_parser(ctx)
     template = tokenizer.chat_template.source if tokenizer.chat_template else None
@@ -68,13 +81,7 @@ async def chat_prompt(ctx: ServerContext, valid: ValidRequest) -> ChatPrompt:
     if plan is not None:
         messages = plan.prompt_messages(messages)
         tools = plan.template_tools()
-    size = sum(len(m["content"]) for m in messages)
-    ids = await run_sized(size, tokenizer.encode_chat, messages, tools)
-    if plan is None:
-        return ChatPrompt(ids, await compiled_grammar(ctx, valid), None)
-    compiler = ctx.generator.grammar_compiler
-    grammar = await asyncio.to_thread(compiler.compile, "lark", plan.grammar(), "tools")
-    return ChatPrompt(ids, grammar, plan)
+    return tokenizer.encode_chat(messages, tools), plan
 
 
 def response_message(

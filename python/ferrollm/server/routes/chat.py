@@ -32,10 +32,11 @@ from ferrollm.server.protocol.openai import (
 from ferrollm.server.routes.common import (
     accept,
     check_deadline,
-    decode_body,
     engine_request,
     error_message,
     openai_finish_reason,
+    read_json,
+    run_sized,
     usage_counts,
 )
 from ferrollm.server.routes.logprobs import chat_logprobs, vllm_prompt_logprobs
@@ -73,15 +74,15 @@ class _Chat:
 
 async def chat_completions(ctx: ServerContext, request: Request) -> Response:
     """``POST /v1/chat/completions``."""
-    return await serve_chat(ctx, request, decode_body(request.body), OPENAI)
+    return await serve_chat(ctx, request, await read_json(request), OPENAI)
 
 
 async def serve_chat(
     ctx: ServerContext, request: Request, body: dict[str, Any], flavor: ChatFlavor
 ) -> Response:
     """Validate, render and run a chat request of ``flavor``."""
-    valid = accept(ctx, flavor.route, body)
-    prompt = await chat_prompt(ctx, valid)
+    valid = await run_sized(len(request.body), accept, ctx, flavor.route, body)
+    prompt = await chat_prompt(ctx, valid, len(request.body))
     request_id = ctx.next_id() if flavor.mindie else f"chatcmpl-{uuid.uuid4().hex}"
     req = engine_request(
         valid,

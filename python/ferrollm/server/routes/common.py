@@ -15,6 +15,7 @@ from ferrollm.engine.request import EngineRequest
 from ferrollm.server.context import ServerContext
 from ferrollm.server.duplicates import duplicate_key
 from ferrollm.server.errors import ApiError, bad_request
+from ferrollm.server.http import Request
 
 T = TypeVar("T")
 
@@ -27,8 +28,9 @@ _EMBED_ROUTES = ("embeddings", "databricks_embeddings")
 _TEXT = "text"
 
 
-#: Prompts longer than this (characters) are tokenized on a worker thread, so that a 4 MB
-#: prompt does not stall every other stream on the event loop.
+#: Work on inputs larger than this (characters of a prompt, bytes of a body) runs on a worker
+#: thread (`run_sized`): decoding, validating, rendering and tokenizing a 4 MB body would
+#: otherwise stall every other stream and the health probes on the event loop.
 OFF_LOOP_CHARS = 32 * 1024
 
 
@@ -37,6 +39,12 @@ async def run_sized(size: int, fn: Callable[..., T], *args: Any) -> T:
     if size > OFF_LOOP_CHARS:
         return await asyncio.to_thread(fn, *args)
     return fn(*args)
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    """The request's JSON object (`decode_body`), decoded on a worker thread when the body is
+    large: decoding and the duplicate-key scan take time in proportion to its size."""
+    return await run_sized(len(request.body), decode_body, request.body)
 
 
 def decode_body(body: bytes) -> dict[str, Any]:

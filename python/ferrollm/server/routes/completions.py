@@ -42,10 +42,10 @@ from ferrollm.server.protocol.openai import (
 from ferrollm.server.routes.common import (
     accept,
     check_deadline,
-    decode_body,
     engine_request,
     error_message,
     openai_finish_reason,
+    read_json,
     run_sized,
 )
 from ferrollm.server.routes.logprobs import (
@@ -95,14 +95,15 @@ class _Batch:
 
 async def completions(ctx: ServerContext, request: Request) -> Response:
     """``POST /v1/completions``."""
-    return await serve_completions(ctx, request, decode_body(request.body), databricks=False)
+    return await serve_completions(ctx, request, await read_json(request), databricks=False)
 
 
 async def serve_completions(
     ctx: ServerContext, request: Request, body: dict[str, Any], *, databricks: bool
 ) -> Response:
     """Validate, tokenize and run a completions request (one engine request per prompt)."""
-    valid = accept(ctx, "databricks_completions" if databricks else "completions", body)
+    route = "databricks_completions" if databricks else "completions"
+    valid = await run_sized(len(request.body), accept, ctx, route, body)
     batch = _Batch(
         ctx,
         databricks,
@@ -117,6 +118,7 @@ async def serve_completions(
         valid.score_only,
         truncate=valid.truncate,
     )
+    ctx.admission.check_batch(len(valid.prompts))  # before any tokenizing
     grammar = await compiled_grammar(ctx, valid)
     for i, prompt in enumerate(valid.prompts):
         text, ids = await _tokenized(ctx, prompt, echo=valid.echo)
@@ -125,6 +127,8 @@ async def serve_completions(
             valid, request_id, ids, request.arrival, prompt=text, index=i, grammar=grammar
         )
         batch.prompts.append(_Prompt(text, req, Timing(req.arrival_time)))
+    total = sum(p.request.num_prompt_tokens for p in batch.prompts)
+    ctx.admission.check_batch(len(batch.prompts), total)
     streams = [generate(ctx, p.request, p.timing) for p in batch.prompts]
     if valid.stream and valid.params.use_beam_search:
         return SSEResponse(_fake_stream(batch, await prime(merge(streams))))

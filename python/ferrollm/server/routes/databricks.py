@@ -7,7 +7,7 @@ from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import ApiError, bad_request
 from ferrollm.server.http import Request, Response
 from ferrollm.server.routes import chat, completions, embeddings
-from ferrollm.server.routes.common import decode_body
+from ferrollm.server.routes.common import read_json
 
 _TASK_KEYS = ("messages", "prompt", "input")
 
@@ -22,7 +22,7 @@ async def invocations(ctx: ServerContext, request: Request) -> Response:
             param="name",
             code="RESOURCE_DOES_NOT_EXIST",
         )
-    body = decode_body(request.body)
+    body = await read_json(request)
     keys = [key for key in _TASK_KEYS if body.get(key) is not None]
     if len(keys) != 1:
         found = ", ".join(f"`{k}`" for k in keys) or "none"

@@ -25,13 +25,14 @@ from ferrollm.server.protocol.embeddings import (
     EmbeddingResponse,
     EmbeddingUsage,
 )
-from ferrollm.server.routes.common import accept, decode_body, run_sized
+from ferrollm.server.routes.common import accept, read_json, run_sized
 
 
 async def embeddings(ctx: ServerContext, request: Request) -> Response:
     """``POST /v1/embeddings``."""
     embedder = ctx.embedder
-    valid = accept(ctx, "embeddings", decode_body(request.body))
+    body = await read_json(request)
+    valid = await run_sized(len(request.body), accept, ctx, "embeddings", body)
     inputs = valid.prompts
     e = embedder.embedder
     truncate = valid.truncate_prompt_tokens
@@ -60,7 +61,7 @@ async def databricks_embeddings(
     """The Databricks embeddings task: ``input`` (a string or strings) with an optional
     ``instruction`` prepended to each, joined by a space unless it ends in whitespace."""
     embedder = ctx.embedder
-    valid = accept(ctx, "databricks_embeddings", body)
+    valid = await run_sized(len(request.body), accept, ctx, "databricks_embeddings", body)
     texts = [str(t) for t in valid.prompts]
     instruction = body.get("instruction")
     if instruction:

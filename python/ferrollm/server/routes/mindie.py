@@ -23,9 +23,9 @@ from ferrollm.server.http import JSONResponse, Request, Response, SSEResponse, a
 from ferrollm.server.protocol.mindie import Details, GenerateResponse, GenerateStreamFrame
 from ferrollm.server.routes.common import (
     accept,
-    decode_body,
     engine_request,
     error_message,
+    read_json,
     run_sized,
 )
 
@@ -56,7 +56,8 @@ async def versions_unsupported(ctx: ServerContext, request: Request) -> Response
 
 async def _serve(ctx: ServerContext, request: Request, *, stream: bool) -> Response:
     ctx.check_model(request.path_params["model"], param="model")
-    valid = accept(ctx, "generate", decode_body(request.body))
+    body = await read_json(request)
+    valid = await run_sized(len(request.body), accept, ctx, "generate", body)
     text = valid.prompts[0]
     assert isinstance(text, str)  # only /v1/completions takes token-id prompts
     ids = await run_sized(len(text), ctx.tokenizer.encode, text)
