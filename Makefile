@@ -18,8 +18,8 @@ RUNTIME_PIP_ARGS ?=
 # pyo3's build script and stubtest must see the venv's interpreter.
 export PYO3_PYTHON := $(VPY)
 
-.PHONY: help venv build test test-rust test-python lint fmt bench bench-throughput serve clean \
-	check-runtime-install fuzz fuzz-http bench-overload bench-soak
+.PHONY: help venv build test test-rust test-python test-avx2 lint fmt bench bench-throughput serve \
+	clean check-runtime-install fuzz fuzz-http bench-overload bench-soak
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -54,6 +54,15 @@ test-python: build ## pytest against the installed wheel
 	$(VPY) -m pytest -q
 
 test: test-rust test-python ## set up everything, then cargo test and pytest
+
+# Any x86-64 machine down the paths an AVX2-only CPU (AMD Zen 2/3) takes: ferrollm's own choices
+# (FERROLLM_CPU_ISA), torch's kernels (ATen's dispatch, inductor's code) and oneDNN's, all capped
+# at AVX2. The tests whose paths depend on the CPU: the Rust kernels, the engine and the
+# in-process server. On an AVX2-only machine this repeats part of `make test`.
+AVX2_ENV := FERROLLM_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+test-avx2: build ## the CPU-dependent tests again, as an AVX2-only CPU runs them (CI runs it)
+	$(AVX2_ENV) cargo test --quiet --lib kernels
+	$(AVX2_ENV) $(VPY) -m pytest -q tests/engine tests/server
 
 lint: $(STAMP) ## ruff, mypy, stubtest, cargo fmt --check, clippy -D warnings
 	$(VPY) -m ruff format --check python tests benches

@@ -22,6 +22,7 @@ from ferrollm.engine import AsyncEngine, LLMEngine
 from ferrollm.server.app import App
 from ferrollm.server.auth import KeyRing, load_api_keys
 from ferrollm.server.context import ServerContext
+from ferrollm.server.errors import ApiError
 from ferrollm.server.overload import Admission
 from tiny_models import build_tiny_model
 
@@ -313,6 +314,20 @@ def test_admission_counts_waiting_tokens_and_retry_after_follows_the_drain_rate(
     admission.num_waiting = 4
     retry = admission.retry_after()
     assert 5 <= retry <= 6, retry  # 5 requests ahead at ~1/s (and the clock moved on)
+
+
+def test_a_batch_that_could_not_wait_in_an_idle_server_is_a_413_naming_prompt() -> None:
+    admission = Admission(ServerConfig(max_waiting_requests=10, max_waiting_tokens=100))
+    admission.check_batch(10)
+    admission.check_batch(10, 100)
+    admission.check_batch(1, 5000)  # one request alone may exceed the token bound
+    with pytest.raises(ApiError, match=r"`prompt` has 11 entries; .*at most 10") as count:
+        admission.check_batch(11)
+    with pytest.raises(ApiError, match=r"`prompt` holds 101 prompt tokens .*at most 100") as tokens:
+        admission.check_batch(2, 101)
+    for error in (count.value, tokens.value):
+        assert (error.status, error.param) == (413, "prompt") and not error.headers
+    assert admission.num_rejected == 0  # a 413 is not overload
 
 
 # ---- engine death ----------------------------------------------------------------------------
