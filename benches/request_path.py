@@ -14,6 +14,7 @@ import argparse
 import json
 import statistics
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -24,6 +25,7 @@ from ferrollm.default_model import default_model_path
 from ferrollm.engine.request import EngineRequest
 from ferrollm.executor.loader import load_model_source
 from ferrollm.server.context import ServerContext
+from ferrollm.server.metrics import Metrics
 from ferrollm.server.routes.common import accept, decode_body, engine_request, template_messages
 from ferrollm.tokenizer import Tokenizer
 
@@ -97,9 +99,13 @@ def context() -> ServerContext:
     tokenizer = Tokenizer.from_source(load_model_source(default_model_path()))
     n = 1 << 20
     limits = Limits(max_model_len=n + 1, max_input_tokens=n, max_iter_times=n)
-    engine = SimpleNamespace(tokenizer=tokenizer)  # the path reads only the tokenizer
+    # The path reads only the task (a generation server) and the tokenizer.
+    engine = SimpleNamespace(task="generate", tokenizer=tokenizer)
     config = ServerConfig(served_model_name="m")
-    return ServerContext(engine, config, "m", limits, None)  # type: ignore[arg-type]
+    # The context registers its admission gauges with the metrics (nothing here scrapes them);
+    # the engine's counters read as an idle engine's, all zero.
+    metrics = Metrics("m", lambda: defaultdict(int))
+    return ServerContext(engine, config, "m", limits, metrics)  # type: ignore[arg-type]
 
 
 def main() -> None:
