@@ -5,7 +5,8 @@ model's tokenizer. One line per body:
     request_path body=chat us=412.3 (median of 200; p10 398.1, p90 431.0)
 
 Bodies: a 6-message chat, a MindIE generate body, a 64-prompt completions batch and a 1 MiB
-completions prompt. Run: ``python benches/request_path.py [--repeat N]``.
+completions prompt. Run: ``python benches/request_path.py [--repeat N] [--smoke]``
+(``--smoke``: 5 runs per body, that the bench still runs; the test suite runs it).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from ferrollm.server.routes.common import accept, decode_body, engine_request, t
 from ferrollm.tokenizer import Tokenizer
 
 WORDS = "the quick brown fox jumps over the lazy dog while a model answers questions about it"
+#: --smoke: every body, a few runs each (the 1 MiB prompt's floor of 5 included).
+SMOKE = {"repeat": 5}
 
 
 def text(num_chars: int) -> str:
@@ -111,7 +114,11 @@ def context() -> ServerContext:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=200, help="runs per body (the 1 MiB: /20)")
+    parser.add_argument("--smoke", action="store_true", help="5 runs per body")
     args = parser.parse_args()
+    if args.smoke:  # the smallest sizes; flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     ctx = context()
     for name, (route, raw) in bodies().items():
         repeat = max(5, args.repeat // 20) if name == "prompt1MiB" else args.repeat
