@@ -13,7 +13,7 @@ RSS is the Granian worker's (the process holding the engine), after a warm-up of
 must be back at their baseline (polled for up to 30 s while aborted requests are dropped).
 Errors are any answer other than 200 to a request the client did not cut (must be 0).
 
-``--smoke``: 40 requests from 4 clients after a warm-up of 8: that the bench still runs (the
+``--smoke``: 24 requests from 4 clients after a warm-up of 4: that the bench still runs (the
 test suite runs it).
 
 Usage: python benches/soak.py [--num-requests 20000] [--concurrency 16] [--seed 0]
@@ -38,7 +38,7 @@ from overload import start_server
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 #: --smoke: enough requests that each kind (completion, stream, disconnect, abort) occurs.
-SMOKE = {"num_requests": 40, "concurrency": 4, "warmup": 8}
+SMOKE = {"num_requests": 24, "concurrency": 4, "warmup": 4}
 
 
 @dataclass
@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-waiting-requests", type=int, default=1024)
     parser.add_argument("--warmup", type=int, default=200, help="requests before RSS is read")
-    parser.add_argument("--smoke", action="store_true", help="40 requests, 4 clients")
+    parser.add_argument("--smoke", action="store_true", help="24 requests, 4 clients")
     args = parser.parse_args()
     if args.smoke:  # the smallest sizes; flags given still win
         parser.set_defaults(**SMOKE)

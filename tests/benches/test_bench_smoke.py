@@ -67,7 +67,7 @@ RESULT_LINES: dict[str, list[str]] = {
         rf"server_gap offline_ms_per_tok={NUM} server_itl_p50_ms={NUM} ratio={NUM} .*tokens=4 "
     ],
     "soak.py": [
-        r"soak requests=40 completed=\d+ disconnects=\d+ aborts=\d+ errors=0 .*"
+        r"soak requests=24 completed=\d+ disconnects=\d+ aborts=\d+ errors=0 .*"
         r"kv_used_start=(\d+) kv_used_end=\1 "
     ],
     "speculative.py": [
