@@ -47,10 +47,14 @@ build: $(STAMP) ## build the release wheel into dist/ and install it in the venv
 	$(VPY) -m maturin build --release --quiet -o $(DIST)
 	$(VPY) -m pip install -q --force-reinstall --no-deps $(DIST)/ferrollm-*.whl
 
-test-rust: ## cargo test (no Python needed)
+# Then each criterion bench once (criterion's test mode, a debug build that
+# `benches/grammar_backends.py --smoke` reuses): benchmarks rot when nothing runs them.
+# stdout is only criterion's "Success" lines; a failure shows on stderr.
+test-rust: ## cargo test, then each criterion bench once (no Python needed)
 	cargo test --quiet
+	cargo test --quiet --bench '*' >/dev/null
 
-test-python: build ## pytest against the installed wheel
+test-python: build ## pytest against the installed wheel (tests/benches: every benches/*.py --smoke)
 	$(VPY) -m pytest -q
 
 test: test-rust test-python ## set up everything, then cargo test and pytest

@@ -7,9 +7,12 @@ into the cache, then attend (``prepare`` is per step, shared by all layers, and 
 One line per case: median ms per layer call for both, and sdpa / kernel.
 
 Usage: python benches/attention.py [--threads auto|calling|rayon] [--min-time S]
+                                   [--batches 1 8 32] [--contexts 128 512 2048] [--smoke]
   --threads   where the kernel runs: the backend's choice (default), the calling thread, or
               rayon's pool (this bench runs no OpenMP op between calls, so it flatters rayon;
               see PagedKernelBackend for the measurement inside a forward)
+  --smoke     batch 1, context 128, both dtypes, timed briefly: that the bench still runs
+              (the test suite runs it)
 """
 
 import argparse
@@ -23,6 +26,8 @@ from ferrollm.layers.attention import TorchSDPABackend
 from ferrollm.layers.paged_attention import PagedKernelBackend
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
+#: --smoke: the smallest case in each dtype, timed briefly.
+SMOKE = {"batches": [1], "contexts": [128], "min_time": 0.01}
 
 
 class DecodeStep:
@@ -74,12 +79,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", choices=["auto", "calling", "rayon"], default="auto")
     parser.add_argument("--min-time", type=float, default=0.3)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 2048])
+    parser.add_argument("--smoke", action="store_true", help="batch 1, context 128, briefly")
     args = parser.parse_args()
+    if args.smoke:  # the smallest sizes; flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     parallel = {"auto": None, "calling": False, "rayon": True}[args.threads]
     print(f"torch threads {torch.get_num_threads()}, kernel threads: {args.threads}")
     for dtype in (torch.float32, torch.bfloat16):
-        for batch in (1, 8, 32):
-            for context in (128, 512, 2048):
+        for batch in args.batches:
+            for context in args.contexts:
                 sdpa, kernel = run_case(batch, context, dtype, parallel, args.min_time)
                 print(
                     f"decode {str(dtype).removeprefix('torch.'):8} batch {batch:2} "

@@ -11,7 +11,11 @@ sharing must show.
 ferrollm also runs in its default (fast) mode, quantized bf16 where the CPU has bf16 units;
 that line has no transformers counterpart on the same weights and says so.
 
-Usage: python benches/beam.py [--tokens N] [--widths 4 8] [--skip-hf]
+Usage: python benches/beam.py [--tokens N] [--widths 4 8] [--skip-hf] [--smoke]
+
+``--smoke``: width 2, 8 tokens, ferrollm lines only (transformers' GGUF load alone takes
+longer than the whole smoke run), eager engines (``compile="off"``) with a 256-token step
+budget: that the bench still runs (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ from ferrollm.default_model import default_model_path
 from ferrollm.engine import EngineRequest, RequestOutput
 
 PROMPT = "The history of the city of Paris begins"
+#: --smoke: the smallest beam group, no transformers.
+SMOKE = {"tokens": 8, "widths": [2], "skip_hf": True}
+#: --smoke's engines: no inductor compile, a short start-up profiling pass.
+SMOKE_ENGINE = {"compile": "off", "max_num_batched_tokens": 256}
 
 
 def run_engine(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int]:
@@ -73,9 +81,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--widths", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--skip-hf", action="store_true", help="ferrollm lines only")
+    parser.add_argument("--smoke", action="store_true", help="width 2, 8 tokens, no transformers")
     args = parser.parse_args()
+    if args.smoke:  # the smallest sizes; flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     path = default_model_path()
     options = {"kv_cache_memory": "256MiB", "max_num_seqs": 16, "max_model_len": 512}
+    if args.smoke:
+        options |= SMOKE_ENGINE
     parity = LLM(dtype="float32", quantization="none", **options)
     fast = LLM(**options)
     prompt = parity.get_tokenizer().encode(PROMPT)

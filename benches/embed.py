@@ -17,6 +17,10 @@ texts/s through the server.
 
 Usage: python benches/embed.py [--batches 1 16 64] [--texts 1000] [--repeats 1] [--threads N]
        python benches/embed.py --url http://127.0.0.1:8000 [--concurrency 16] [--model NAME]
+       python benches/embed.py --smoke [--url URL]
+
+``--smoke``: 16 texts at batch 1 (both sides), or 16 texts through ``--url`` 2 at a time:
+that the bench still runs (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ _TEXT = (
     "sentence meaning similar retrieval ranking document chunk transformer encoder decoder"
 )
 _WORDS = _TEXT.split()
+#: --smoke: a handful of texts, one at a time.
+SMOKE = {"batches": [1], "texts": 16, "concurrency": 2}
 
 
 def make_texts(embedder: Embedder, count: int, seed: int = 0) -> list[str]:
@@ -71,7 +77,11 @@ def main() -> None:
     parser.add_argument("--url", help="bench a running server instead")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--model", default="all-MiniLM-L6-v2")
+    parser.add_argument("--smoke", action="store_true", help="16 texts, batch 1")
     args = parser.parse_args()
+    if args.smoke:  # the smallest sizes; flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     torch.set_num_threads(args.threads)
     path = default_embedding_model_path()
     embedder = Embedder.from_path(path, device="cpu", dtype="float32")

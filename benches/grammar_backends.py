@@ -10,7 +10,11 @@ ferrollm's step is criterion's median and includes picking the token; xgrammar's
 outlines-core's time only their mask and advance calls (the Python pick is left out), with
 xgrammar's batch matcher filling the 32 rows' masks on its thread pool.
 
-Usage: python benches/grammar_backends.py [--steps 400]
+``--smoke``: ferrollm's bench built with the dev profile (the release build takes minutes;
+`make test-rust` has built the debug one) in criterion's quick mode, 4 steps for the others:
+that the bench still runs (the test suite runs it); ferrollm's times are a debug build's.
+
+Usage: python benches/grammar_backends.py [--steps 400] [--smoke]
 """
 
 from __future__ import annotations
@@ -37,15 +41,24 @@ sys.path.insert(0, str(Path(__file__).parent))
 from structured import SCHEMA
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Criterion's filter: the real tokenizer's 1- and 32-row steps, the two that are compared.
+FILTER = r"tokenizer\d+/rows(1|32)$"
+#: --smoke: a few steps of the Python backends (ferrollm's side is `--smoke` below).
+SMOKE = {"steps": 4}
 
 
-def ferrollm_line(tokenizer_json: str, eos: int) -> str:
-    """Run the criterion bench over the tokenizer; its rows-1 and rows-32 medians."""
+def ferrollm_line(tokenizer_json: str, eos: int, smoke: bool) -> str:
+    """Run the criterion bench over the tokenizer; its rows-1 and rows-32 medians. ``smoke``:
+    the debug build, criterion's quick mode."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         f.write(tokenizer_json)
     env = {**os.environ, "FERROLLM_BENCH_TOKENIZER": f.name, "FERROLLM_BENCH_EOS": str(eos)}
+    command = ["cargo", "bench", "--quiet", "--bench", "grammar"]
+    if smoke:
+        command += ["--profile", "dev"]
+    command += ["--", FILTER, *(["--quick"] if smoke else [])]
     out = subprocess.run(
-        ["cargo", "bench", "--quiet", "--bench", "grammar", "--", "tokenizer"],
+        command,
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -165,7 +178,11 @@ def outlines_line(vocab: list[bytes], eos: int, steps: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--smoke", action="store_true", help="debug build, quick, 4 steps")
     args = parser.parse_args()
+    if args.smoke:  # the smallest sizes; flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     source = load_model_source(default_model_path())
     from ferrollm.tokenizer import Tokenizer
 
@@ -174,9 +191,8 @@ def main() -> None:
     eos = source.special_tokens.eos_token_id or 0
     vocab = [detok.token_bytes(i) for i in range(detok.vocab_size)]
     print(f"# default model's tokenizer ({len(vocab)} ids), 10-property JSON schema")
-    print(
-        f"grammar_backends backend=ferrollm-llguidance {ferrollm_line(source.tokenizer_json, eos)}"
-    )
+    ours = ferrollm_line(source.tokenizer_json, eos, args.smoke)
+    print(f"grammar_backends backend=ferrollm-llguidance {ours}")
     for name, line in (("xgrammar", xgrammar_line), ("outlines-core", outlines_line)):
         try:
             result = line(vocab, eos, args.steps)

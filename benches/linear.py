@@ -15,7 +15,9 @@ int4 is ``aten._weight_int4pack_mm_for_cpu`` (group 32), int8 ``aten._weight_int
 weight reordered for oneDNN (``ferrollm.layers.linear.prepack_dense``, what quantized layers
 keep as their copy for many-row calls), where torch has oneDNN.
 
-Usage: python benches/linear.py [--m 1 8 32 256] [--repeats 50] [--threads N]
+Usage: python benches/linear.py [--m 1 8 32 256] [--shapes qkv o ...] [--repeats 50]
+                                 [--threads N] [--smoke]
+  --smoke   shape qkv, M = 1, 3 repeats: that the bench still runs (the test suite runs it)
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ SHAPES = (
     ("down", 1536, 576),
     ("lm_head", 576, 49152),
 )
+#: --smoke: the first shape at one row, every weight format, a few runs.
+SMOKE = {"shapes": ["qkv"], "m": [1], "repeats": 3}
 
 
 def best_time(fn: Callable[[], object], repeats: int) -> float:
@@ -65,12 +69,18 @@ def main() -> None:
     parser.add_argument("--m", type=int, nargs="+", default=[1, 8, 32, 256])
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--threads", type=int, default=None)
+    names = [name for name, _, _ in SHAPES]
+    parser.add_argument("--shapes", nargs="+", choices=names, default=names)
+    parser.add_argument("--smoke", action="store_true", help="shape qkv, M = 1, 3 repeats")
     args = parser.parse_args()
+    if args.smoke:  # the smallest sizes; flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     with torch.inference_mode():
-        for name, k, n in SHAPES:
+        for name, k, n in (shape for shape in SHAPES if shape[0] in args.shapes):
             w = torch.randn(n, k) * 0.02
             weights: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], int, torch.dtype]]
             weights = {"f32": (lambda x, w=w: F.linear(x, w), w.nbytes, torch.float32)}

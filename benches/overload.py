@@ -14,8 +14,13 @@ One line per level:
   requests sent that never got an answer before the level's grace period ended (must be 0).
 - accepted latency: send -> whole response; reject latency: send -> the 503.
 
+``--smoke``: 2 base clients, 2-second levels (a 1-second warm-up), the 5x level only, 4 tokens,
+2 waiting requests at most (so that some are refused): that the bench still runs (the test
+suite runs it).
+
 Usage: python benches/overload.py [--base-clients 8] [--seconds 20] [--levels 1 2 5]
                                    [--max-tokens 16] [--max-waiting-requests 8] [--url URL]
+                                   [--warmup-seconds 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ import httpx
 
 SERVER_FLAGS = ["--dtype", "float32", "--quantization", "none", "--max-model-len", "1024",
                 "--kv-cache-memory", "256MiB", "--max-num-batched-tokens", "256"]  # fmt: skip
+#: --smoke: one short level past capacity, with a queue bound low enough to refuse some.
+SMOKE = {"base_clients": 2, "seconds": 2, "warmup_seconds": 1, "levels": [5], "max_tokens": 4,
+         "max_waiting_requests": 2}  # fmt: skip
 
 
 @dataclass
@@ -131,13 +139,18 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--max-waiting-requests", type=int, default=8)
     parser.add_argument("--backoff", type=float, default=0.05)
+    parser.add_argument("--warmup-seconds", type=float, default=3)
+    parser.add_argument("--smoke", action="store_true", help="2 clients, 2 s, the 5x level")
     args = parser.parse_args()
+    if args.smoke:  # the smallest sizes; flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     process = None
     url = args.url
     if url is None:
         process, url = start_server(args)
     try:
-        warm = asyncio.run(run_level(url, args.base_clients, 3, args))
+        warm = asyncio.run(run_level(url, args.base_clients, args.warmup_seconds, args))
         capacity = asyncio.run(run_level(url, args.base_clients, args.seconds, args))
         rps = len(capacity.accepted) / args.seconds
         print(f"capacity clients={args.base_clients} rps={rps:.2f} "

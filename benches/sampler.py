@@ -7,7 +7,10 @@ temperature 0.8, repetition 1.1, presence 0.5, frequency 0.5 over 256-token prom
 outputs) and "greedy" (the same penalties, temperature 0; both sides must pick the same tokens).
 One line per configuration: best-of-`repeats` ms per step for both, and torch / ferrollm.
 
-Usage: python benches/sampler.py [--repeats N] [--min-time S]
+Usage: python benches/sampler.py [--rows 1 64 256] [--vocabs 49152 151936] [--repeats N]
+                                  [--min-time S] [--smoke]
+  --smoke   rows 1, vocab 49152, 1 short repeat: that the bench still runs (the test suite
+            runs it)
 """
 
 import argparse
@@ -22,6 +25,8 @@ from ferrollm import Sampler, SamplingParams
 HISTORY = 256
 REPETITION, PRESENCE, FREQUENCY = 1.1, 0.5, 0.5
 TOP_K, TOP_P, TEMPERATURE = 50, 0.9, 0.8
+#: --smoke: the smallest configuration, filtered and greedy, timed briefly.
+SMOKE = {"rows": [1], "vocabs": [49152], "repeats": 1, "min_time": 0.01}
 
 
 def bin_counts(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -128,12 +133,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--min-time", type=float, default=0.3)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 64, 256])
+    parser.add_argument("--vocabs", type=int, nargs="+", default=[49152, 151936])
+    parser.add_argument("--smoke", action="store_true", help="rows 1, vocab 49152, 1 repeat")
     args = parser.parse_args()
+    if args.smoke:  # the smallest sizes; flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     threads = Sampler().num_threads
     torch.set_num_threads(threads)
     print(f"sampler.py threads={threads} (rayon and torch)")
-    for vocab in (49152, 151936):
-        for rows in (1, 64, 256):
+    for vocab in args.vocabs:
+        for rows in args.rows:
             for greedy in (False, True):
                 bench(rows, vocab, greedy, args.repeats, args.min_time)
 

@@ -1,7 +1,8 @@
 """Steady-decode scheduler step driven from Python through the bindings: what the engine pays
 per step (schedule() + update() with a numpy array of sampled tokens). One line per batch size.
 
-Usage: python benches/scheduler.py [--steps N]
+Usage: python benches/scheduler.py [--steps N] [--repeats N] [--smoke]
+  --smoke   5 steps, 1 repeat: that the bench still runs (the test suite runs it)
 """
 
 import argparse
@@ -12,6 +13,8 @@ import numpy as np
 from ferrollm import SamplingParams, Scheduler, SchedulerConfig
 
 PROMPT_LEN = 256
+#: --smoke: every batch size, a handful of steps.
+SMOKE = {"steps": 5, "repeats": 1}
 
 
 def decoding(num_seqs: int, steps: int) -> Scheduler:
@@ -55,7 +58,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="5 steps, 1 repeat")
     args = parser.parse_args()
+    if args.smoke:  # the smallest sizes; flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     for num_seqs in (64, 256, 1024):
         t = bench(num_seqs, args.steps, args.repeats)
         print(

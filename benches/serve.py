@@ -34,9 +34,14 @@ Side by side on one machine (same model: SmolLM2-135M-Instruct Q4_1 GGUF from ll
   # ferrollm (`make serve`, or however it is started), then:
   python benches/serve.py --url http://127.0.0.1:8000 --label ferrollm
 
+``--smoke``: 4 requests of 4 tokens, 2 at a time, against ``--url`` if given, else against a
+``ferrollm serve`` of the default model it starts on a free port of 127.0.0.1 (eager decode,
+a 256-token step budget; see benches/structured.py): that the bench still runs (the test suite
+runs it).
+
 Usage: python benches/serve.py --url URL [--model ID] [--concurrency 1 8 32 64]
          [--num-requests N] [--max-tokens 128] [--prompt-len 32] [--temperature 0]
-         [--warmup 1] [--label NAME] [--seed N] [--json PATH]
+         [--warmup 1] [--label NAME] [--seed N] [--json PATH] [--smoke]
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ from typing import Any
 
 import httpx
 
+from structured import SMOKE_SERVER, served
+
 # Words of about one token each; make_prompt draws from them.
 VOCAB = (
     "river mountain quietly engine garden history science window orange market bridge "
@@ -60,6 +67,9 @@ VOCAB = (
     "village memory silver number travel kitchen library morning animal journey paper "
     "mirror thunder candle harbor desert island pencil rocket violin meadow lantern"
 )
+#: --smoke: one small level against a server started for the run (no ``--url``).
+SMOKE = {"url": None, "concurrency": [2], "num_requests": 4, "max_tokens": 4, "prompt_len": 8,
+         "label": "ferrollm", "seed": 0}  # fmt: skip
 
 
 def make_prompt(seed: int, index: int, approx_tokens: int) -> str:
@@ -240,10 +250,16 @@ def main() -> None:
     parser.add_argument("--label", default="server")
     parser.add_argument("--seed", type=int, default=None, help="prompt words; default: random")
     parser.add_argument("--json", default=None, help="write all results to this path")
+    parser.add_argument("--smoke", action="store_true", help="4 requests of 4 tokens, 2 at once")
     args = parser.parse_args()
+    if args.smoke:  # the smallest sizes; flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     if args.seed is None:
         args.seed = random.randrange(1 << 30)
-    levels = asyncio.run(main_async(args))
+    with served(args.url, SMOKE_SERVER) as url:  # a server of its own only when there is no URL
+        args.url = url
+        levels = asyncio.run(main_async(args))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"url": args.url, "seed": args.seed, "levels": levels}, f, indent=2)

@@ -5,8 +5,9 @@ Back to back in one run, on one prompt and one set of engine flags:
 1. offline: `LLM` in this process steps one greedy `ignore_eos` request of `--max-tokens`
    tokens `--repeats` times; the time between consecutive decode steps, pooled, is the
    offline ms per token (p50).
-2. server: `python -m ferrollm serve --port P [engine flags]` as a subprocess (started after
-   the offline engine is freed, so the two never share the CPU); one warm-up request, then
+2. server: `python -m ferrollm serve --port P [engine flags]` as a subprocess on 127.0.0.1
+   (started after the offline engine is freed, so the two never share the CPU; `--port` by
+   default a free one); one warm-up request, then
    `--repeats` streaming POST /v1/completions with the same prompt and parameters, one at a
    time; the gaps between consecutive non-empty text chunks, pooled, give the ITL p50.
 
@@ -21,8 +22,13 @@ Every argument the bench does not know is an engine/server flag of `ferrollm ser
 given and the offline `LLM` gets the same engine options, so the two always run the same
 engine.
 
-Usage: python benches/server_gap.py [--max-tokens 128] [--repeats 3] [--port 8123]
-         [--prompt TEXT] [--startup-timeout 300] [ferrollm serve flags, e.g. --dtype bfloat16]
+`--smoke`: 4 tokens, 1 repeat, both engines eager (`--compile off`: no inductor compile) with
+a 256-token step budget, unless the flags say otherwise: that the bench still runs (the test
+suite runs it).
+
+Usage: python benches/server_gap.py [--max-tokens 128] [--repeats 3] [--port N]
+         [--prompt TEXT] [--startup-timeout 300] [--smoke]
+         [ferrollm serve flags, e.g. --dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import gc
 import itertools
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +57,11 @@ from ferrollm.engine.request import EngineRequest
 from ferrollm.llm import LLM
 
 PROMPT = "The history of the printing press begins"
+#: --smoke: the smallest run of both sides.
+SMOKE = {"max_tokens": 4, "repeats": 1}
+#: --smoke's engine flags (each one only where the command line does not give it).
+SMOKE_ENGINE = {"--compile": "off", "--max-num-batched-tokens": "256", "--max-model-len": "512",
+                "--kv-cache-memory": "64MiB"}  # fmt: skip
 
 
 def offline_gaps(
@@ -145,12 +157,19 @@ def server_gaps(
             server.wait()
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args, serve_flags = parse_args(argv)
+    port = args.port or free_port()
     options = serve_options(build_parser().parse_args(["serve", *serve_flags]))
     offline, dtype = offline_gaps(options, args.prompt, args.max_tokens, args.repeats)
     served = server_gaps(
-        args.port, serve_flags, args.prompt, args.max_tokens, args.repeats, args.startup_timeout
+        port, serve_flags, args.prompt, args.max_tokens, args.repeats, args.startup_timeout
     )
     off_p50 = statistics.median(offline) * 1e3
     srv_p50 = statistics.median(served) * 1e3
@@ -167,10 +186,18 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--port", type=int, default=8123)
+    parser.add_argument("--port", type=int, default=0, help="default: a free one")
     parser.add_argument("--prompt", default=PROMPT)
     parser.add_argument("--startup-timeout", type=float, default=300.0)
-    return parser.parse_known_args(argv)
+    parser.add_argument("--smoke", action="store_true", help="4 tokens, 1 repeat, eager")
+    args, serve_flags = parser.parse_known_args(argv)
+    if args.smoke:  # the smallest sizes; flags given still win
+        parser.set_defaults(**SMOKE)
+        args, serve_flags = parser.parse_known_args(argv)
+        for flag, value in SMOKE_ENGINE.items():
+            if not any(f == flag or f.startswith(f"{flag}=") for f in serve_flags):
+                serve_flags += [flag, value]
+    return args, serve_flags
 
 
 if __name__ == "__main__":

@@ -8,12 +8,16 @@ moment within 50 ms (an abort). At the end one line:
   soak requests=.. completed=.. disconnects=.. aborts=.. errors=0 rss_start=..MB rss_end=..MB
        rss_growth=..MB kv_used_start=.. kv_used_end=.. seconds=..
 
-RSS is the Granian worker's (the process holding the engine), after a warm-up of 200
-requests and again once every request has ended; KV blocks in use come from /metrics and must
-be back at their baseline (polled for up to 30 s while aborted requests are dropped). Errors
-are any answer other than 200 to a request the client did not cut (must be 0).
+RSS is the Granian worker's (the process holding the engine), after a warm-up of `--warmup`
+(200) requests and again once every request has ended; KV blocks in use come from /metrics and
+must be back at their baseline (polled for up to 30 s while aborted requests are dropped).
+Errors are any answer other than 200 to a request the client did not cut (must be 0).
+
+``--smoke``: 24 requests from 4 clients after a warm-up of 4: that the bench still runs (the
+test suite runs it).
 
 Usage: python benches/soak.py [--num-requests 20000] [--concurrency 16] [--seed 0]
+                              [--warmup 200] [--smoke]
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import httpx
 from overload import start_server
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
+#: --smoke: enough requests that each kind (completion, stream, disconnect, abort) occurs.
+SMOKE = {"num_requests": 24, "concurrency": 4, "warmup": 4}
 
 
 @dataclass
@@ -121,10 +127,15 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-waiting-requests", type=int, default=1024)
+    parser.add_argument("--warmup", type=int, default=200, help="requests before RSS is read")
+    parser.add_argument("--smoke", action="store_true", help="24 requests, 4 clients")
     args = parser.parse_args()
+    if args.smoke:  # the smallest sizes; flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     process, url = start_server(args)
     try:
-        asyncio.run(run(url, 200, args.concurrency, args.seed + 1))  # warm-up
+        asyncio.run(run(url, args.warmup, args.concurrency, args.seed + 1))  # warm-up
         rss_start, kv_start = worker_rss_mb(process.pid), kv_used(url)
         started = time.monotonic()
         counts = asyncio.run(run(url, args.num_requests, args.concurrency, args.seed))

@@ -14,6 +14,10 @@ speculative engine.
 Usage: python benches/speculative.py [--batches 1 8] [--max-tokens 128] [--repeats 2]
                                      [--num-speculative-tokens 4] [--device cpu]
                                      [--dtype auto] [--quantization auto] [--ngram-min 1]
+                                     [--smoke]
+
+``--smoke``: batch 1, 8 tokens, 1 repeat, eager engines (``compile="off"``) with a 256-token
+step budget: that the bench still runs (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -41,6 +45,11 @@ WORKLOADS = {
         "Give advice to someone starting their first job.",
     ],
 }
+#: --smoke: both workloads at the smallest size.
+SMOKE = {"batches": [1], "max_tokens": 8, "repeats": 1}
+#: --smoke's engines: no inductor compile, a short start-up profiling pass, a small KV cache.
+SMOKE_ENGINE = {"compile": "off", "max_num_batched_tokens": 256, "max_model_len": 512,
+                "kv_cache_memory": "64MiB"}  # fmt: skip
 
 
 def prompt_ids(llm: LLM, workload: str, batch: int) -> list[list[int]]:
@@ -100,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "quantization": args.quantization,
         "max_num_seqs": max(args.batches),
         "seed": 0,
+        **(SMOKE_ENGINE if args.smoke else {}),
     }
     plain = LLM(**options)
     spec = LLM(
@@ -134,7 +144,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantization", default="auto")
     parser.add_argument("--ngram-min", type=int, default=1)
-    return parser.parse_args(argv)
+    parser.add_argument("--smoke", action="store_true", help="batch 1, 8 tokens, 1 repeat")
+    args = parser.parse_args(argv)
+    if args.smoke:  # the smallest sizes; flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
+    return args
 
 
 if __name__ == "__main__":

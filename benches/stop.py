@@ -6,7 +6,8 @@ The Python side gets its best case: the text is a local variable (CPython append
 and the loop is inline, with no method call per delta. The Rust matcher's per-request setup
 (compiling the stop strings) is timed apart from the per-delta cost and printed as `setup_us`.
 
-Usage: python benches/stop.py [--repeats N]
+Usage: python benches/stop.py [--repeats N] [--smoke]
+  --smoke   1 repeat: that the bench still runs (the test suite runs it)
 """
 
 import argparse
@@ -17,6 +18,8 @@ from collections.abc import Callable
 from ferrollm import StopMatcher, truncate_at_stop
 
 TEXT_CHARS = 8192
+#: --smoke: every case once (the whole text is the smallest workload that covers a case).
+SMOKE = {"repeats": 1}
 
 COMMON_STOPS = [
     "<|im_end|>",
@@ -109,7 +112,11 @@ def compare(stop: list[str], deltas: list[str], repeats: int) -> tuple[float, fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--smoke", action="store_true", help="1 repeat")
     args = parser.parse_args()
+    if args.smoke:  # the smallest sizes; flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     text = make_text()
     for num_stops in (0, 4, 16, 100):
         stop = stop_set(num_stops)

@@ -10,10 +10,14 @@ each side counts. One line per concurrency: output tokens/s for both, and the gr
 overhead.
 
 With ``--url`` it measures a running server; otherwise it starts ``ferrollm serve`` (default
-model) on a free port for the run.
+model) on a free port of 127.0.0.1 for the run.
+
+``--smoke``: 1 client, 2 requests of up to 8 tokens a side, 1 repeat, and a server it starts
+with eager decode (``--compile off``: no inductor compile at start-up) and a 256-token step
+budget: that the bench still runs (the test suite runs it).
 
 Usage: python benches/structured.py [--url URL] [--concurrency 1 32] [--requests-per-client 4]
-         [--tokens 64] [--repeats 3]
+         [--tokens 64] [--repeats 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -43,11 +47,18 @@ SCHEMA = {
     "required": ["field_0", "age", "active"],
 }
 MESSAGES = [{"role": "user", "content": "Describe a person as JSON."}]
+#: --smoke: the smallest level.
+SMOKE = {"concurrency": [1], "requests_per_client": 2, "tokens": 8, "repeats": 1}
+#: --smoke's server (also benches/serve.py's): no inductor compile at start-up, a short
+#: profiling pass, a small KV cache.
+SMOKE_SERVER = ("--compile", "off", "--max-num-batched-tokens", "256", "--max-model-len", "1024",
+                "--kv-cache-memory", "64MiB")  # fmt: skip
 
 
 @contextlib.contextmanager
-def served(url: str | None) -> Iterator[str]:
-    """``url``, or a fresh ``ferrollm serve`` of the default model for the block."""
+def served(url: str | None, flags: Sequence[str] = ()) -> Iterator[str]:
+    """``url``, or a fresh ``ferrollm serve`` of the default model (with ``flags``) on a free
+    port of 127.0.0.1 for the block."""
     if url is not None:
         yield url
         return
@@ -55,7 +66,7 @@ def served(url: str | None) -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     command = [sys.executable, "-m", "ferrollm", "serve", "--port", str(port)]
-    command += ["--max-num-seqs", "64", "--served-model-name", "bench"]
+    command += ["--max-num-seqs", "64", "--served-model-name", "bench", *flags]
     process = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ)
     )
@@ -69,6 +80,8 @@ def served(url: str | None) -> Iterator[str]:
             if process.poll() is not None:
                 raise SystemExit("ferrollm serve exited during start-up")
             time.sleep(0.5)
+        else:
+            raise SystemExit("ferrollm serve was not ready in 300 s")
         yield url
     finally:
         process.terminate()
@@ -131,8 +144,12 @@ def main() -> None:
     parser.add_argument("--requests-per-client", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="1 client, 2 requests, 8 tokens")
     args = parser.parse_args()
-    with served(args.url) as url:
+    if args.smoke:  # the smallest sizes; flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+    with served(args.url, SMOKE_SERVER if args.smoke else ()) as url:
         asyncio.run(run(args, url))
 
 

@@ -12,7 +12,12 @@ One line per batch size: output tokens/s (best of `--repeats`) for both, and the
 
 Usage: python benches/throughput.py [--batches 1 8 32] [--max-tokens 128] [--repeats 1]
                                     [--device cpu] [--dtype auto] [--quantization auto]
-                                    [--compile auto|on|off|both] [--no-transformers]
+                                    [--compile auto|on|off|both] [--no-transformers] [--smoke]
+
+``--smoke``: batch 1, 4 tokens, ferrollm only (transformers' GGUF load alone takes longer than
+the whole smoke run), eager (``--compile off``: inductor's first compile takes a minute), a
+256-token step budget (the start-up profiling pass runs one such step): that the bench still
+runs (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ PROMPTS = [
     "What is the capital of France?",
     "A good breakfast consists of",
 ]
+#: --smoke: the smallest run, ferrollm only.
+SMOKE = {"batches": [1], "max_tokens": 4, "compile": "off", "no_transformers": True}
+#: --smoke's engine: a short start-up profiling pass, a small KV cache.
+SMOKE_ENGINE = {"max_num_batched_tokens": 256, "max_model_len": 512, "kv_cache_memory": "64MiB"}
 
 
 def prompt_ids(llm: LLM, batch: int) -> list[list[int]]:
@@ -109,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "dtype": args.dtype,
         "quantization": args.quantization,
         "max_num_seqs": max(args.batches),
+        **(SMOKE_ENGINE if args.smoke else {}),
     }
     both = args.compile == "both"
     llm = LLM(**options, compile="off" if both else args.compile)
@@ -163,7 +173,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="ferrollm's compiled decode steps; both: eager and compiled side by side",
     )
     parser.add_argument("--no-transformers", action="store_true", help="ferrollm only")
-    return parser.parse_args(argv)
+    parser.add_argument("--smoke", action="store_true", help="batch 1, 4 tokens, eager, ours")
+    args = parser.parse_args(argv)
+    if args.smoke:  # the smallest sizes; flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
+    return args
 
 
 if __name__ == "__main__":

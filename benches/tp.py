@@ -12,19 +12,25 @@ The default model has 9 attention heads, which do not split in two: ``--random-l
 builds (once, into DIR) a random-weight Llama of the same size whose heads do (8 query heads,
 4 KV heads, hidden 576, 30 layers, 49152-token vocabulary; the tests' tiny tokenizer).
 
+``--smoke``: the tests' tiny random Llama (2 layers, hidden 64, 4 query and 2 KV heads; built
+into a scratch directory unless ``--model`` or ``--random-llama`` is given) at TP=1 and TP=2,
+batch 1, 4 tokens, a 2-step profile: that the bench still runs (the test suite runs it).
+
 Usage: python benches/tp.py [--model PATH | --random-llama DIR] [--sizes 1 2]
                             [--batches 1 32] [--max-tokens 32] [--repeats 1]
                             [--dtype float32] [--quantization none]
-                            [--profile-steps 8]
+                            [--profile-steps 8] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -36,6 +42,8 @@ from ferrollm.llm import LLM
 PROMPT = "The history of the printing press begins"
 #: Profiler event names of the group's collectives (c10d's ops and gloo's own).
 COLLECTIVES = ("broadcast", "all_reduce", "allreduce", "all_gather", "allgather", "gather")
+#: --smoke (on the tests' tiny Llama): both sizes, the smallest batch and run.
+SMOKE = {"batches": [1], "max_tokens": 4, "profile_steps": 2}
 
 
 def prompts(llm: LLM, batch: int) -> list[list[int]]:
@@ -94,17 +102,28 @@ SPLITTABLE_135M = {
 }
 
 
-def random_llama(directory: Path) -> Path:
-    """A random-weight Llama of ``SPLITTABLE_135M``'s shape in ``directory`` (built once)."""
+def random_llama(directory: Path, sizes: dict[str, Any] | None = SPLITTABLE_135M) -> Path:
+    """A random-weight Llama of ``sizes`` (None: the tests' tiny one) in ``directory`` (built
+    once)."""
     if not (directory / "config.json").exists():
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
         from tiny_models import build_tiny_model
 
-        build_tiny_model("llama3", directory, sizes=SPLITTABLE_135M)
+        build_tiny_model("llama3", directory, sizes=sizes)
     return directory
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="ferrollm-bench-tp-") as scratch:
+        if args.random_llama is not None:
+            args.model = str(random_llama(args.random_llama))
+        elif args.smoke and args.model is None:
+            args.model = str(random_llama(Path(scratch), sizes=None))
+        run(args)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None)
     parser.add_argument("--random-llama", type=Path, default=None)
@@ -115,9 +134,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--quantization", default="none")
     parser.add_argument("--profile-steps", type=int, default=8)
+    parser.add_argument("--smoke", action="store_true", help="tiny Llama, batch 1, 4 tokens")
     args = parser.parse_args(argv)
-    if args.random_llama is not None:
-        args.model = str(random_llama(args.random_llama))
+    if args.smoke:  # the smallest sizes; flags given still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args(argv)
+    return args
+
+
+def run(args: argparse.Namespace) -> None:
+    """Each size's rates, then the ratios and the collectives' shares."""
     threads = torch.get_num_threads()
     rates: dict[tuple[int, int], float] = {}
     shares: dict[int, tuple[float, float]] = {}
