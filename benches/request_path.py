@@ -27,7 +27,7 @@ from ferrollm.engine.request import EngineRequest
 from ferrollm.executor.loader import load_model_source
 from ferrollm.server.context import ServerContext
 from ferrollm.server.metrics import Metrics
-from ferrollm.server.routes.common import accept, decode_body, engine_request, template_messages
+from ferrollm.server.routes.common import accept_body, engine_request
 from ferrollm.tokenizer import Tokenizer
 
 WORDS = "the quick brown fox jumps over the lazy dog while a model answers questions about it"
@@ -75,10 +75,9 @@ def to_engine_requests(ctx: ServerContext, route: str, raw: bytes) -> list[Engin
     """What the handlers do before the engine: one validation, then per prompt the template
     (chat), the tokenizer and the prompt-token rules."""
     arrival = time.perf_counter()
-    valid = accept(ctx, route, decode_body(raw))
+    valid = accept_body(ctx, route, raw)
     if route == "chat":
-        messages = template_messages(valid.messages)
-        ids = ctx.tokenizer.encode_chat(messages, valid.tools)
+        ids = ctx.tokenizer.encode_chat(valid.template_messages, valid.tools)
         return [engine_request(valid, "chat-0", ids, arrival)]
     return [
         engine_request(valid, f"r-{i}", ctx.tokenizer.encode(p), arrival, prompt=p, index=i)

@@ -9,6 +9,7 @@ import numpy.typing as npt
 
 __all__ = [
     "FINISH_REASON_NAMES",
+    "Body",
     "CompiledGrammar",
     "CpuFeatures",
     "DecodeStream",
@@ -28,7 +29,7 @@ __all__ = [
     "ValidRequest",
     "ValidationError",
     "__version__",
-    "check_supported",
+    "_num_body_walks",
     "cpu_features",
     "paged_attention",
     "truncate_at_stop",
@@ -251,35 +252,52 @@ class Limits:
     @property
     def embedding_dimensions(self) -> int: ...
 
+@final
+class Body:
+    """A request body parsed from its JSON bytes, ready for `validate`: the body's one walk."""
+
+    @staticmethod
+    def parse(data: bytes) -> Body:
+        """Parse ``data`` (a JSON object's bytes) without the GIL. Raises ValidationError with
+        code ``invalid_json`` (malformed or empty; ``param`` ""), ``wrong_type`` (not an
+        object; ``param`` ""), ``duplicate_key`` (a key repeated in one object; ``param`` the
+        key) or ``invalid_format`` (nested more than 64 levels; ``param`` its path)."""
+    def databricks_route(self) -> str:
+        """The Databricks task the body's shape asks for: "databricks_chat" (``messages``),
+        "databricks_completions" (``prompt``) or "databricks_embeddings" (``input``);
+        ValidationError unless exactly one of them is given."""
+
 def validate(
     route: str,
-    body: Mapping[str, Any],
+    body: Body | Mapping[str, Any],
     limits: Limits | None = None,
 ) -> ValidRequest:
-    """Validate a decoded request body of ``route`` once: its parameters and route switches.
+    """Validate a request body of ``route`` once: its parameters, its route switches, and the
+    features this build serves (the one capability check: ``code`` ``unsupported``).
 
-    ``route`` is "generate", "generate_stream", "chat", "completions", "databricks_chat",
-    "databricks_completions", "databricks_embeddings", "embeddings" (``/v1/embeddings``), "trt"
-    or "offline". Each route keeps its own ranges. The rules that need the prompt's token count
-    come after tokenizing: ``ValidRequest.fit_prompt`` / ``with_prompt_tokens`` apply the
-    prompt-token limit and the output cap ``min(max_tokens or the route default,
-    max_iter_times, max_model_len - prompt_tokens)`` (``check_input_tokens`` the embeddings
-    limits). Raises ValidationError whose ``param`` is the field path as the client
-    wrote it (``messages[0].content[1].type``) and whose ``code`` is a stable tag
-    (``out_of_range``, ``wrong_type``, ``missing``, ``too_long``, ``empty``, ``conflict``,
-    ``unsupported_content_type``, ``invalid_format``, ``invalid_value``, ``too_many``,
-    ``unsupported``, ``unknown_field``).
+    ``body`` is a parsed `Body` (the HTTP routes) or a Python value (the offline and TRT
+    requests, converted once). ``route`` is "generate", "generate_stream", "chat",
+    "completions", "databricks_chat", "databricks_completions", "databricks_embeddings",
+    "embeddings" (``/v1/embeddings``), "trt" or "offline". Each route keeps its own ranges.
+    The rules that need the prompt's token count come after tokenizing:
+    ``ValidRequest.fit_prompt`` / ``with_prompt_tokens`` apply the prompt-token limit and the
+    output cap ``min(max_tokens or the route default, max_iter_times, max_model_len -
+    prompt_tokens)`` (``check_input_tokens`` the embeddings limits). Raises ValidationError
+    whose ``param`` is the field path as the client wrote it (``messages[0].content[1].type``)
+    and whose ``code`` is a stable tag (``out_of_range``, ``wrong_type``, ``missing``,
+    ``too_long``, ``empty``, ``conflict``, ``unsupported_content_type``, ``invalid_format``,
+    ``invalid_value``, ``too_many``, ``unsupported``, ``unknown_field``).
     """
 
-def check_supported(params: SamplingParams) -> None:
-    """Raise ValidationError (code ``unsupported``, naming the field) when ``params`` ask for a
-    feature this build does not serve yet: the capability table every request path shares."""
+def _num_body_walks() -> int:
+    """Whole request bodies walked (parsed or converted) since start-up; private, for the test
+    that holds each request to one walk."""
 
 @final
 class ValidRequest:
     """A request body that passed its route's rules: the parameters and every route switch.
 
-    Messages, tools and prompts are the decoded body's own objects, validated, not copies.
+    Messages, tools and prompts are handed out from the validated body.
     """
 
     @property
@@ -324,6 +342,14 @@ class ValidRequest:
     def messages(self) -> Any:
         """The chat messages (a list of message objects), or None."""
     @property
+    def template_messages(self) -> list[dict[str, Any]]:
+        """The chat messages as the template renders them: content parts joined into text,
+        ``name`` and ``tool_call_id`` when given, tool-call ``arguments`` as objects (a string
+        that is not JSON stays a string); empty without messages."""
+    @property
+    def instruction(self) -> str | None:
+        """The Databricks embeddings ``instruction`` (prepended to every input), or None."""
+    @property
     def tools(self) -> Any:
         """The tools for the chat template when the body has any, else None."""
     @property
@@ -356,9 +382,6 @@ class ValidRequest:
     ) -> tuple[npt.NDArray[np.uint32], SamplingParams]:
         """The prompt's token ids (cut from the left under ``error_behavior: "truncate"``) as a
         uint32 array, and ``with_prompt_tokens`` for them."""
-    def check_supported(self) -> None:
-        """Raise ValidationError (code ``unsupported``) naming the field that asks for a
-        feature this build does not serve yet."""
 
 @final
 class StepPlan:

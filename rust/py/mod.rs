@@ -9,12 +9,14 @@ mod detok;
 mod errors;
 mod grammar;
 mod params;
+mod raw;
 mod sampling;
 mod sched_config;
 mod scheduler;
 mod step;
 mod stop;
 mod tokens;
+mod valid_request;
 mod validate;
 
 use pyo3::prelude::*;
@@ -42,9 +44,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<step::PyStepPlan>()?;
     m.add_class::<step::PyStepOutput>()?;
     m.add_class::<validate::PyLimits>()?;
-    m.add_class::<validate::PyValidRequest>()?;
+    m.add_class::<valid_request::PyValidRequest>()?;
+    m.add_class::<raw::PyBody>()?;
     m.add_function(wrap_pyfunction!(validate::validate, m)?)?;
-    m.add_function(wrap_pyfunction!(validate::check_supported, m)?)?;
+    m.add_function(wrap_pyfunction!(raw::_num_body_walks, m)?)?;
     m.add_class::<detok::PyDetokenizer>()?;
     m.add_class::<detok::PyDecodeStream>()?;
     m.add_class::<stop::PyStopMatcher>()?;

@@ -7,7 +7,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt};
 
-use super::validate::member_to_raw;
+use super::raw::member_to_raw;
 use crate::params::{EarlyStopping, SamplingParams};
 use crate::types::TokenId;
 use crate::validate::{validate, Limits, Raw, Route, OFFLINE_FIELDS};

@@ -24,6 +24,7 @@ mod capabilities;
 mod common;
 mod databricks;
 mod embeddings;
+mod json;
 mod limits;
 mod messages;
 mod mindie;
@@ -33,6 +34,7 @@ mod raw;
 mod request;
 mod stops;
 mod structured;
+mod template;
 mod tokens;
 mod tools;
 mod trt;
@@ -42,12 +44,14 @@ mod tests;
 
 pub use capabilities::{check_params as check_capabilities, check_request, Capabilities, BUILT};
 pub use embeddings::{check_input_tokens, MAX_EMBED_INPUTS, MAX_EMBED_TOTAL_TOKENS};
+pub use json::{parse_body, parse_value, path_string, too_deep, Seg, MAX_DEPTH};
 pub use limits::{
     check_prompt_tokens, max_prompt_tokens, EndpointType, Limits, MAX_PROMPT_TOKENS_CAP,
 };
 pub use offline::OFFLINE_FIELDS;
 pub use raw::Raw;
 pub use request::{Switches, ValidRequest};
+pub use template::{joined_text, template_messages};
 
 use crate::error::{CoreError, CoreResult};
 use crate::params::SamplingParams;
@@ -118,6 +122,14 @@ const ROUTE_NAMES: [(&str, Route); 10] = [
 ];
 
 impl Route {
+    /// The route's name (`parse` reads it back; MindIE's two routes are "generate").
+    pub fn name(self) -> &'static str {
+        ROUTE_NAMES
+            .iter()
+            .find(|(_, route)| *route == self)
+            .map_or("", |(name, _)| name)
+    }
+
     /// Parses a route name: "generate", "generate_stream", "chat", "completions",
     /// "databricks_chat", "databricks_completions", "databricks_embeddings", "embeddings",
     /// "trt", "offline".
@@ -149,6 +161,44 @@ pub(crate) enum Flavor {
 /// [`ValidRequest::fit_prompt`] or [`ValidRequest::with_prompt_tokens`]. `limits` must have
 /// passed [`Limits::validate`].
 pub fn validate_request(route: Route, body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
+    let valid = route_rules(route, body, limits)?;
+    // The one place a feature this build does not serve is refused, for every caller: the
+    // HTTP routes, the TRT request and the offline `SamplingParams` all come through here.
+    check_request(&valid, &BUILT)?;
+    Ok(valid)
+}
+
+/// The Databricks task a body asks for by its shape (→A-64): exactly one of `messages`
+/// (chat), `prompt` (completions) or `input` (embeddings), present and not null.
+pub fn databricks_route(body: &Raw) -> CoreResult<Route> {
+    let tasks = [
+        ("messages", Route::DatabricksChat),
+        ("prompt", Route::DatabricksCompletions),
+        ("input", Route::DatabricksEmbeddings),
+    ];
+    let found: Vec<_> = tasks
+        .iter()
+        .filter(|(key, _)| !matches!(body.get(key), None | Some(Raw::Null)))
+        .collect();
+    match found.as_slice() {
+        [(_, route)] => Ok(*route),
+        _ => {
+            let names: Vec<String> = found.iter().map(|(k, _)| format!("`{k}`")).collect();
+            let names = if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join(", ")
+            };
+            Err(CoreError::invalid(
+                json::WHOLE_BODY,
+                codes::INVALID_VALUE,
+                format!("the body must have exactly one of `messages` (chat), `prompt` (completions) or `input` (embeddings); found {names}"),
+            ))
+        }
+    }
+}
+
+fn route_rules(route: Route, body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     match route {
         Route::Generate => mindie::generate(body, limits),
         Route::Chat => openai::chat(body, limits),

@@ -16,11 +16,9 @@ LIMITS = Limits(vocab_size=100)
 
 def test_echo_with_logprobs_is_served_and_scores_the_prompt() -> None:
     valid = validate("completions", {**CMPL, "echo": True, "logprobs": 2})
-    valid.check_supported()  # no longer refused
     assert valid.params.prompt_logprobs == 2 and valid.params.logprobs == 2
     assert valid.prompt_logprobs is None, "the vLLM field was not asked for"
     valid = validate("databricks_completions", {"prompt": "hi", "echo": True, "logprobs": 1})
-    valid.check_supported()
     assert valid.params.prompt_logprobs == 1
 
 

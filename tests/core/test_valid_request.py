@@ -1,6 +1,6 @@
-"""`ValidRequest`: one validation pass gives the parameters, the route switches and the body's
-own messages and prompts; the prompt-token rules are one call after tokenizing; unbuilt
-features are refused from one table."""
+"""`ValidRequest`: one validation pass gives the parameters, the route switches and the
+validated messages and prompts; the prompt-token rules are one call after tokenizing; unbuilt
+features are refused from one table, by validation itself."""
 
 from __future__ import annotations
 
@@ -10,22 +10,21 @@ import numpy as np
 import pytest
 
 from ferrollm import Limits, SamplingParams, ValidationError, validate
-from ferrollm._core import check_supported
 
 CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
 
 
-def test_switches_and_the_bodys_own_objects() -> None:
+def test_switches_and_the_validated_objects() -> None:
     body = {"model": "m", "prompt": ["one", "two"], "stream": True, "echo": True}
     valid = validate("completions", body)
     assert (valid.route, valid.stream, valid.echo, valid.is_batch) == ("completions", 1, 1, 1)
     assert valid.model == "m"
-    assert all(a is b for a, b in zip(valid.prompts, body["prompt"], strict=True))
+    assert valid.prompts == body["prompt"]
     chat = {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}], "stream": False}
     chat["tool_choice"] = "none"
     valid = validate("chat", chat)
-    assert valid.messages is chat["messages"]
-    assert valid.tools is chat["tools"]
+    assert valid.messages == chat["messages"]
+    assert valid.tools == chat["tools"]
     assert (valid.stream, valid.prompts, valid.tool_choice) == (False, [], "none")
     gen = {"id": "c-1", "text_input": "hello", "parameters": {"details": True}}
     valid = validate("generate", gen)
@@ -70,20 +69,19 @@ def test_databricks_truncation_keeps_the_last_tokens() -> None:
     ],
 )
 def test_unbuilt_features_are_refused_by_field(route: str, body: Any, field: str) -> None:
-    valid = validate(route, body)  # valid requests ...
     with pytest.raises(ValidationError) as info:
-        valid.check_supported()  # ... that this build cannot serve yet
+        validate(route, body)  # a valid request that this build cannot serve yet
     assert (info.value.param, info.value.code) == (field, "unsupported")
     assert str(info.value).startswith(f"`{field}`: ")
 
 
 def test_the_same_table_refuses_offline_parameters() -> None:
-    check_supported(SamplingParams(n=2, temperature=1.0))
-    check_supported(SamplingParams(n=1, best_of=2))  # built: ranked by cumulative logprob
-    validate("completions", {"model": "m", "prompt": "a", "best_of": 3, "n": 2}).check_supported()
+    SamplingParams(n=2, temperature=1.0)
+    SamplingParams(n=1, best_of=2)  # built: ranked by cumulative logprob
+    validate("completions", {"model": "m", "prompt": "a", "best_of": 3, "n": 2})
     # built: whether a server serves embeddings is its task (`--task embed`), not this table
-    validate("databricks_embeddings", {"input": ["x"], "instruction": "y"}).check_supported()
-    check_supported(SamplingParams(use_beam_search=True, n=2))  # built: beam search
+    validate("databricks_embeddings", {"input": ["x"], "instruction": "y"})
+    SamplingParams(use_beam_search=True, n=2)  # built: beam search
     with pytest.raises(ValidationError) as info:
-        check_supported(SamplingParams(use_beam_search=True, n=2, stop_token_ids=[1], top_p=0.5))
+        SamplingParams(use_beam_search=True, n=2, stop_token_ids=[1], top_p=0.5)
     assert (info.value.param, info.value.code) == ("top_p", "conflict")

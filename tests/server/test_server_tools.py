@@ -17,10 +17,10 @@ import jsonschema
 import pytest
 from server_harness import MODEL, ROUTE_PATHS, Server, sse_json
 
+from ferrollm._core import validate
 from ferrollm.config import ServerConfig
 from ferrollm.server.app import App
 from ferrollm.server.context import ServerContext
-from ferrollm.server.routes.common import template_messages
 from tiny_models import build_tiny_model
 
 # A Hermes-style template: tools in the system turn, calls as <tool_call> blocks, results as
@@ -226,7 +226,8 @@ def test_spec_round_trip_sample(hermes: Server) -> None:
     (choice,) = response.json()["choices"]
     assert choice["message"]["role"] == "assistant"
     # The history reached the model through the template: the call and the result.
-    prompt = hermes.tokenizer.apply_chat_template(template_messages(history), tools)
+    as_rendered = validate("chat", {"model": "m", "messages": history}).template_messages
+    prompt = hermes.tokenizer.apply_chat_template(as_rendered, tools)
     assert (
         '<tool_call>\n{"name": "get_delivery_date", "arguments": {"order_id": "12345"}}' in prompt
     )

@@ -26,7 +26,6 @@ from ferrollm._core import (
     SchedulerConfig,
     StepPlan,
     ValidationError,
-    check_supported,
 )
 from ferrollm.config import DEFAULT_MAX_BEAM_WIDTH
 from ferrollm.default_model import default_model_path
@@ -175,7 +174,6 @@ class LLMEngine:
             raise ValueError(
                 f"`request_id` {request.request_id!r} is already in use by an unfinished request"
             )
-        check_supported(request.params)
         params = request.params
         if params.use_beam_search and params.best_of > self.max_beam_width:
             raise _invalid(

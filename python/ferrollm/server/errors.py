@@ -60,7 +60,8 @@ def to_api_error(error: BaseException) -> ApiError:
     if isinstance(error, ApiError):
         return error
     if isinstance(error, ValidationError):
-        return ApiError(400, str(error), param=error.param, code=error.code)
+        # An error about the body as a whole (malformed JSON, say) names no field: param "".
+        return ApiError(400, str(error), param=error.param or None, code=error.code)
     if isinstance(error, ChatTemplateError):
         return ApiError(400, str(error), param="messages", code="chat_template_error")
     if isinstance(error, QueueFullError):

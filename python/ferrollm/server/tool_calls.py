@@ -24,7 +24,7 @@ from ferrollm.server.protocol.openai import (
     ResponseMessage,
     ToolCall,
 )
-from ferrollm.server.routes.common import openai_finish_reason, run_sized, template_messages
+from ferrollm.server.routes.common import openai_finish_reason, run_sized
 from ferrollm.server.structured import compiled_grammar
 from ferrollm.tools import (
     ToolDelta,
@@ -76,7 +76,7 @@ def _rendered(ctx: ServerContext, valid: ValidRequest) -> tuple[list[int], ToolP
     except ToolPlanError as e:
         code = "unsupported" if e.param == "tools" else "conflict"
         raise bad_request(str(e), param=e.param, code=code) from None
-    messages = history_messages(parser, template, template_messages(valid.messages))
+    messages = history_messages(parser, template, valid.template_messages)
     tools = None
     if plan is not None:
         messages = plan.prompt_messages(messages)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
+from ferrollm._core import ValidRequest
 from ferrollm.engine import CompletionOutput, RequestOutput
 from ferrollm.engine.request import EngineRequest
 from ferrollm.server.context import ServerContext
@@ -35,8 +35,6 @@ from ferrollm.server.routes.common import (
     engine_request,
     error_message,
     openai_finish_reason,
-    read_json,
-    run_sized,
     usage_counts,
 )
 from ferrollm.server.routes.logprobs import chat_logprobs, vllm_prompt_logprobs
@@ -74,14 +72,13 @@ class _Chat:
 
 async def chat_completions(ctx: ServerContext, request: Request) -> Response:
     """``POST /v1/chat/completions``."""
-    return await serve_chat(ctx, request, await read_json(request), OPENAI)
+    return await serve_chat(ctx, request, await accept(ctx, OPENAI.route, request), OPENAI)
 
 
 async def serve_chat(
-    ctx: ServerContext, request: Request, body: dict[str, Any], flavor: ChatFlavor
+    ctx: ServerContext, request: Request, valid: ValidRequest, flavor: ChatFlavor
 ) -> Response:
-    """Validate, render and run a chat request of ``flavor``."""
-    valid = await run_sized(len(request.body), accept, ctx, flavor.route, body)
+    """Render and run a validated chat request of ``flavor``."""
     prompt = await chat_prompt(ctx, valid, len(request.body))
     request_id = ctx.next_id() if flavor.mindie else f"chatcmpl-{uuid.uuid4().hex}"
     req = engine_request(

@@ -1,20 +1,16 @@
-"""What the API handlers share: body decoding, the one validation, engine requests, chat
-messages for the template, usage and finish reasons."""
+"""What the API handlers share: the one validation, engine requests, usage and finish
+reasons."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import msgspec
-
-from ferrollm._core import CompiledGrammar, SamplingParams, ValidRequest, validate
+from ferrollm._core import Body, CompiledGrammar, SamplingParams, ValidRequest, validate
 from ferrollm.engine.request import EngineRequest
 from ferrollm.server.context import ServerContext
-from ferrollm.server.duplicates import duplicate_key
-from ferrollm.server.errors import ApiError, bad_request
+from ferrollm.server.errors import ApiError
 from ferrollm.server.http import Request
 
 T = TypeVar("T")
@@ -23,9 +19,6 @@ T = TypeVar("T")
 _MODEL_ROUTES = ("chat", "completions", "embeddings")
 #: Routes an embedding server serves (the others need the generation engine).
 _EMBED_ROUTES = ("embeddings", "databricks_embeddings")
-
-#: The content part type a text-only model takes (media parts were refused by the validator).
-_TEXT = "text"
 
 
 #: Work on inputs larger than this (characters of a prompt, bytes of a body) runs on a worker
@@ -41,53 +34,27 @@ async def run_sized(size: int, fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
 
 
-async def read_json(request: Request) -> dict[str, Any]:
-    """The request's JSON object (`decode_body`), decoded on a worker thread when the body is
-    large: decoding and the duplicate-key scan take time in proportion to its size."""
-    return await run_sized(len(request.body), decode_body, request.body)
+async def accept(ctx: ServerContext, route: str, request: Request) -> ValidRequest:
+    """The request path's one validation, on a worker thread for a large body: the body
+    parsed once (400 for malformed JSON, a non-object or a repeated key), the server's task
+    (400 before any field is read), the route's rules and the features this build serves
+    (400 naming the field), and the ``model`` of the ``/v1`` routes (404). ``route``
+    "databricks" is the task the body's shape asks for."""
+    return await run_sized(len(request.body), accept_body, ctx, route, request.body)
 
 
-def decode_body(body: bytes) -> dict[str, Any]:
-    """The request's JSON object; 400 for malformed JSON or a non-object."""
-    if not body:
-        raise bad_request("the request body is empty; send a JSON object", code="invalid_json")
-    try:
-        value = msgspec.json.decode(body)
-    except msgspec.DecodeError as e:
-        raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
-    except RecursionError:  # msgspec recurses per nesting level
-        raise bad_request(
-            "the request body is nested too deeply to decode", code="invalid_json"
-        ) from None
-    if not isinstance(value, dict):
-        raise bad_request(
-            f"the request body must be a JSON object; got {type(value).__name__}",
-            code="wrong_type",
-        )
-    try:
-        key = duplicate_key(body)
-    except RecursionError:
-        raise bad_request(
-            "the request body is nested too deeply to decode", code="invalid_json"
-        ) from None
-    if key is not None:
-        raise bad_request(
-            f"`{key}`: the key appears twice in one JSON object; keys must be unique",
-            param=key,
-            code="duplicate_key",
-        )
-    return value
-
-
-def accept(ctx: ServerContext, route: str, body: Mapping[str, Any]) -> ValidRequest:
-    """The request path's one validation: the route's rules (400 naming the field), the
-    ``model`` of the ``/v1`` routes (404), then the capability table (400 ``unsupported``)."""
-    if route not in _EMBED_ROUTES:
-        ctx.generator  # noqa: B018 (400 on an embedding server, before any field is read)
+def accept_body(ctx: ServerContext, route: str, data: bytes) -> ValidRequest:
+    """`accept` on the calling thread, for the bytes of a body."""
+    body = Body.parse(data)
+    if route == "databricks":
+        route = body.databricks_route()
+    if route in _EMBED_ROUTES:
+        ctx.embedder  # noqa: B018 (400 on a generation server)
+    else:
+        ctx.generator  # noqa: B018 (400 on an embedding server)
     valid = validate(route, body, ctx.limits)
     if route in _MODEL_ROUTES:
         ctx.check_model(valid.model)
-    valid.check_supported()
     return valid
 
 
@@ -110,51 +77,6 @@ def engine_request(
     if keep_special_tokens:
         params = params.keeping_special_tokens()
     return EngineRequest(request_id, ids, params, arrival, prompt=prompt, grammar=grammar)
-
-
-def join_text_parts(content: str | Sequence[Mapping[str, Any]] | None) -> str:
-    """A text-only model's content: a string, or its text parts joined in order (→A-46)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(str(part.get("text", "")) for part in content if part.get("type") == _TEXT)
-
-
-def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Chat messages as the template sees them: text content joined; tool-call arguments as
-    objects (what Hugging Face templates expect), whichever form the client sent."""
-    out = []
-    for m in messages:
-        message: dict[str, Any] = {"role": m["role"], "content": join_text_parts(m.get("content"))}
-        for key in ("name", "tool_call_id"):
-            if m.get(key) is not None:
-                message[key] = m[key]
-        if m.get("tool_calls"):
-            message["tool_calls"] = [_template_tool_call(c) for c in m["tool_calls"]]
-        out.append(message)
-    return out
-
-
-def _template_tool_call(call: Mapping[str, Any]) -> dict[str, Any]:
-    function = call["function"]
-    return {
-        "id": call["id"],
-        "type": call.get("type", "function"),
-        "function": {
-            "name": function["name"],
-            "arguments": _arguments_object(function["arguments"]),
-        },
-    }
-
-
-def _arguments_object(arguments: str | dict[str, Any]) -> Any:
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except ValueError:
-            return arguments
-    return arguments
 
 
 def usage_counts(num_prompt_tokens: int, outputs: Sequence[Any]) -> tuple[int, int, int]:

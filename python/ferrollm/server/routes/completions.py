@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from ferrollm._core import ValidRequest
 from ferrollm.engine import CompletionOutput, RequestOutput
 from ferrollm.engine.request import EngineRequest
 from ferrollm.server.context import ServerContext
@@ -45,7 +46,6 @@ from ferrollm.server.routes.common import (
     engine_request,
     error_message,
     openai_finish_reason,
-    read_json,
     run_sized,
 )
 from ferrollm.server.routes.logprobs import (
@@ -95,15 +95,14 @@ class _Batch:
 
 async def completions(ctx: ServerContext, request: Request) -> Response:
     """``POST /v1/completions``."""
-    return await serve_completions(ctx, request, await read_json(request), databricks=False)
+    valid = await accept(ctx, "completions", request)
+    return await serve_completions(ctx, request, valid, databricks=False)
 
 
 async def serve_completions(
-    ctx: ServerContext, request: Request, body: dict[str, Any], *, databricks: bool
+    ctx: ServerContext, request: Request, valid: ValidRequest, *, databricks: bool
 ) -> Response:
-    """Validate, tokenize and run a completions request (one engine request per prompt)."""
-    route = "databricks_completions" if databricks else "completions"
-    valid = await run_sized(len(request.body), accept, ctx, route, body)
+    """Tokenize and run a validated completions request (one engine request per prompt)."""
     batch = _Batch(
         ctx,
         databricks,

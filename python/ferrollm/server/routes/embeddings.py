@@ -12,11 +12,11 @@ packs them into steps. A generation server answers both with 400 (``ServerContex
 from __future__ import annotations
 
 import base64
-from typing import Any
 
 import msgspec
 import numpy as np
 
+from ferrollm._core import ValidRequest
 from ferrollm.server.context import ServerContext
 from ferrollm.server.http import JSONResponse, Request, Response
 from ferrollm.server.protocol.embeddings import (
@@ -25,14 +25,13 @@ from ferrollm.server.protocol.embeddings import (
     EmbeddingResponse,
     EmbeddingUsage,
 )
-from ferrollm.server.routes.common import accept, read_json, run_sized
+from ferrollm.server.routes.common import accept, run_sized
 
 
 async def embeddings(ctx: ServerContext, request: Request) -> Response:
     """``POST /v1/embeddings``."""
+    valid = await accept(ctx, "embeddings", request)
     embedder = ctx.embedder
-    body = await read_json(request)
-    valid = await run_sized(len(request.body), accept, ctx, "embeddings", body)
     inputs = valid.prompts
     e = embedder.embedder
     truncate = valid.truncate_prompt_tokens
@@ -55,15 +54,12 @@ async def embeddings(ctx: ServerContext, request: Request) -> Response:
     return JSONResponse(msgspec.json.encode(response))
 
 
-async def databricks_embeddings(
-    ctx: ServerContext, request: Request, body: dict[str, Any]
-) -> Response:
+async def databricks_embeddings(ctx: ServerContext, valid: ValidRequest) -> Response:
     """The Databricks embeddings task: ``input`` (a string or strings) with an optional
     ``instruction`` prepended to each, joined by a space unless it ends in whitespace."""
     embedder = ctx.embedder
-    valid = await run_sized(len(request.body), accept, ctx, "databricks_embeddings", body)
     texts = [str(t) for t in valid.prompts]
-    instruction = body.get("instruction")
+    instruction = valid.instruction
     if instruction:
         sep = "" if instruction[-1].isspace() else " "
         texts = [f"{instruction}{sep}{text}" for text in texts]

@@ -25,7 +25,6 @@ from ferrollm.server.routes.common import (
     accept,
     engine_request,
     error_message,
-    read_json,
     run_sized,
 )
 
@@ -56,8 +55,7 @@ async def versions_unsupported(ctx: ServerContext, request: Request) -> Response
 
 async def _serve(ctx: ServerContext, request: Request, *, stream: bool) -> Response:
     ctx.check_model(request.path_params["model"], param="model")
-    body = await read_json(request)
-    valid = await run_sized(len(request.body), accept, ctx, "generate", body)
+    valid = await accept(ctx, "generate", request)
     text = valid.prompts[0]
     assert isinstance(text, str)  # only /v1/completions takes token-id prompts
     ids = await run_sized(len(text), ctx.tokenizer.encode, text)
