@@ -14,6 +14,7 @@ __all__ = [
     "CpuFeatures",
     "DecodeStream",
     "Detokenizer",
+    "EngineLimits",
     "GrammarCompiler",
     "Limits",
     "QueueFullError",
@@ -292,6 +293,27 @@ def validate(
 def _num_body_walks() -> int:
     """Whole request bodies walked (parsed or converted) since start-up; private, for the test
     that holds each request to one walk."""
+
+@final
+class EngineLimits:
+    """The engine's own bounds, beyond a route's `Limits`: its widest beam and its model's
+    hidden size (the width of a prompt table's rows)."""
+
+    def __new__(cls, *, max_beam_width: int, hidden_size: int) -> EngineLimits: ...
+    @property
+    def max_beam_width(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    def admit(
+        self,
+        params: SamplingParams,
+        return_generation_logits: bool = False,
+        prompt_table_shape: Sequence[int] | None = None,
+    ) -> int:
+        """Admit a request with ``params`` before it is queued (every path: HTTP, offline,
+        TRT): a beam wider than ``max_beam_width`` (naming ``best_of``), beam search with
+        ``return_generation_logits``, or a prompt table not ``[rows >= 1, hidden_size]`` is a
+        ValidationError naming the field. Returns the table's rows (0 without one)."""
 
 @final
 class ValidRequest:

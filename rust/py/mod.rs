@@ -2,6 +2,7 @@
 //! extracts its inputs, releases the GIL for work that scales with the batch, calls the core and
 //! converts the result; every core error is mapped to Python once, in `errors.rs`.
 
+mod admit;
 mod arrays;
 mod attention;
 mod cpu;
@@ -45,6 +46,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<step::PyStepOutput>()?;
     m.add_class::<validate::PyLimits>()?;
     m.add_class::<valid_request::PyValidRequest>()?;
+    m.add_class::<admit::PyEngineLimits>()?;
     m.add_class::<raw::PyBody>()?;
     m.add_function(wrap_pyfunction!(validate::validate, m)?)?;
     m.add_function(wrap_pyfunction!(raw::_num_body_walks, m)?)?;

@@ -19,6 +19,7 @@
 //! parameters in one [`ValidRequest`]; what this build cannot serve yet is refused from one
 //! table, [`capabilities`](Capabilities).
 
+mod admit;
 mod beam;
 mod capabilities;
 mod common;
@@ -42,6 +43,7 @@ mod trt;
 #[cfg(test)]
 mod tests;
 
+pub use admit::{admit, EngineAsks, EngineLimits};
 pub use capabilities::{check_params as check_capabilities, check_request, Capabilities, BUILT};
 pub use embeddings::{check_input_tokens, MAX_EMBED_INPUTS, MAX_EMBED_TOTAL_TOKENS};
 pub use json::{parse_body, parse_value, path_string, too_deep, Seg, MAX_DEPTH};

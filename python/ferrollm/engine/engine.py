@@ -21,11 +21,11 @@ import numpy.typing as npt
 import torch
 
 from ferrollm._core import (
+    EngineLimits,
     GrammarCompiler,
     Scheduler,
     SchedulerConfig,
     StepPlan,
-    ValidationError,
 )
 from ferrollm.config import DEFAULT_MAX_BEAM_WIDTH
 from ferrollm.default_model import default_model_path
@@ -81,8 +81,10 @@ class LLMEngine:
     ) -> None:
         #: The checkpoint's path (a directory or a .gguf file), when loaded from one.
         self.model_path = model_path
-        #: The widest beam search a request may ask for.
-        self.max_beam_width = max_beam_width
+        #: What a request is admitted against: the widest beam, the model's hidden size.
+        self.limits = EngineLimits(
+            max_beam_width=max_beam_width, hidden_size=model_config.hidden_size
+        )
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.runner = runner
@@ -92,6 +94,11 @@ class LLMEngine:
         self._grammar_lock = threading.Lock()
         #: Rank 0's side of the tensor-parallel group (None on one device).
         self.driver: Driver | None = None
+
+    @property
+    def max_beam_width(self) -> int:
+        """The widest beam search a request may ask for."""
+        return self.limits.max_beam_width
 
     @property
     def grammar_compiler(self) -> GrammarCompiler:
@@ -174,21 +181,12 @@ class LLMEngine:
             raise ValueError(
                 f"`request_id` {request.request_id!r} is already in use by an unfinished request"
             )
-        params = request.params
-        if params.use_beam_search and params.best_of > self.max_beam_width:
-            raise _invalid(
-                "best_of",
-                "out_of_range",
-                f"`best_of` must give a beam width of at most {self.max_beam_width} "
-                f"(max_beam_width); got {params.best_of}",
-            )
-        if params.use_beam_search and request.return_generation_logits:
-            raise _invalid(
-                "return_generation_logits",
-                "conflict",
-                "`return_generation_logits` cannot be used with beam search (beams are "
-                "reordered every step, so no row belongs to one output sequence)",
-            )
+        table = request.prompt_table
+        num_virtual_tokens = self.limits.admit(
+            request.params,
+            request.return_generation_logits,
+            None if table is None else list(table.shape),
+        )
         internal_id = self._tracker.next_id()
         self.scheduler.add_request(
             internal_id,
@@ -201,24 +199,9 @@ class LLMEngine:
             draft_tokens=request.draft_tokens,
             draft_logits=request.draft_logits,
             cache_salt=self._cache_salt(request, internal_id),
-            num_virtual_tokens=self._num_virtual_tokens(request),
+            num_virtual_tokens=num_virtual_tokens,
         )
         self._tracker.add(request, internal_id)
-
-    def _num_virtual_tokens(self, request: EngineRequest) -> int:
-        """The rows of the request's prompt table, checked against the model's width."""
-        table = request.prompt_table
-        if table is None:
-            return 0
-        hidden = self.model_config.hidden_size
-        if table.ndim != 2 or table.shape[0] < 1 or table.shape[1] != hidden:
-            raise _invalid(
-                "prompt_embedding_table",
-                "invalid_format",
-                f"`prompt_embedding_table` must be [rows, hidden_size] = [rows, {hidden}] "
-                f"with rows >= 1; got shape {list(table.shape)}",
-            )
-        return int(table.shape[0])
 
     @staticmethod
     def _cache_salt(request: EngineRequest, internal_id: int) -> str | None:
@@ -297,12 +280,6 @@ class LLMEngine:
             f"its {len(request_ids)} requests were aborted",
             request_ids,
         )
-
-
-def _invalid(param: str, code: str, message: str) -> ValidationError:
-    error = ValidationError(message)
-    error.param, error.code = param, code
-    return error
 
 
 def load_model(
