@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
 
 from msgspec import UNSET
 
@@ -24,7 +23,8 @@ from ferrollm.server.protocol.openai import (
     ResponseMessage,
     ToolCall,
 )
-from ferrollm.server.routes.common import openai_finish_reason, run_sized
+from ferrollm.server.render import Outcome, Renderer
+from ferrollm.server.routes.common import run_sized
 from ferrollm.server.structured import compiled_grammar
 from ferrollm.tools import (
     ToolDelta,
@@ -85,21 +85,20 @@ def _rendered(ctx: ServerContext, valid: ValidRequest) -> tuple[list[int], ToolP
 
 
 def response_message(
-    plan: ToolPlan | None, c: CompletionOutput, databricks: bool
+    render: Renderer, plan: ToolPlan | None, c: CompletionOutput, outcome: Outcome
 ) -> tuple[ResponseMessage, str | None]:
-    """Sequence ``c``'s message and finish reason: its calls when it made any (``content``
-    "" on the MindIE route, null on Databricks, with only calls; →A-37), else its text."""
-    reason = openai_finish_reason(c.finish_reason, databricks=databricks)
-    none: Any = UNSET if databricks else None
+    """Sequence ``c``'s message and finish reason: its calls when it made any (with the
+    content ``render``'s API gives a message of only calls; →A-37), else its text."""
+    reason = render.finish_reason(outcome)
     if plan is None:
-        return ResponseMessage(c.text, tool_calls=none), reason
+        return ResponseMessage(c.text, tool_calls=render.no_tool_calls), reason
     stream = plan.stream()
     stream.feed(c.text, final=True)
     parsed = stream.result()
     if parsed is None or not parsed[1]:
-        return ResponseMessage(c.text, tool_calls=none), reason
+        return ResponseMessage(c.text, tool_calls=render.no_tool_calls), reason
     content, calls = parsed
-    text: str | None = content if content.strip() else (None if databricks else "")
+    text = content if content.strip() else render.calls_only_content
     tool_calls = [ToolCall(t.id, FunctionCall(t.name, t.arguments)) for t in calls]
     return ResponseMessage(text, tool_calls=tool_calls), _calls_reason(reason)
 
@@ -112,9 +111,9 @@ def _calls_reason(reason: str | None) -> str | None:
 class StreamedCalls:
     """The tool-call readers of one streamed chat, one per returned sequence."""
 
+    #: The request's API (its finish reasons differ on deadlines).
+    render: Renderer
     plan: ToolPlan
-    #: The Databricks route (its finish reasons differ on deadlines).
-    databricks: bool
     _streams: dict[int, ToolStream] = field(default_factory=dict)
     _content: dict[int, str] = field(default_factory=dict)
 
@@ -142,9 +141,9 @@ class StreamedCalls:
             text = None
         return Delta(text, tool_calls=calls or UNSET)
 
-    def finish_reason(self, c: CompletionOutput) -> str | None:
+    def finish_reason(self, c: CompletionOutput, outcome: Outcome) -> str | None:
         """``tool_calls`` when sequence ``c`` ended (on its own) having made calls."""
-        reason = openai_finish_reason(c.finish_reason, databricks=self.databricks)
+        reason = self.render.finish_reason(outcome)
         stream = self._streams.get(c.index)
         if stream is not None and stream.has_calls:
             return _calls_reason(reason)

@@ -1,14 +1,13 @@
 """Chat: ``POST /v1/chat/completions`` (SPEC 4) and the Databricks chat task (SPEC 6.3-6.4).
 
 Both render the messages with the model's chat template and stream ``chat.completion.chunk``
-events; the ``/v1`` route adds MindIE's extensions (``prefill_time``/``decode_time_arr``, and
-``fullTextEnabled`` cumulative deltas with ``full_text`` on the final chunk) and vLLM's
-``prompt_logprobs`` (the rendered prompt's tokens scored; not with streaming).
+events; what differs between the APIs (MindIE's timing fields and ``fullTextEnabled`` on
+``/v1``, ids, finish reasons, how an early end is said) is the request's `Renderer`. vLLM's
+``prompt_logprobs`` scores the rendered prompt's tokens (not with streaming).
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -18,7 +17,7 @@ from ferrollm._core import ValidRequest
 from ferrollm.engine import CompletionOutput, RequestOutput
 from ferrollm.engine.request import EngineRequest
 from ferrollm.server.context import ServerContext
-from ferrollm.server.errors import ApiError, ErrorStyle, error_body, to_api_error
+from ferrollm.server.errors import to_api_error
 from ferrollm.server.generation import Timing, generate, prime
 from ferrollm.server.http import SSE_DONE, JSONResponse, Request, Response, SSEResponse, sse_event
 from ferrollm.server.protocol.openai import (
@@ -29,68 +28,49 @@ from ferrollm.server.protocol.openai import (
     Delta,
     Usage,
 )
-from ferrollm.server.routes.common import (
-    accept,
-    check_deadline,
-    engine_request,
-    error_message,
-    openai_finish_reason,
-    usage_counts,
-)
+from ferrollm.server.render import OpenAIRenderer, Outcome, Renderer
+from ferrollm.server.routes.common import accept, check_deadline, engine_request, usage_counts
 from ferrollm.server.routes.logprobs import chat_logprobs, vllm_prompt_logprobs
 from ferrollm.server.tool_calls import StreamedCalls, chat_prompt, response_message
 from ferrollm.tools import ToolPlan
 
 
-@dataclass(frozen=True)
-class ChatFlavor:
-    """What differs between the two chat routes."""
-
-    route: str
-    #: MindIE's extensions: timing fields and ``fullTextEnabled``.
-    mindie: bool
-
-
-OPENAI = ChatFlavor("chat", mindie=True)
-DATABRICKS = ChatFlavor("databricks_chat", mindie=False)
-
-
 @dataclass
 class _Chat:
-    """One chat request, validated and tokenized."""
+    """One chat request, validated and tokenized, and how its API renders it."""
 
-    ctx: ServerContext
-    flavor: ChatFlavor
+    render: Renderer
     created: int
     request: EngineRequest
-    full_text: bool
     #: vLLM's ``prompt_logprobs`` (alternatives per prompt token), None when not asked.
     num_prompt_logprobs: int | None = None
     #: The request's tool calling, None when it calls no tools.
     tools: ToolPlan | None = None
 
+    def outcome(self, c: CompletionOutput) -> Outcome:
+        return Outcome.of(c, self.request.params)
+
 
 async def chat_completions(ctx: ServerContext, request: Request) -> Response:
     """``POST /v1/chat/completions``."""
-    return await serve_chat(ctx, request, await accept(ctx, OPENAI.route, request), OPENAI)
+    valid = await accept(ctx, "chat", request)
+    return await serve_chat(ctx, request, valid, OpenAIRenderer(ctx))
 
 
 async def serve_chat(
-    ctx: ServerContext, request: Request, valid: ValidRequest, flavor: ChatFlavor
+    ctx: ServerContext, request: Request, valid: ValidRequest, render: Renderer
 ) -> Response:
-    """Render and run a validated chat request of ``flavor``."""
+    """Render and run a validated chat request through ``render``'s API."""
     prompt = await chat_prompt(ctx, valid, len(request.body))
-    request_id = ctx.next_id() if flavor.mindie else f"chatcmpl-{uuid.uuid4().hex}"
     req = engine_request(
         valid,
-        request_id,
+        render.new_id("chat"),
         prompt.token_ids,
         request.arrival,
         grammar=prompt.grammar,
         keep_special_tokens=prompt.tools is not None and prompt.tools.keeps_special_tokens,
     )
-    full_text = flavor.mindie and ctx.config.full_text
-    chat = _Chat(ctx, flavor, request.created, req, full_text, valid.prompt_logprobs, prompt.tools)
+    chat = _Chat(render, request.created, req, valid.prompt_logprobs, prompt.tools)
     timing = Timing(req.arrival_time)
     stream = generate(ctx, req, timing)
     if valid.stream:
@@ -104,24 +84,25 @@ async def serve_chat(
 
 
 def _response(chat: _Chat, out: RequestOutput, timing: Timing) -> ChatCompletion:
+    render = chat.render
     choices = []
     for c in out.outputs:
-        message, finish_reason = response_message(chat.tools, c, not chat.flavor.mindie)
+        message, finish_reason = response_message(render, chat.tools, c, chat.outcome(c))
         logprobs = None if c.logprobs is None else chat_logprobs(c.logprobs)
         choices.append(ChatChoice(c.index, message, logprobs, finish_reason, c.stop_reason))
     response = ChatCompletion(
         id=chat.request.request_id,
         created=chat.created,
-        model=chat.ctx.model_name,
+        model=render.ctx.model_name,
         choices=choices,
         usage=Usage(*usage_counts(chat.request.num_prompt_tokens, out.outputs)),
     )
-    if chat.flavor.mindie:
+    if render.timings:
         response.prefill_time = timing.prefill_ms
         response.decode_time_arr = timing.decode_ms
     if chat.num_prompt_logprobs is not None:
         assert out.prompt_logprobs is not None  # asked, so scored (validation)
-        token_bytes = chat.ctx.tokenizer.detokenizer.token_bytes
+        token_bytes = render.ctx.tokenizer.detokenizer.token_bytes
         response.prompt_logprobs = vllm_prompt_logprobs(
             out.prompt_logprobs,
             chat.num_prompt_logprobs,
@@ -131,10 +112,10 @@ def _response(chat: _Chat, out: RequestOutput, timing: Timing) -> ChatCompletion
 
 
 async def _events(chat: _Chat, stream: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
-    """The chunks of a streamed chat, then ``[DONE]``; an error after the stream began ends it
-    with a "stop" chunk carrying ``err_msg`` (SPEC 1.13)."""
+    """The chunks of a streamed chat, then ``[DONE]``; an early end and an error after the
+    stream began are said the way the request's API says them (SPEC 1.13)."""
     done: set[int] = set()
-    calls = None if chat.tools is None else StreamedCalls(chat.tools, not chat.flavor.mindie)
+    calls = None if chat.tools is None else StreamedCalls(chat.render, chat.tools)
     try:
         async for out in stream:
             chunks = [
@@ -146,18 +127,13 @@ async def _events(chat: _Chat, stream: AsyncIterator[RequestOutput]) -> AsyncIte
                 _finish(chat, chunks[-1], out)
             for chunk in chunks:
                 yield sse_event(msgspec.json.encode(chunk))
-            if out.finished and not chat.flavor.mindie:
-                timeout = _databricks_timeout(chat, out)
-                if timeout is not None:  # Databricks: an error event, not err_msg (SPEC 1.13)
-                    yield sse_event(error_body(ErrorStyle.DATABRICKS, timeout))
+            if out.finished:
+                event = chat.render.deadline_event([chat.outcome(c) for c in out.outputs])
+                if event is not None:
+                    yield event
     except Exception as e:
-        error = to_api_error(e)
-        if not chat.flavor.mindie:  # Databricks: an error event, then [DONE]
-            yield sse_event(error_body(ErrorStyle.DATABRICKS, error))
-        else:
-            chunk = _new_chunk(chat, ChatChunkChoice(0, Delta(""), None, "stop"))
-            chunk.err_msg = error.message
-            yield sse_event(msgspec.json.encode(chunk))
+        stop = ChatChunkChoice(0, Delta(""), None, "stop")
+        yield chat.render.error_event(to_api_error(e), lambda: _new_chunk(chat, stop))
     yield SSE_DONE
 
 
@@ -175,12 +151,13 @@ def _chunk(
     logprobs = None
     if c.new_logprobs is not None:
         logprobs = chat_logprobs(c.new_logprobs)
+    full_text = chat.render.full_text
     if calls is None:
-        delta: Delta | None = Delta(c.text if chat.full_text else c.new_text)
-        finish_reason = openai_finish_reason(c.finish_reason, databricks=not chat.flavor.mindie)
+        delta: Delta | None = Delta(c.text if full_text else c.new_text)
+        finish_reason = chat.render.finish_reason(chat.outcome(c))
     else:
-        delta = calls.delta(c, chat.full_text)
-        finish_reason = calls.finish_reason(c)
+        delta = calls.delta(c, full_text)
+        finish_reason = calls.finish_reason(c, chat.outcome(c))
     if delta is None:
         return None
     return _new_chunk(chat, ChatChunkChoice(c.index, delta, logprobs, finish_reason))
@@ -190,7 +167,7 @@ def _new_chunk(chat: _Chat, choice: ChatChunkChoice) -> ChatCompletionChunk:
     return ChatCompletionChunk(
         id=chat.request.request_id,
         created=chat.created,
-        model=chat.ctx.model_name,
+        model=chat.render.ctx.model_name,
         choices=[choice],
     )
 
@@ -199,17 +176,8 @@ def _finish(chat: _Chat, chunk: ChatCompletionChunk, out: RequestOutput) -> None
     """The final chunk carries usage, ``full_text`` (fullTextEnabled) and any ``err_msg``."""
     chunk.usage = Usage(*usage_counts(chat.request.num_prompt_tokens, out.outputs))
     c = out.outputs[chunk.choices[0].index]
-    if chat.full_text:
+    if chat.render.full_text:
         chunk.full_text = c.text
-    message = error_message(c.finish_reason, chat.request.params)
-    if message is not None and chat.flavor.mindie:
+    message = chat.render.final_err_msg([chat.outcome(c)])
+    if message is not None:
         chunk.err_msg = message
-
-
-def _databricks_timeout(chat: _Chat, out: RequestOutput) -> ApiError | None:
-    """The DEADLINE_EXCEEDED error a Databricks stream past its deadline ends with."""
-    for c in out.outputs:
-        if c.finish_reason == "timeout":
-            message = error_message(c.finish_reason, chat.request.params)
-            return ApiError(504, message or "request timed out", code="timeout")
-    return None

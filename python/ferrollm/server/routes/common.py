@@ -12,6 +12,7 @@ from ferrollm.engine.request import EngineRequest
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import ApiError
 from ferrollm.server.http import Request
+from ferrollm.server.render.outcome import Outcome, first_abnormal
 
 T = TypeVar("T")
 
@@ -85,37 +86,12 @@ def usage_counts(num_prompt_tokens: int, outputs: Sequence[Any]) -> tuple[int, i
     return num_prompt_tokens, completion, num_prompt_tokens + completion
 
 
-def error_message(reason: str | None, params: SamplingParams) -> str | None:
-    """``err_msg`` for a request the engine ended abnormally (timeout, abort), else None."""
-    if reason == "timeout" and params.timeout_s is None:
-        return "request timed out (the server's request_timeout)"
-    if reason == "timeout":
-        return f"request timed out after {params.timeout_s:g} s"
-    if reason == "abort":
-        return "request aborted by the server"
-    return None
-
-
-def openai_finish_reason(
-    reason: str | None, *, databricks: bool = False, truncate: bool = False
-) -> str | None:
-    """The ``/v1`` and Databricks finish reason (SPEC 1.13): errors end as "stop" on /v1.
-    A Databricks deadline is "decided by ``error_behavior``" (SPEC 6.5): "truncate" returns
-    the partial text as "length"; "error" gives no finish reason (None): the stream ends with
-    an error event instead, a whole response with 504."""
-    if reason is None:
-        return None
-    if reason == "timeout" and databricks:
-        return "length" if truncate else None
-    return "length" if reason == "length" else "stop"
-
-
 def check_deadline(outputs: Sequence[Any], params: SamplingParams, *, truncate: bool) -> None:
     """A whole (non-streamed) response whose request ran past its deadline is a 504 (SPEC
     1.14), unless Databricks ``error_behavior: "truncate"`` asked for the partial text."""
-    if truncate or not any(c.finish_reason == "timeout" for c in outputs):
-        return
-    message = error_message("timeout", params) if params.timeout_s is not None else None
-    raise ApiError(
-        504, message or "request timed out (the server's request_timeout)", code="timeout"
+    timed_out = first_abnormal(
+        Outcome.of(c, params) for c in outputs if c.finish_reason == "timeout"
     )
+    if truncate or timed_out is None:
+        return
+    raise ApiError(504, timed_out.message or "request timed out", code="timeout")

@@ -18,7 +18,6 @@ stream is MindIE's "fake streaming", one event with the whole response (``_fake_
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,23 +28,19 @@ from ferrollm._core import ValidRequest
 from ferrollm.engine import CompletionOutput, RequestOutput
 from ferrollm.engine.request import EngineRequest
 from ferrollm.server.context import ServerContext
-from ferrollm.server.errors import ApiError, ErrorStyle, error_body, to_api_error
+from ferrollm.server.errors import ApiError, to_api_error
 from ferrollm.server.generation import Timing, generate, merge, prime
 from ferrollm.server.http import SSE_DONE, JSONResponse, Request, Response, SSEResponse, sse_event
-from ferrollm.server.protocol.databricks import DatabricksCompletion, DatabricksCompletionChoice
 from ferrollm.server.protocol.openai import (
-    Completion,
     CompletionChoice,
     CompletionLogprobs,
     CompletionUsage,
-    Usage,
 )
+from ferrollm.server.render import OpenAIRenderer, Outcome, Renderer
 from ferrollm.server.routes.common import (
     accept,
     check_deadline,
     engine_request,
-    error_message,
-    openai_finish_reason,
     run_sized,
 )
 from ferrollm.server.routes.logprobs import (
@@ -69,7 +64,8 @@ class _Batch:
     """One completions request: its prompts and how to render its choices."""
 
     ctx: ServerContext
-    databricks: bool
+    #: The request's API: ids, finish reasons, the completion's shape, early ends.
+    render: Renderer
     request_id: str
     created: int
     prompts: list[_Prompt]
@@ -85,37 +81,43 @@ class _Batch:
     score_only: bool = False
     #: Per choice index: the next ``text_offset`` (streamed logprobs keep counting).
     offsets: dict[int, int] = field(default_factory=dict)
-    #: Databricks ``error_behavior: "truncate"``: a timeout returns the partial text.
-    truncate: bool = False
 
     @property
     def n(self) -> int:
         return self.prompts[0].request.params.n
 
+    def outcomes(self, finals: dict[int, RequestOutput]) -> list[Outcome]:
+        """Every returned sequence's ending, prompt by prompt."""
+        return [
+            Outcome.of(c, self.prompts[i].request.params)
+            for i in range(len(self.prompts))
+            for c in finals[i].outputs
+        ]
+
 
 async def completions(ctx: ServerContext, request: Request) -> Response:
     """``POST /v1/completions``."""
     valid = await accept(ctx, "completions", request)
-    return await serve_completions(ctx, request, valid, databricks=False)
+    return await serve_completions(ctx, request, valid, OpenAIRenderer(ctx))
 
 
 async def serve_completions(
-    ctx: ServerContext, request: Request, valid: ValidRequest, *, databricks: bool
+    ctx: ServerContext, request: Request, valid: ValidRequest, render: Renderer
 ) -> Response:
-    """Tokenize and run a validated completions request (one engine request per prompt)."""
+    """Tokenize and run a validated completions request (one engine request per prompt)
+    through ``render``'s API."""
     batch = _Batch(
         ctx,
-        databricks,
-        ctx.next_id() if not databricks else f"cmpl-{uuid.uuid4().hex}",
+        render,
+        render.new_id("completion"),
         request.created,
         [],
         valid.echo,
-        (valid.suffix or "") if databricks else "",
+        render.suffix(valid.suffix),
         _token_text(ctx),
         valid.params.logprobs,
         valid.prompt_logprobs,
         valid.score_only,
-        truncate=valid.truncate,
     )
     ctx.admission.check_batch(len(valid.prompts))  # before any tokenizing
     grammar = await compiled_grammar(ctx, valid)
@@ -199,13 +201,9 @@ def _choice(
         text += batch.suffix
     logprobs = _logprobs(batch, out, index, c, whole=whole, first=first)
     stop_reason = c.stop_reason
-    return CompletionChoice(
-        index,
-        text,
-        logprobs,
-        openai_finish_reason(c.finish_reason, databricks=batch.databricks, truncate=batch.truncate),
-        stop_reason,
-    )
+    params = batch.prompts[prompt_index].request.params
+    finish_reason = batch.render.finish_reason(Outcome.of(c, params))
+    return CompletionChoice(index, text, logprobs, finish_reason, stop_reason)
 
 
 def _logprobs(
@@ -246,7 +244,7 @@ def _usage(batch: _Batch, finals: Sequence[RequestOutput]) -> CompletionUsage:
     )
 
 
-def _response(batch: _Batch, finals: dict[int, RequestOutput]) -> Completion | DatabricksCompletion:
+def _response(batch: _Batch, finals: dict[int, RequestOutput]) -> Any:
     choices = [
         _choice(batch, finals[i], i, c, text=c.text, whole=True)
         for i in range(len(batch.prompts))
@@ -259,7 +257,7 @@ def _response(batch: _Batch, finals: dict[int, RequestOutput]) -> Completion | D
             choice.prompt_logprobs = vllm_prompt_logprobs(
                 scores, batch.num_prompt_logprobs, batch.text_of
             )
-    if batch.ctx.config.text_offset_mode == "mindie":
+    if batch.render.offsets_across_choices:
         _count_offsets_across_choices(choices)
     response = _stream_chunk(batch, choices)
     _finish(batch, response, finals)
@@ -273,15 +271,6 @@ def _count_offsets_across_choices(choices: list[CompletionChoice]) -> None:
         if choice.logprobs is not None:
             choice.logprobs.text_offset = [base + o for o in choice.logprobs.text_offset]
         base += len(choice.text)
-
-
-def _error_message(batch: _Batch, outs: Any) -> str | None:
-    for i, out in enumerate(outs):
-        for c in out.outputs:
-            message = error_message(c.finish_reason, batch.prompts[i].request.params)
-            if message is not None:
-                return message
-    return None
 
 
 async def _events(
@@ -312,64 +301,28 @@ async def _events(
             for chunk in chunks:
                 yield sse_event(msgspec.json.encode(chunk))
             if out.finished and len(finals) == len(batch.prompts):
-                timeout = _databricks_timeout(batch, finals)
-                if timeout is not None:
-                    yield _error_event(batch, timeout)
+                event = batch.render.deadline_event(batch.outcomes(finals))
+                if event is not None:
+                    yield event
     except Exception as e:
         yield _error_event(batch, to_api_error(e))
     yield SSE_DONE
 
 
-def _databricks_timeout(batch: _Batch, finals: dict[int, RequestOutput]) -> ApiError | None:
-    """A Databricks stream that ran past its deadline ends with a DEADLINE_EXCEEDED error
-    event (its chunks have no ``err_msg``), unless ``error_behavior`` is "truncate"."""
-    if not batch.databricks or batch.truncate:
-        return None
-    message = _error_message(batch, [finals[i] for i in range(len(batch.prompts))])
-    if message is None or "timed out" not in message:
-        return None
-    return ApiError(504, message, code="timeout")
+def _stream_chunk(batch: _Batch, choices: list[CompletionChoice]) -> Any:
+    return batch.render.completion(batch.request_id, batch.created, choices)
 
 
-def _stream_chunk(
-    batch: _Batch, choices: list[CompletionChoice]
-) -> Completion | DatabricksCompletion:
-    request_id, created, model = batch.request_id, batch.created, batch.ctx.model_name
-    if batch.databricks:
-        return DatabricksCompletion(
-            id=request_id,
-            created=created,
-            model=model,
-            choices=[_databricks_choice(c) for c in choices],
-        )
-    return Completion(id=request_id, created=created, model=model, choices=choices)
-
-
-def _databricks_choice(c: CompletionChoice) -> DatabricksCompletionChoice:
-    choice = DatabricksCompletionChoice(c.index, c.text, c.finish_reason)
-    if c.logprobs is not None:
-        choice.logprobs = c.logprobs
-    return choice
-
-
-def _finish(
-    batch: _Batch, chunk: Completion | DatabricksCompletion, finals: dict[int, RequestOutput]
-) -> None:
+def _finish(batch: _Batch, chunk: Any, finals: dict[int, RequestOutput]) -> None:
+    """The last chunk (or the whole response) carries usage and any ``err_msg``."""
     usage = _usage(batch, [finals[i] for i in range(len(batch.prompts))])
-    if isinstance(chunk, DatabricksCompletion):
-        chunk.usage = Usage(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
-        return
-    chunk.usage = usage
-    message = _error_message(batch, [finals[i] for i in range(len(batch.prompts))])
+    chunk.usage = batch.render.completion_usage(usage)
+    message = batch.render.final_err_msg(batch.outcomes(finals))
     if message is not None:
         chunk.err_msg = message
 
 
 def _error_event(batch: _Batch, error: ApiError) -> bytes:
     """The event that ends a stream an error cut short (SPEC 1.13)."""
-    if batch.databricks:
-        return sse_event(error_body(ErrorStyle.DATABRICKS, error))
-    chunk = _stream_chunk(batch, [CompletionChoice(0, "", None, "stop", None)])
-    assert isinstance(chunk, Completion)
-    chunk.err_msg = error.message
-    return sse_event(msgspec.json.encode(chunk))
+    stop = CompletionChoice(0, "", None, "stop", None)
+    return batch.render.error_event(error, lambda: _stream_chunk(batch, [stop]))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import ApiError
 from ferrollm.server.http import Request, Response
+from ferrollm.server.render import DatabricksRenderer
 from ferrollm.server.routes import chat, completions, embeddings
 from ferrollm.server.routes.common import accept
 
@@ -22,8 +23,9 @@ async def invocations(ctx: ServerContext, request: Request) -> Response:
             code="RESOURCE_DOES_NOT_EXIST",
         )
     valid = await accept(ctx, "databricks", request)
+    render = DatabricksRenderer(ctx, truncate=valid.truncate)
     if valid.route == "databricks_chat":
-        return await chat.serve_chat(ctx, request, valid, chat.DATABRICKS)
+        return await chat.serve_chat(ctx, request, valid, render)
     if valid.route == "databricks_completions":
-        return await completions.serve_completions(ctx, request, valid, databricks=True)
+        return await completions.serve_completions(ctx, request, valid, render)
     return await embeddings.databricks_embeddings(ctx, valid)

@@ -21,10 +21,10 @@ from ferrollm.server.errors import ApiError, to_api_error
 from ferrollm.server.generation import Timing, generate, prime
 from ferrollm.server.http import JSONResponse, Request, Response, SSEResponse, aclose, sse_event
 from ferrollm.server.protocol.mindie import Details, GenerateResponse, GenerateStreamFrame
+from ferrollm.server.render import Outcome
 from ferrollm.server.routes.common import (
     accept,
     engine_request,
-    error_message,
     run_sized,
 )
 
@@ -125,7 +125,7 @@ async def _frames(gen: _Generate, outputs: AsyncIterator[RequestOutput]) -> Asyn
             finished = c.finish_reason is not None
             if not c.new_token_ids and not finished:
                 continue
-            message = error_message(c.finish_reason, gen.params)
+            message = Outcome.of(c, gen.params).message
             text = "" if message is not None else (c.text if full_text else c.new_text)
             frame = GenerateStreamFrame(
                 id=gen.response_id,
@@ -157,9 +157,9 @@ async def _frames(gen: _Generate, outputs: AsyncIterator[RequestOutput]) -> Asyn
 
 def _response(gen: _Generate, out: RequestOutput) -> GenerateResponse:
     c = out.outputs[0]
-    message = error_message(c.finish_reason, gen.params)
-    if c.finish_reason == "timeout":
-        raise ApiError(504, message or "request timed out", code="timeout")
+    outcome = Outcome.of(c, gen.params)
+    if outcome.timed_out:
+        raise ApiError(504, outcome.message or "request timed out", code="timeout")
     details = _details(gen, len(c.token_ids), c.finish_reason or "stop")
     # For the whole request: the wait before its first scheduling (SPEC 3).
     details.queue_wait_time = gen.timing.queue_waits_us[0] if gen.timing.queue_waits_us else 0
