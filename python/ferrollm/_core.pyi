@@ -106,7 +106,9 @@ class SamplingParams:
         seed: int | None = None,
         logprobs: int | None = None,
         prompt_logprobs: int | None = None,
-    ) -> SamplingParams: ...
+    ) -> SamplingParams:
+        """Validated by the offline route's rules (vLLM's names and ranges); a ValidationError
+        names the keyword and the rule. None for any keyword means its default."""
     @property
     def n(self) -> int:
         """Output sequences returned."""
@@ -114,20 +116,27 @@ class SamplingParams:
     def best_of(self) -> int:
         """Candidate sequences generated (>= n); the beam width under beam search."""
     @property
-    def use_beam_search(self) -> bool: ...
+    def use_beam_search(self) -> bool:
+        """Beam search of width ``best_of`` instead of sampling."""
     @property
-    def length_penalty(self) -> float: ...
+    def length_penalty(self) -> float:
+        """Beam search: hypotheses are ranked by cumulative logprob / length ** length_penalty."""
     @property
-    def early_stopping(self) -> bool | Literal["never"]: ...
+    def early_stopping(self) -> bool | Literal["never"]:
+        """Beam search: True stops when ``best_of`` hypotheses are done, False when no beam can
+        beat them (heuristic), "never" only at the length limit."""
     @property
     def max_tokens(self) -> int | None:
         """Cap on generated tokens per sequence; None = until ``max_model_len``."""
     @property
-    def min_tokens(self) -> int: ...
+    def min_tokens(self) -> int:
+        """EOS and stop tokens are banned until this many tokens are generated."""
     @property
-    def ignore_eos(self) -> bool: ...
+    def ignore_eos(self) -> bool:
+        """Generate past EOS (until ``max_tokens`` or a stop)."""
     @property
-    def stop_token_ids(self) -> list[int]: ...
+    def stop_token_ids(self) -> list[int]:
+        """Token ids that end a sequence (kept out of the text)."""
     @property
     def priority(self) -> int:
         """1 (highest) to 5 (lowest, the default)."""
@@ -135,18 +144,24 @@ class SamplingParams:
     def timeout_s(self) -> float | None:
         """Seconds from arrival until the request is dropped; None = no limit."""
     @property
-    def stop(self) -> list[str]: ...
+    def stop(self) -> list[str]:
+        """Strings that end a sequence (matched on the decoded text; not in the output unless
+        ``include_stop_str_in_output``)."""
     @property
-    def stop_token_sequences(self) -> list[list[int]]: ...
+    def stop_token_sequences(self) -> list[list[int]]:
+        """Token-id sequences that end a sequence (TensorRT-LLM's ``stop_words_list``)."""
     @property
-    def include_stop_str_in_output(self) -> bool: ...
+    def include_stop_str_in_output(self) -> bool:
+        """Keep the matched stop string at the end of the text."""
     def keeping_special_tokens(self) -> SamplingParams:
         """A copy that keeps special tokens in the output text (for a tool-call parser whose
         marker is a special token)."""
     @property
-    def skip_special_tokens(self) -> bool: ...
+    def skip_special_tokens(self) -> bool:
+        """Leave special tokens out of the decoded text."""
     @property
-    def spaces_between_special_tokens(self) -> bool: ...
+    def spaces_between_special_tokens(self) -> bool:
+        """Join special tokens to the text around them with spaces (when they are kept)."""
     @property
     def logit_bias(self) -> dict[int, float]:
         """Token id to additive bias, in id order."""
@@ -157,15 +172,21 @@ class SamplingParams:
     def allowed_token_ids(self) -> list[int] | None:
         """Sorted, unique; None = every token."""
     @property
-    def bad_words(self) -> list[list[int]]: ...
+    def bad_words(self) -> list[list[int]]:
+        """Token-id sequences that are never generated (the last token is banned after the rest)."""
     @property
-    def no_repeat_ngram_size(self) -> int: ...
+    def no_repeat_ngram_size(self) -> int:
+        """No n-gram of this size repeats in the sequence (0 = off)."""
     @property
-    def repetition_penalty(self) -> float: ...
+    def repetition_penalty(self) -> float:
+        """Divides positive (multiplies negative) logits of tokens already in the prompt or output;
+        1.0 = off."""
     @property
-    def presence_penalty(self) -> float: ...
+    def presence_penalty(self) -> float:
+        """Subtracted once from the logit of every token already generated; 0 = off."""
     @property
-    def frequency_penalty(self) -> float: ...
+    def frequency_penalty(self) -> float:
+        """Subtracted per occurrence from the logit of every token already generated; 0 = off."""
     @property
     def temperature(self) -> float:
         """0 = greedy."""
@@ -173,11 +194,14 @@ class SamplingParams:
     def top_k(self) -> int:
         """0 = off."""
     @property
-    def top_p(self) -> float: ...
+    def top_p(self) -> float:
+        """Nucleus sampling: the fewest tokens whose probability reaches top_p; 1.0 = off."""
     @property
-    def min_p(self) -> float: ...
+    def min_p(self) -> float:
+        """Tokens below min_p times the top token's probability are dropped; 0 = off."""
     @property
-    def typical_p(self) -> float: ...
+    def typical_p(self) -> float:
+        """Locally typical sampling mass; 1.0 = off."""
     @property
     def seed(self) -> int | None:
         """None = a random seed per request."""
@@ -219,39 +243,58 @@ class Limits:
         multimodal: bool = False,
         databricks_endpoint_type: str | None = None,
         embedding_dimensions: int = 0,
-    ) -> Limits: ...
+    ) -> Limits:
+        """Every limit by keyword (the defaults are SPEC's); ValidationError naming a limit out of
+        range."""
     @property
-    def max_model_len(self) -> int: ...
+    def max_model_len(self) -> int:
+        """MindIE ``maxSeqLen``: prompt plus output tokens per sequence."""
     @property
-    def max_input_tokens(self) -> int: ...
+    def max_input_tokens(self) -> int:
+        """MindIE ``maxInputTokenLen``: prompt tokens at most."""
     @property
-    def max_position_embeddings(self) -> int | None: ...
+    def max_position_embeddings(self) -> int | None:
+        """The model's position limit (None: unknown)."""
     @property
-    def max_iter_times(self) -> int: ...
+    def max_iter_times(self) -> int:
+        """MindIE ``maxIterTimes``: generated tokens at most, and the ``/v1`` default
+        ``max_tokens``."""
     @property
-    def vocab_size(self) -> int: ...
+    def vocab_size(self) -> int:
+        """The model's vocabulary (0: unknown; token-id checks are skipped)."""
     @property
-    def max_prompt_chars(self) -> int: ...
+    def max_prompt_chars(self) -> int:
+        """Characters of prompt text at most (4 MiB by default)."""
     @property
-    def max_stop_chars(self) -> int: ...
+    def max_stop_chars(self) -> int:
+        """Characters of all stop strings together at most."""
     @property
-    def max_n(self) -> int: ...
+    def max_n(self) -> int:
+        """Largest ``n`` / ``best_of``."""
     @property
-    def max_logprobs(self) -> int: ...
+    def max_logprobs(self) -> int:
+        """Largest ``logprobs`` / ``top_logprobs``."""
     @property
-    def max_tools_databricks(self) -> int: ...
+    def max_tools_databricks(self) -> int:
+        """Most tools a Databricks chat may declare."""
     @property
-    def max_beam_width(self) -> int: ...
+    def max_beam_width(self) -> int:
+        """Widest beam search a route accepts."""
     @property
-    def multimodal(self) -> bool: ...
+    def multimodal(self) -> bool:
+        """Whether media content parts are accepted (False: a 400 naming the part)."""
     @property
     def max_prompt_tokens(self) -> int:
         """``min(max_input_tokens, max_model_len - 1, max_position_embeddings, 1048576)``:
         the most prompt tokens a request may have (SPEC 1.4.2)."""
     @property
-    def databricks_endpoint_type(self) -> str | None: ...
+    def databricks_endpoint_type(self) -> str | None:
+        """ "pay_per_token", "provisioned_throughput" or None (both ``n`` and ``error_behavior``
+        accepted)."""
     @property
-    def embedding_dimensions(self) -> int: ...
+    def embedding_dimensions(self) -> int:
+        """An embedding model's vector length, the one ``dimensions`` accepted (0: not an embedding
+        model)."""
 
 @final
 class Body:
@@ -299,11 +342,14 @@ class EngineLimits:
     """The engine's own bounds, beyond a route's `Limits`: its widest beam and its model's
     hidden size (the width of a prompt table's rows)."""
 
-    def __new__(cls, *, max_beam_width: int, hidden_size: int) -> EngineLimits: ...
+    def __new__(cls, *, max_beam_width: int, hidden_size: int) -> EngineLimits:
+        """The engine's bounds: ``max_beam_width`` and the model's ``hidden_size``."""
     @property
-    def max_beam_width(self) -> int: ...
+    def max_beam_width(self) -> int:
+        """Widest beam search the engine runs."""
     @property
-    def hidden_size(self) -> int: ...
+    def hidden_size(self) -> int:
+        """The model's hidden size (a prompt table's row width)."""
     def admit(
         self,
         params: SamplingParams,
@@ -330,13 +376,17 @@ class ValidRequest:
         """The parameters before the prompt-token rules (``max_tokens`` capped by
         ``max_iter_times`` only; the offline route leaves it as given)."""
     @property
-    def stream(self) -> bool: ...
+    def stream(self) -> bool:
+        """Stream the response as server-sent events."""
     @property
-    def model(self) -> str | None: ...
+    def model(self) -> str | None:
+        """The ``model`` the client named (``/v1`` routes), or None."""
     @property
-    def echo(self) -> bool: ...
+    def echo(self) -> bool:
+        """Completions ``echo``: the prompt comes before the generated text."""
     @property
-    def suffix(self) -> str | None: ...
+    def suffix(self) -> str | None:
+        """Completions ``suffix``, or None."""
     @property
     def truncate(self) -> bool:
         """Databricks ``error_behavior: "truncate"``."""
@@ -375,9 +425,11 @@ class ValidRequest:
     def tools(self) -> Any:
         """The tools for the chat template when the body has any, else None."""
     @property
-    def tool_choice(self) -> Any: ...
+    def tool_choice(self) -> Any:
+        """``tool_choice`` as sent (a string or a function object), or None."""
     @property
-    def response_format(self) -> Any: ...
+    def response_format(self) -> Any:
+        """``response_format`` as sent, or None."""
     @property
     def prompts(self) -> list[str | list[int]]:
         """The prompts: texts (``prompt``/``input``, or ``text_input`` with its text parts
@@ -418,53 +470,75 @@ class StepPlan:
     """
 
     @property
-    def step_id(self) -> int: ...
+    def step_id(self) -> int:
+        """The step's number, counting from 0."""
     @property
-    def input_ids(self) -> npt.NDArray[np.int64]: ...
+    def input_ids(self) -> npt.NDArray[np.int64]:
+        """The tokens to compute, every row's in row order."""
     @property
-    def positions(self) -> npt.NDArray[np.int64]: ...
+    def positions(self) -> npt.NDArray[np.int64]:
+        """Each input token's position in its sequence."""
     @property
-    def slot_mapping(self) -> npt.NDArray[np.int64]: ...
+    def slot_mapping(self) -> npt.NDArray[np.int64]:
+        """Each input token's KV-cache slot (block * block_size + offset)."""
     @property
-    def cu_seqlens_q(self) -> npt.NDArray[np.int32]: ...
+    def cu_seqlens_q(self) -> npt.NDArray[np.int32]:
+        """Row boundaries in ``input_ids``: row r is ``[cu_seqlens_q[r], cu_seqlens_q[r+1])``."""
     @property
-    def context_lens(self) -> npt.NDArray[np.int32]: ...
+    def context_lens(self) -> npt.NDArray[np.int32]:
+        """Each row's tokens visible to attention (cached plus new)."""
     @property
-    def block_tables(self) -> npt.NDArray[np.int32]: ...
+    def block_tables(self) -> npt.NDArray[np.int32]:
+        """``[rows, max_blocks]`` KV block ids per row, padded with the null block 0."""
     @property
-    def req_ids(self) -> npt.NDArray[np.uint64]: ...
+    def req_ids(self) -> npt.NDArray[np.uint64]:
+        """Each row's request id (the scheduler's integer id)."""
     @property
-    def seq_indices(self) -> npt.NDArray[np.uint32]: ...
+    def seq_indices(self) -> npt.NDArray[np.uint32]:
+        """Each row's sequence index within its request."""
     @property
     def num_draft_tokens(self) -> npt.NDArray[np.uint32]:
         """Draft tokens at the end of each row (speculative decoding; 0 = none): such a row's
         last ``1 + num_draft_tokens`` positions are all sampled, in order."""
     @property
-    def logits_indices(self) -> npt.NDArray[np.int64]: ...
+    def logits_indices(self) -> npt.NDArray[np.int64]:
+        """The rows of the model's hidden states to turn into logits, one per sample."""
     @property
-    def sample_rows(self) -> npt.NDArray[np.int32]: ...
+    def sample_rows(self) -> npt.NDArray[np.int32]:
+        """Each sample's row."""
     @property
-    def sample_seq_indices(self) -> npt.NDArray[np.uint32]: ...
+    def sample_seq_indices(self) -> npt.NDArray[np.uint32]:
+        """Each sample's sequence index (a forking row has several)."""
     @property
-    def block_copies(self) -> npt.NDArray[np.int32]: ...
+    def block_copies(self) -> npt.NDArray[np.int32]:
+        """``[k, 2]`` (src, dst) KV blocks to copy before computing (copy-on-write)."""
     @property
-    def num_rows(self) -> int: ...
+    def num_rows(self) -> int:
+        """Rows (sequences) in the step."""
     @property
-    def num_samples(self) -> int: ...
+    def num_samples(self) -> int:
+        """Samples (logit rows) the step produces."""
     @property
-    def num_scheduled_tokens(self) -> int: ...
+    def num_scheduled_tokens(self) -> int:
+        """Tokens computed in the step."""
     @property
-    def num_prefill_tokens(self) -> int: ...
+    def num_prefill_tokens(self) -> int:
+        """Of those, prompt tokens."""
     @property
-    def num_decode_tokens(self) -> int: ...
+    def num_decode_tokens(self) -> int:
+        """Of those, one per decoding row."""
     @property
-    def preempted_req_ids(self) -> npt.NDArray[np.uint64]: ...
+    def preempted_req_ids(self) -> npt.NDArray[np.uint64]:
+        """Requests preempted this step (their KV freed; they recompute)."""
     @property
-    def preempted_seq_indices(self) -> npt.NDArray[np.uint32]: ...
+    def preempted_seq_indices(self) -> npt.NDArray[np.uint32]:
+        """The preempted sequences' indices."""
     @property
-    def finished_req_ids(self) -> npt.NDArray[np.uint64]: ...
+    def finished_req_ids(self) -> npt.NDArray[np.uint64]:
+        """Requests that ended before computing (aborted, past their deadline)."""
     @property
-    def finished_reasons(self) -> npt.NDArray[np.uint8]: ...
+    def finished_reasons(self) -> npt.NDArray[np.uint8]:
+        """Their finish reasons (codes of ``FINISH_REASON_NAMES``)."""
     def __len__(self) -> int: ...
 
 @final
@@ -472,11 +546,14 @@ class StepOutput:
     """What a step produced: one entry per sample, plus the requests that completed."""
 
     @property
-    def req_ids(self) -> npt.NDArray[np.uint64]: ...
+    def req_ids(self) -> npt.NDArray[np.uint64]:
+        """Each sample's request id."""
     @property
-    def seq_indices(self) -> npt.NDArray[np.uint32]: ...
+    def seq_indices(self) -> npt.NDArray[np.uint32]:
+        """Each sample's sequence index within its request."""
     @property
-    def token_ids(self) -> npt.NDArray[np.uint32]: ...
+    def token_ids(self) -> npt.NDArray[np.uint32]:
+        """Each sample's drawn token."""
     @property
     def finish_reasons(self) -> npt.NDArray[np.uint8]:
         """FINISH_REASON_NAMES code if the sequence ended with this token, else 0."""
@@ -631,13 +708,16 @@ class GrammarCompiler:
     while compiling; compiled grammars are cached by kind and text). ``eos_token_ids`` end a
     constrained output where its grammar accepts."""
 
-    def __new__(cls, tokenizer: Detokenizer, eos_token_ids: Sequence[int]) -> GrammarCompiler: ...
+    def __new__(cls, tokenizer: Detokenizer, eos_token_ids: Sequence[int]) -> GrammarCompiler:
+        """A compiler for ``tokenizer``'s vocabulary (llguidance); ``eos_token_ids`` end a
+        constrained output."""
     def compile(self, kind: str, text: str, field: str) -> CompiledGrammar:
         """Compile a grammar of ``kind`` ("json_object", "json_schema", "regex", "choice" (a
         JSON list of strings), "lark") from ``text``. A source that does not parse, or one past
         the compile limits, raises ValidationError naming ``field``."""
     @property
-    def vocab_size(self) -> int: ...
+    def vocab_size(self) -> int:
+        """Tokens the compiled masks cover."""
 
 @final
 class Scheduler:
@@ -681,7 +761,8 @@ class Scheduler:
         model runner embeds from the request's prompt table."""
     def abort_request(self, request_id: int) -> bool:
         """End a request at the next schedule(); False if no such unfinished request."""
-    def has_unfinished_requests(self) -> bool: ...
+    def has_unfinished_requests(self) -> bool:
+        """Whether any request is waiting or running."""
     def schedule(self, now: float | None = None) -> StepPlan:
         """Plan the next step; ``now`` defaults to ``time.time()``."""
     def update(self, plan: StepPlan, token_ids: _TokenIds) -> StepOutput:
@@ -698,19 +779,26 @@ class Scheduler:
         or a logits shape that does not match fails the call, changing nothing."""
     def check_invariants(self) -> None:
         """Raise SchedulerError if the block accounting or the queues are inconsistent."""
-    def stats(self) -> dict[str, int]: ...
+    def stats(self) -> dict[str, int]:
+        """Counters as of now: running and waiting sequences, KV blocks used/free/cached,
+        prefix-cache queries and hits, preemptions, steps."""
     def sequences(self) -> list[dict[str, Any]]:
         """Every live sequence (for debugging and tests; not for the hot path)."""
     @property
-    def block_size(self) -> int: ...
+    def block_size(self) -> int:
+        """Tokens per KV block."""
     @property
-    def num_blocks(self) -> int: ...
+    def num_blocks(self) -> int:
+        """KV blocks in the pool (block 0 is the null block)."""
     @property
-    def max_num_seqs(self) -> int: ...
+    def max_num_seqs(self) -> int:
+        """Sequences per step at most."""
     @property
-    def max_num_batched_tokens(self) -> int: ...
+    def max_num_batched_tokens(self) -> int:
+        """Tokens per step at most."""
     @property
-    def max_model_len(self) -> int: ...
+    def max_model_len(self) -> int:
+        """Prompt plus output tokens per sequence at most."""
     @property
     def config(self) -> SchedulerConfig:
         """The configuration this scheduler was built with."""
@@ -786,9 +874,8 @@ class StopMatcher:
     makes a pass-through; an empty string in it raises ValidationError.
     """
 
-    def __new__(
-        cls, stop: Sequence[str], include_stop_str_in_output: bool = False
-    ) -> StopMatcher: ...
+    def __new__(cls, stop: Sequence[str], include_stop_str_in_output: bool = False) -> StopMatcher:
+        """A matcher of ``stop`` (an empty list matches nothing)."""
     def push(self, delta: str) -> tuple[str, str | None]:
         """Feed the next delta; return the text now safe to emit and the matched stop string.
 
@@ -818,13 +905,17 @@ class SampleResult:
     """
 
     @property
-    def token_ids(self) -> npt.NDArray[np.uint32]: ...
+    def token_ids(self) -> npt.NDArray[np.uint32]:
+        """The drawn token per sample."""
     @property
-    def logprobs(self) -> npt.NDArray[np.float32]: ...
+    def logprobs(self) -> npt.NDArray[np.float32]:
+        """Each drawn token's logprob (NaN where none was asked)."""
     @property
-    def top_token_ids(self) -> npt.NDArray[np.int32]: ...
+    def top_token_ids(self) -> npt.NDArray[np.int32]:
+        """``[samples, max_k]`` top alternatives per sample, padded with -1."""
     @property
-    def top_logprobs(self) -> npt.NDArray[np.float32]: ...
+    def top_logprobs(self) -> npt.NDArray[np.float32]:
+        """``[samples, max_k]`` their logprobs, padded with -inf."""
     def __len__(self) -> int: ...
 
 @final
@@ -835,9 +926,11 @@ class Sampler:
     ``"processed"`` (the distribution actually sampled from; filtered tokens at -inf).
     """
 
-    def __new__(cls, logprobs_mode: str = "raw") -> Sampler: ...
+    def __new__(cls, logprobs_mode: str = "raw") -> Sampler:
+        """A sampler whose logprobs are ``logprobs_mode``: "raw" or "processed"."""
     @property
-    def logprobs_mode(self) -> str: ...
+    def logprobs_mode(self) -> str:
+        """ "raw" or "processed"."""
     @property
     def num_threads(self) -> int:
         """Worker threads sampling runs on (rayon's global pool)."""

@@ -77,3 +77,23 @@ def test_runtime_extra_covers_every_third_party_import() -> None:
         if not {_normalize(d) for d in distributions[module]} & required:
             missing[module] = sorted(files)
     assert not missing, f"pyproject.toml's `runtime` extra lacks the distributions of {missing}"
+
+
+def test_every_public_member_of_the_core_stubs_has_a_docstring() -> None:
+    """``_core.pyi`` is the binding's documentation: each public function, class, method and
+    property says what it is (stubtest checks the names and signatures)."""
+    stubs = Path(__file__).resolve().parents[2] / "python" / "ferrollm" / "_core.pyi"
+    missing = []
+    for node in ast.parse(stubs.read_text(encoding="utf-8")).body:
+        if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            continue
+        members = [(node.name, node)]
+        if isinstance(node, ast.ClassDef):
+            members += [
+                (f"{node.name}.{m.name}", m)
+                for m in node.body
+                if isinstance(m, ast.FunctionDef)
+                and (not m.name.startswith("_") or m.name == "__new__")
+            ]
+        missing += [name for name, member in members if ast.get_docstring(member) is None]
+    assert missing == []
