@@ -20,7 +20,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ferrollm import Sampler, SamplingParams
+from ferrollm import SamplingParams
+from ferrollm.testing import Sampler
 
 HISTORY = 256
 REPETITION, PRESENCE, FREQUENCY = 1.1, 0.5, 0.5

@@ -15,7 +15,8 @@ import random
 import time
 from collections.abc import Callable
 
-from ferrollm import StopMatcher, truncate_at_stop
+from ferrollm import StopMatcher
+from ferrollm.testing import truncate_at_stop
 
 TEXT_CHARS = 8192
 #: --smoke: every case once (the whole text is the smallest workload that covers a case).

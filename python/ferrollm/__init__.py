@@ -2,7 +2,8 @@
 
 Importing the package loads only the Rust core (and numpy): the scheduler can be used from a
 Python without torch. ``LLM``, ``AsyncEngine`` and the output types need torch; they are
-imported on first use (``ferrollm.LLM``), not by ``import ferrollm``.
+imported on first use (``ferrollm.LLM``), not by ``import ferrollm``. The core's test oracles
+(the sampler and the whole-text stop rule alone) are in ``ferrollm.testing``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from ferrollm._core import (
     Detokenizer,
     Limits,
     QueueFullError,
-    Sampler,
-    SampleResult,
     SamplingParams,
     Scheduler,
     SchedulerConfig,
@@ -28,7 +27,6 @@ from ferrollm._core import (
     ValidationError,
     ValidRequest,
     __version__,
-    truncate_at_stop,
     validate,
 )
 
@@ -69,8 +67,6 @@ __all__ = [
     "Limits",
     "QueueFullError",
     "RequestOutput",
-    "SampleResult",
-    "Sampler",
     "SamplingParams",
     "Scheduler",
     "SchedulerConfig",
@@ -81,6 +77,5 @@ __all__ = [
     "ValidRequest",
     "ValidationError",
     "__version__",
-    "truncate_at_stop",
     "validate",
 ]

@@ -8,7 +8,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from ferrollm import Sampler, SampleResult, SamplingParams, ValidationError
+from ferrollm import SamplingParams, ValidationError
+from ferrollm.testing import Sampler, SampleResult
 
 #: Parameters as users build them: through the validating public constructor.
 P = SamplingParams

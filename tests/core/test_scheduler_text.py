@@ -20,8 +20,8 @@ from ferrollm import (
     SchedulerConfig,
     StepOutput,
     ValidationError,
-    truncate_at_stop,
 )
+from ferrollm.testing import truncate_at_stop
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. Hello world! Hello, stop here.",

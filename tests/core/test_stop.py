@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ferrollm import StopMatcher, ValidationError, truncate_at_stop
+from ferrollm import StopMatcher, ValidationError
+from ferrollm.testing import truncate_at_stop
 
 
 def first_stop(text: str, stop: list[str], include: bool) -> tuple[str, str | None]:
