@@ -140,7 +140,7 @@ def test_disconnect_aborts(slow_engine: Server, route: str, stream: bool) -> Non
     assert waited < DEADLINE_S, f"the request was still running {waited:.2f} s later"
     steps = server.engine.stats()["num_steps"] - steps_before
     assert steps < MAX_TOKENS // 2, steps  # aborted, not run to its end
-    assert not server.ctx.active_ids  # a client id is released
+    assert not server.engine.client_ids  # a client id is released
     if stream:
         assert messages[0]["type"] == "http.response.start" and messages[0]["status"] == 200
         bodies = b"".join(m.get("body", b"") for m in messages[1:])

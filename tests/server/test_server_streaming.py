@@ -294,7 +294,7 @@ def test_duplicate_client_id_in_flight_is_409(server: Server) -> None:
 
     async def scenario() -> tuple[Any, Any, list[dict[str, Any]]]:
         task, messages, release = await _first_chunk_then_hold(server, body)
-        assert "dup-1" in server.ctx.active_ids
+        assert "dup-1" in server.engine.client_ids
         client = server.client()
         conflict_stream = await client.post(ROUTE_PATHS["generate_stream"], json=body)
         conflict_once = await client.post(ROUTE_PATHS["generate"], json=body)
@@ -312,7 +312,7 @@ def test_duplicate_client_id_in_flight_is_409(server: Server) -> None:
     # The first request ran to its end undisturbed.
     assert messages[0]["status"] == 200
     assert messages[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
-    assert "dup-1" not in server.ctx.active_ids
+    assert "dup-1" not in server.engine.client_ids
     again = server.post(ROUTE_PATHS["generate"], {**body, "parameters": {"max_new_tokens": 2}})
     assert again.status_code == 200, again.text
 

@@ -36,6 +36,13 @@ class EngineDeadError(RuntimeError):
     """The engine has been shut down; no request can be served."""
 
 
+class ClientIdInUse(ValueError):
+    """A client's own request id (MindIE's ``id``) is already running (SPEC 1.12: 409)."""
+
+    param = "id"
+    code = "conflict"
+
+
 class AsyncEngine:
     """Serves concurrent requests from one event loop over an engine on its own thread."""
 
@@ -49,6 +56,8 @@ class AsyncEngine:
         self._streams: dict[str, asyncio.Queue[Delivery]] = {}
         #: Requests whose outputs go to a callback instead of a stream (`attach`).
         self._sinks: dict[str, Callable[[Delivery], None]] = {}
+        #: Client ids of requests in flight (`generate`'s ``client_id``), to their engine ids.
+        self._client_ids: dict[str, str] = {}
         self._closed = False
         #: Called on the event loop if the engine thread dies (after open streams failed).
         self.on_death: Callable[[BaseException], None] | None = None
@@ -99,15 +108,30 @@ class AsyncEngine:
         tokens) or token ids; a fresh id when none is given."""
         text = prompt if isinstance(prompt, str) else None
         ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
-        request_id = request_id if request_id is not None else uuid.uuid4().hex
+        request_id = request_id if request_id is not None else self.new_request_id()
         return EngineRequest.of(request_id, ids, params, priority=priority, prompt=text)
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+    @property
+    def client_ids(self) -> frozenset[str]:
+        """The client ids of the requests in flight (`generate`'s ``client_id``)."""
+        return frozenset(self._client_ids)
+
+    @staticmethod
+    def new_request_id() -> str:
+        """A fresh engine request id (the one place the server mints them)."""
+        return uuid.uuid4().hex
+
+    async def generate(
+        self, request: EngineRequest, client_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
         """Outputs of ``request`` as it runs; the last one has ``finished`` set.
 
         A rejected or failed request raises its error from the iterator (ValueError for a bad
         request); closing the iterator before the end aborts the request. Request ids are
-        checked here, once: the engine thread sees only ids that are not in flight.
+        checked here, once: the engine thread sees only ids that are not in flight, and a
+        ``client_id`` (the client's own id for the request) may name one request in flight
+        at a time (`ClientIdInUse` otherwise). A client that disconnected may reuse its id at
+        once: the id is free when the iterator closes, before the engine drops the request.
         """
         engine_loop = self._start()
         request_id = request.request_id
@@ -115,8 +139,12 @@ class AsyncEngine:
             raise ValueError(
                 f"`request_id` {request_id!r} is already in use by an unfinished request"
             )
+        if client_id is not None and client_id in self._client_ids:
+            raise ClientIdInUse(f"a request with `id` {client_id!r} is already running")
         queue: asyncio.Queue[Delivery] = asyncio.Queue()
         self._streams[request_id] = queue
+        if client_id is not None:
+            self._client_ids[client_id] = request_id
         finished = False
         try:
             engine_loop.add(request)
@@ -129,6 +157,8 @@ class AsyncEngine:
                 yield item
         finally:
             self._streams.pop(request_id, None)
+            if client_id is not None:
+                self._client_ids.pop(client_id, None)
             if not finished and not self._closed:
                 engine_loop.abort(request_id)
 

@@ -1,4 +1,4 @@
-"""`ServerContext`: what every handler shares (engine, limits, names, metrics, ids)."""
+"""`ServerContext`: what every handler shares (engine, limits, names, metrics, response ids)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,6 @@ class ServerContext:
     metrics: Metrics
     #: Unix seconds when the server started (``/v1/models`` ``created``).
     created: int = field(default_factory=lambda: int(time.time()))
-    #: Client-chosen MindIE ids of requests in flight (a duplicate gets 409, SPEC 1.12).
-    active_ids: set[str] = field(default_factory=set)
     _counter: itertools.count[int] = field(default_factory=itertools.count)
     #: Keys, the per-key cap and the drain (`Guard`); the queue bound (`Admission`).
     guard: Guard = field(init=False)

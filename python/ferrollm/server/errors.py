@@ -71,6 +71,8 @@ def to_api_error(error: BaseException) -> ApiError:
             code="overloaded",
             headers=((b"retry-after", str(RETRY_AFTER_S).encode()),),
         )
+    if _is_id_in_use(error):
+        return ApiError(409, str(error), param="id", code="conflict")
     if isinstance(error, ValueError):  # the engine's own checks of a request
         return ApiError(400, str(error), code="invalid_value")
     if _is_engine_dead(error):
@@ -86,6 +88,12 @@ def _is_engine_dead(error: BaseException) -> bool:
     from ferrollm.engine import EngineDeadError, StepError
 
     return isinstance(error, (EngineDeadError, StepError))
+
+
+def _is_id_in_use(error: BaseException) -> bool:
+    from ferrollm.engine.async_engine import ClientIdInUse
+
+    return isinstance(error, ClientIdInUse)
 
 
 def _group_fault(error: BaseException) -> str | None:

@@ -64,15 +64,16 @@ class Timing:
 
 
 async def generate(
-    ctx: ServerContext, request: EngineRequest, timing: Timing
+    ctx: ServerContext, request: EngineRequest, timing: Timing, client_id: str | None = None
 ) -> AsyncIterator[RequestOutput]:
     """The request's outputs as the engine produces them; closing the iterator aborts it.
 
     The request enters the engine only past the admission bound (503 otherwise), and gets the
-    server's ``request_timeout`` as its deadline when it names no timeout of its own."""
+    server's ``request_timeout`` as its deadline when it names no timeout of its own.
+    ``client_id`` is the client's own id for it (MindIE's ``id``: 409 while one runs)."""
     request = with_server_deadline(ctx, request)
     with ctx.admission.waiting(request.num_prompt_tokens) as ticket:
-        stream = ctx.generator.generate(request)
+        stream = ctx.generator.generate(request, client_id)
         try:
             async for out in stream:
                 ticket.started()

@@ -40,6 +40,8 @@ class _Chat:
     """One chat request, validated and tokenized, and how its API renders it."""
 
     render: Renderer
+    #: The id the response shows (the API's; the engine's request has its own).
+    response_id: str
     created: int
     request: EngineRequest
     #: vLLM's ``prompt_logprobs`` (alternatives per prompt token), None when not asked.
@@ -64,13 +66,14 @@ async def serve_chat(
     prompt = await chat_prompt(ctx, valid, len(request.body))
     req = engine_request(
         valid,
-        render.new_id("chat"),
+        ctx.generator.new_request_id(),
         prompt.token_ids,
         request.arrival,
         grammar=prompt.grammar,
         keep_special_tokens=prompt.tools is not None and prompt.tools.keeps_special_tokens,
     )
-    chat = _Chat(render, request.created, req, valid.prompt_logprobs, prompt.tools)
+    response_id = render.new_id("chat")
+    chat = _Chat(render, response_id, request.created, req, valid.prompt_logprobs, prompt.tools)
     timing = Timing(req.arrival_time)
     stream = generate(ctx, req, timing)
     if valid.stream:
@@ -91,7 +94,7 @@ def _response(chat: _Chat, out: RequestOutput, timing: Timing) -> ChatCompletion
         logprobs = None if c.logprobs is None else chat_logprobs(c.logprobs)
         choices.append(ChatChoice(c.index, message, logprobs, finish_reason, c.stop_reason))
     response = ChatCompletion(
-        id=chat.request.request_id,
+        id=chat.response_id,
         created=chat.created,
         model=render.ctx.model_name,
         choices=choices,
@@ -165,7 +168,7 @@ def _chunk(
 
 def _new_chunk(chat: _Chat, choice: ChatChunkChoice) -> ChatCompletionChunk:
     return ChatCompletionChunk(
-        id=chat.request.request_id,
+        id=chat.response_id,
         created=chat.created,
         model=chat.render.ctx.model_name,
         choices=[choice],

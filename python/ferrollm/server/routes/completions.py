@@ -66,7 +66,8 @@ class _Batch:
     ctx: ServerContext
     #: The request's API: ids, finish reasons, the completion's shape, early ends.
     render: Renderer
-    request_id: str
+    #: The id the response shows (each prompt's engine request has its own).
+    response_id: str
     created: int
     prompts: list[_Prompt]
     echo: bool
@@ -123,9 +124,9 @@ async def serve_completions(
     grammar = await compiled_grammar(ctx, valid)
     for i, prompt in enumerate(valid.prompts):
         text, ids = await _tokenized(ctx, prompt, echo=valid.echo)
-        request_id = f"{batch.request_id}-{i}"
+        engine_id = ctx.generator.new_request_id()
         req = engine_request(
-            valid, request_id, ids, request.arrival, prompt=text, index=i, grammar=grammar
+            valid, engine_id, ids, request.arrival, prompt=text, index=i, grammar=grammar
         )
         batch.prompts.append(_Prompt(text, req, Timing(req.arrival_time)))
     total = sum(p.request.num_prompt_tokens for p in batch.prompts)
@@ -310,7 +311,7 @@ async def _events(
 
 
 def _stream_chunk(batch: _Batch, choices: list[CompletionChoice]) -> Any:
-    return batch.render.completion(batch.request_id, batch.created, choices)
+    return batch.render.completion(batch.response_id, batch.created, choices)
 
 
 def _finish(batch: _Batch, chunk: Any, finals: dict[int, RequestOutput]) -> None:

@@ -8,7 +8,6 @@ The stream ends after the final frame: no ``[DONE]`` (→A-2).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ from ferrollm.engine import RequestOutput
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import ApiError, to_api_error
 from ferrollm.server.generation import Timing, generate, prime
-from ferrollm.server.http import JSONResponse, Request, Response, SSEResponse, aclose, sse_event
+from ferrollm.server.http import JSONResponse, Request, Response, SSEResponse, sse_event
 from ferrollm.server.protocol.mindie import Details, GenerateResponse, GenerateStreamFrame
 from ferrollm.server.render import Outcome
 from ferrollm.server.routes.common import (
@@ -61,20 +60,9 @@ async def _serve(ctx: ServerContext, request: Request, *, stream: bool) -> Respo
     ids = await run_sized(len(text), ctx.tokenizer.encode, text)
     client_id = valid.client_id
     response_id = client_id or ctx.next_id()
-    # Client ids live in their own namespace, apart from the generated ones, and are made
-    # unique: a client that disconnected may reuse its id at once, while the engine is still
-    # dropping the aborted request (its abort lands at the next step).
-    engine_id = response_id if client_id is None else f"client:{client_id}:{uuid.uuid4().hex}"
-    req = engine_request(valid, engine_id, ids, request.arrival, prompt=text)
-    if client_id is not None and client_id in ctx.active_ids:
-        raise ApiError(
-            409,
-            f"a request with `id` {client_id!r} is already running",
-            param="id",
-            code="conflict",
-        )
+    req = engine_request(valid, ctx.generator.new_request_id(), ids, request.arrival, prompt=text)
     gen = _Generate(ctx, response_id, req.params, Timing(req.arrival_time), valid.details)
-    outputs = _tracked(ctx, client_id, generate(ctx, req, gen.timing))
+    outputs = generate(ctx, req, gen.timing, client_id)
     if stream:
         return SSEResponse(_frames(gen, await prime(outputs)))
     last: RequestOutput | None = None
@@ -82,20 +70,6 @@ async def _serve(ctx: ServerContext, request: Request, *, stream: bool) -> Respo
         last = out
     assert last is not None
     return JSONResponse(msgspec.json.encode(_response(gen, last)))
-
-
-async def _tracked(
-    ctx: ServerContext, client_id: str | None, outputs: AsyncIterator[RequestOutput]
-) -> AsyncIterator[RequestOutput]:
-    """``outputs`` with the client's id held in ``active_ids`` while it runs."""
-    if client_id is not None:
-        ctx.active_ids.add(client_id)
-    try:
-        async for out in outputs:
-            yield out
-    finally:
-        ctx.active_ids.discard(client_id or "")
-        await aclose(outputs)
 
 
 def _finish_reason(reason: str) -> str:
