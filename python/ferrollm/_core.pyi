@@ -31,8 +31,8 @@ __all__ = [
     "ValidationError",
     "__version__",
     "_num_body_walks",
+    "_paged_attention",
     "cpu_features",
-    "paged_attention",
     "truncate_at_stop",
     "validate",
 ]
@@ -991,30 +991,16 @@ def cpu_features() -> CpuFeatures:
     """The features (see `CpuFeatures`); ValueError naming ``FERROLLM_CPU_ISA`` if it holds an
     unknown cap."""
 
-def paged_attention(
-    q: tuple[int, int],
-    k: tuple[int, int],
-    v: tuple[int, int],
-    out: int,
-    k_cache: int,
-    v_cache: int,
-    dims: tuple[int, int, int, int, int, int],
-    bf16: tuple[bool, bool],
-    slot_mapping: int,
-    positions: int,
-    cu_seqlens_q: int,
-    context_lens: int,
-    block_tables: tuple[int, int, int],
-    rows: tuple[int, int],
+def _paged_attention(
+    tensors: tuple[Any, Any, Any, Any, Any, Any],
+    step: tuple[Any, Any, Any, Any, Any, Any],
     scale: float,
-    sliding_window: int | None,
-    parallel: bool,
+    sliding_window: int | None = None,
+    parallel: bool = False,
 ) -> None:
     """Private to ``ferrollm.layers.paged_attention`` (call the ``ferrollm::paged_attention``
-    torch op instead): tensors arrive as data pointers that op has checked.
-
-    ``q, k, v`` are ``(data_ptr, token_stride)``; ``dims`` is ``(num_tokens, num_heads,
-    num_kv_heads, head_dim, num_blocks, block_size)``; ``bf16`` says whether the activations and
-    the cache are bfloat16 (else float32); ``block_tables`` is ``(data_ptr, rows, max_blocks)``
-    and ``rows`` ``(data_ptr, len)``. Writes K/V at ``slot_mapping``, then attends ``rows``
-    into ``out``. Slots, block ids, positions and row bounds are checked (ValidationError)."""
+    torch op instead). ``tensors`` are the torch tensors ``(q, k, v, out, k_cache, v_cache)``
+    and ``step`` is ``(slot_mapping, positions, cu_seqlens_q, context_lens, block_tables,
+    rows)``; every dtype, device, shape and layout the kernel relies on is checked here, then
+    K/V are written at ``slot_mapping`` and ``rows`` attended into ``out``. Slots, block ids,
+    positions and row bounds are checked too (ValidationError naming the tensor)."""

@@ -1,14 +1,18 @@
-//! `paged_attention` for Python: torch tensors arrive as data pointers with their sizes (torch
-//! tensors are not numpy arrays, and numpy has no bfloat16), so this one function trusts its
-//! caller, `ferrollm.layers.paged_attention`, which checks every tensor's dtype, device, shape
-//! and layout before passing it. Everything the kernel follows *inside* the tensors (slots,
-//! block ids, positions, row bounds) is checked in Rust. The GIL is released while it runs.
+//! `_paged_attention` for Python: the torch tensors themselves come in, and every fact the
+//! kernel trusts about them (dtype, device, shape, strides, contiguity) is checked here, beside
+//! the unsafe code that relies on it; everything the kernel follows *inside* them (slots, block
+//! ids, positions, row bounds) is checked by the kernel. Private to
+//! `ferrollm.layers.paged_attention`, which registers it as the `ferrollm::paged_attention`
+//! torch op. The GIL is released while it runs.
 
 use half::bf16;
+use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyTuple;
 
 use super::errors::guard;
-use crate::error::CoreResult;
+use crate::error::{CoreError, CoreResult};
 use crate::kernels::{attend, write_kv, Dims, Elem, Rows, StepLayout};
 
 /// A pointer and its extent, as the Python caller states them.
@@ -60,6 +64,122 @@ struct Args {
     scale: f32,
     sliding_window: Option<usize>,
     parallel: bool,
+}
+
+/// A torch tensor's facts, read once through its Python API.
+struct Tensor {
+    name: &'static str,
+    /// "torch.float32", "torch.bfloat16", "torch.int64", "torch.int32", or "another dtype".
+    dtype: &'static str,
+    cpu: bool,
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+    contiguous: bool,
+    ptr: usize,
+}
+
+/// The dtypes the kernel takes, as torch's own objects (compared by identity: a dtype's text
+/// per tensor per layer cost a few microseconds a call).
+static DTYPES: PyOnceLock<[Py<PyAny>; 4]> = PyOnceLock::new();
+
+fn dtype_name(py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<&'static str> {
+    let known = DTYPES.get_or_try_init(py, || -> PyResult<_> {
+        let torch = py.import("torch")?;
+        let get = |name: &str| torch.getattr(name).map(Bound::unbind);
+        Ok([
+            get("float32")?,
+            get("bfloat16")?,
+            get("int64")?,
+            get("int32")?,
+        ])
+    })?;
+    const FULL: [&str; 4] = [
+        "torch.float32",
+        "torch.bfloat16",
+        "torch.int64",
+        "torch.int32",
+    ];
+    let found = known.iter().position(|d| d.bind(py).is(dtype));
+    Ok(found.map_or("another dtype", |i| FULL[i]))
+}
+
+impl Tensor {
+    fn read(name: &'static str, t: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let py = t.py();
+        Ok(Tensor {
+            name,
+            dtype: dtype_name(py, &t.getattr(intern!(py, "dtype"))?)?,
+            cpu: t.getattr(intern!(py, "is_cpu"))?.extract()?,
+            shape: t.getattr(intern!(py, "shape"))?.extract()?,
+            strides: t.call_method0(intern!(py, "stride"))?.extract()?,
+            contiguous: t.call_method0(intern!(py, "is_contiguous"))?.extract()?,
+            ptr: t.call_method0(intern!(py, "data_ptr"))?.extract()?,
+        })
+    }
+
+    fn bad(&self, rule: impl std::fmt::Display) -> PyErr {
+        let message = format!(
+            "`{}` {rule}; got {} {:?} with strides {:?}{}",
+            self.name,
+            self.dtype,
+            self.shape,
+            self.strides,
+            if self.cpu { "" } else { " off the CPU" }
+        );
+        CoreError::invalid(self.name, "invalid_format", message).into()
+    }
+
+    fn bf16(&self) -> bool {
+        self.dtype == "torch.bfloat16"
+    }
+
+    /// A contiguous CPU tensor of `dtype` and `shape`.
+    fn expect(&self, dtype: &str, shape: &[usize]) -> PyResult<()> {
+        if self.dtype != dtype || self.shape != shape || !self.contiguous || !self.cpu {
+            return Err(self.bad(format_args!(
+                "must be a contiguous {dtype} CPU tensor of shape {shape:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A float32 or bfloat16 CPU tensor `[tokens, heads, head_dim]` with heads and dims
+    /// adjacent (a token stride of its own is allowed), in `like`'s dtype when given; its
+    /// token stride.
+    fn rows(&self, like: &str, shape: [usize; 3]) -> PyResult<usize> {
+        let float = like == "torch.float32" || like == "torch.bfloat16";
+        let adjacent = self.strides.len() == 3
+            && self.strides[2] == 1
+            && self.strides[1] == shape[2] as isize
+            && self.strides[0] >= 0;
+        if !float || self.dtype != like || !self.cpu || self.shape != shape || !adjacent {
+            return Err(self.bad(format_args!(
+                "must be a float32 or bfloat16 CPU tensor (like `q`) of shape {shape:?} with heads and dims adjacent"
+            )));
+        }
+        Ok(self.strides[0] as usize)
+    }
+}
+
+fn tensors<const N: usize>(
+    names: [&'static str; N],
+    values: &Bound<'_, PyTuple>,
+) -> PyResult<[Tensor; N]> {
+    if values.len() != N {
+        let message = format!(
+            "expected {N} tensors ({}); got {}",
+            names.join(", "),
+            values.len()
+        );
+        return Err(pyo3::exceptions::PyTypeError::new_err(message));
+    }
+    let mut out = Vec::with_capacity(N);
+    for (i, name) in names.into_iter().enumerate() {
+        out.push(Tensor::read(name, &values.get_item(i)?)?);
+    }
+    Ok(out
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("N tensors were read")))
 }
 
 /// Writes the step's K/V into the layer's cache, then attends the listed rows.
@@ -126,68 +246,91 @@ fn rows_len(num_tokens: usize, stride: usize, width: usize) -> usize {
     }
 }
 
-/// See `_core.pyi`. Private to `ferrollm.layers.paged_attention`: the pointers are trusted.
+/// See `_core.pyi`: `tensors` are `(q, k, v, out, k_cache, v_cache)`, `step` is
+/// `(slot_mapping, positions, cu_seqlens_q, context_lens, block_tables, rows)`.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (q, k, v, out, k_cache, v_cache, dims, bf16, slot_mapping, positions,
-    cu_seqlens_q, context_lens, block_tables, rows, scale, sliding_window, parallel))]
-pub fn paged_attention(
+#[pyo3(signature = (tensors, step, scale, sliding_window=None, parallel=false))]
+pub fn _paged_attention(
     py: Python<'_>,
-    q: (usize, usize),
-    k: (usize, usize),
-    v: (usize, usize),
-    out: usize,
-    k_cache: usize,
-    v_cache: usize,
-    dims: (usize, usize, usize, usize, usize, usize),
-    bf16: (bool, bool),
-    slot_mapping: usize,
-    positions: usize,
-    cu_seqlens_q: usize,
-    context_lens: usize,
-    block_tables: (usize, usize, usize),
-    rows: (usize, usize),
+    tensors: &Bound<'_, PyTuple>,
+    step: &Bound<'_, PyTuple>,
     scale: f32,
     sliding_window: Option<usize>,
     parallel: bool,
 ) -> PyResult<()> {
-    let (num_tokens, num_heads, num_kv_heads, head_dim, num_blocks, block_size) = dims;
-    let dims = Dims {
-        num_heads,
-        num_kv_heads,
-        head_dim,
-        num_blocks,
-        block_size,
+    let [q, k, v, out, k_cache, v_cache] =
+        self::tensors(["q", "k", "v", "out", "k_cache", "v_cache"], tensors)?;
+    let [slots, positions, cu, context, tables, rows] = self::tensors(
+        [
+            "slot_mapping",
+            "positions",
+            "cu_seqlens_q",
+            "context_lens",
+            "block_tables",
+            "rows",
+        ],
+        step,
+    )?;
+    let dims = cache_dims(&k_cache, &v_cache)?;
+    let (num_tokens, num_heads) = match q.shape.as_slice() {
+        [t, h, _] if *h > 0 && h % dims.num_kv_heads == 0 => (*t, *h),
+        _ => {
+            return Err(q.bad(format_args!(
+                "must be [tokens, heads, {}] with heads a multiple of the {} KV heads",
+                dims.head_dim, dims.num_kv_heads
+            )))
+        }
     };
-    let (num_rows, max_blocks) = (block_tables.1, block_tables.2);
+    let d = dims.head_dim;
+    let q_stride = q.rows(q.dtype, [num_tokens, num_heads, d])?;
+    let k_stride = k.rows(q.dtype, [num_tokens, dims.num_kv_heads, d])?;
+    let v_stride = v.rows(q.dtype, [num_tokens, dims.num_kv_heads, d])?;
+    out.expect(q.dtype, &[num_tokens, num_heads, d])?;
+    let num_rows = context.shape.first().copied().unwrap_or(0);
+    let max_blocks = tables.shape.get(1).copied().unwrap_or(0);
+    slots.expect("torch.int64", &[num_tokens])?;
+    positions.expect("torch.int64", &[num_tokens])?;
+    cu.expect("torch.int32", &[num_rows + 1])?;
+    context.expect("torch.int32", &[num_rows])?;
+    tables.expect("torch.int32", &[num_rows, max_blocks])?;
+    let num_listed = rows.shape.first().copied().unwrap_or(0);
+    rows.expect("torch.int32", &[num_listed])?;
     let raw = |ptr, len| Raw { ptr, len };
-    let kv_width = num_kv_heads * head_dim;
+    let kv_width = dims.num_kv_heads * d;
     let args = Args {
         q: (
-            raw(q.0, rows_len(num_tokens, q.1, num_heads * head_dim)),
-            q.1,
+            raw(q.ptr, rows_len(num_tokens, q_stride, num_heads * d)),
+            q_stride,
         ),
-        k: (raw(k.0, rows_len(num_tokens, k.1, kv_width)), k.1),
-        v: (raw(v.0, rows_len(num_tokens, v.1, kv_width)), v.1),
-        out: raw(out, num_tokens * num_heads * head_dim),
-        k_cache: raw(k_cache, dims.cache_len()),
-        v_cache: raw(v_cache, dims.cache_len()),
-        dims,
-        slot_mapping: raw(slot_mapping, num_tokens),
-        positions: raw(positions, num_tokens),
-        cu_seqlens_q: raw(cu_seqlens_q, num_rows + 1),
-        context_lens: raw(context_lens, num_rows),
-        block_tables: raw(block_tables.0, num_rows * max_blocks),
+        k: (
+            raw(k.ptr, rows_len(num_tokens, k_stride, kv_width)),
+            k_stride,
+        ),
+        v: (
+            raw(v.ptr, rows_len(num_tokens, v_stride, kv_width)),
+            v_stride,
+        ),
+        out: raw(out.ptr, num_tokens * num_heads * d),
+        k_cache: raw(k_cache.ptr, dims.cache_len()),
+        v_cache: raw(v_cache.ptr, dims.cache_len()),
+        dims: Dims { num_heads, ..dims },
+        slot_mapping: raw(slots.ptr, num_tokens),
+        positions: raw(positions.ptr, num_tokens),
+        cu_seqlens_q: raw(cu.ptr, num_rows + 1),
+        context_lens: raw(context.ptr, num_rows),
+        block_tables: raw(tables.ptr, num_rows * max_blocks),
         max_blocks,
-        rows: raw(rows.0, rows.1),
+        rows: raw(rows.ptr, num_listed),
         scale,
         sliding_window,
         parallel,
     };
-    // SAFETY: the caller checked each tensor against the sizes above (see the module doc).
+    let types = (q.bf16(), k_cache.bf16());
+    // SAFETY: every tensor was checked above to hold these extents of these types, contiguous
+    // (or with the checked token stride) on the CPU; the caller keeps them alive for the call.
     let result = py.detach(|| {
         guard("paged_attention", || unsafe {
-            match bf16 {
+            match types {
                 (false, false) => run::<f32, f32>(&args),
                 (false, true) => run::<f32, half::bf16>(&args),
                 (true, false) => run::<half::bf16, f32>(&args),
@@ -196,4 +339,35 @@ pub fn paged_attention(
         })
     })?;
     Ok(result?)
+}
+
+/// The caches: both `[num_blocks, block_size, kv_heads, head_dim]`, contiguous, float32 or
+/// bfloat16 alike, on the CPU.
+fn cache_dims(k_cache: &Tensor, v_cache: &Tensor) -> PyResult<Dims> {
+    let shape = k_cache.shape.as_slice();
+    let &[num_blocks, block_size, num_kv_heads, head_dim] = shape else {
+        return Err(
+            k_cache.bad("and `v_cache` must both be [num_blocks, block_size, kv_heads, head_dim]")
+        );
+    };
+    if v_cache.shape != shape || num_kv_heads == 0 {
+        return Err(
+            v_cache.bad("must be [num_blocks, block_size, kv_heads, head_dim] like `k_cache`")
+        );
+    }
+    let float = k_cache.dtype == "torch.float32" || k_cache.bf16();
+    for cache in [k_cache, v_cache] {
+        if !float || cache.dtype != k_cache.dtype || !cache.contiguous || !cache.cpu {
+            return Err(
+                cache.bad("must be contiguous float32 or bfloat16 on the CPU, like `k_cache`")
+            );
+        }
+    }
+    Ok(Dims {
+        num_heads: num_kv_heads,
+        num_kv_heads,
+        head_dim,
+        num_blocks,
+        block_size,
+    })
 }

@@ -54,7 +54,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<detok::PyDecodeStream>()?;
     m.add_class::<stop::PyStopMatcher>()?;
     m.add_function(wrap_pyfunction!(stop::py_truncate_at_stop, m)?)?;
-    m.add_function(wrap_pyfunction!(attention::paged_attention, m)?)?;
+    m.add_function(wrap_pyfunction!(attention::_paged_attention, m)?)?;
     m.add_class::<cpu::PyCpuFeatures>()?;
     m.add_function(wrap_pyfunction!(cpu::cpu_features, m)?)?;
     m.add_class::<sampling::PySampler>()?;

@@ -97,7 +97,10 @@ mod tests {
             generation_logits: true,
             ..EngineAsks::default()
         };
-        assert_eq!(param(admit(&p, &logits, &LIMITS)), "return_generation_logits");
+        assert_eq!(
+            param(admit(&p, &logits, &LIMITS)),
+            "return_generation_logits"
+        );
         p.use_beam_search = false;
         assert!(admit(&p, &logits, &LIMITS).is_ok());
     }
@@ -111,7 +114,10 @@ mod tests {
         };
         assert_eq!(admit(&p, &table(vec![3, 8]), &LIMITS).unwrap(), 3);
         for bad in [vec![0, 8], vec![3, 7], vec![3], vec![2, 3, 8]] {
-            assert_eq!(param(admit(&p, &table(bad), &LIMITS)), "prompt_embedding_table");
+            assert_eq!(
+                param(admit(&p, &table(bad), &LIMITS)),
+                "prompt_embedding_table"
+            );
         }
     }
 }

@@ -34,8 +34,6 @@ from ferrollm.layers.attention import (
     plan_group,
 )
 
-_DTYPES = (torch.float32, torch.bfloat16)
-
 
 def _paged_attention(
     q: torch.Tensor,
@@ -61,25 +59,11 @@ def _paged_attention(
     Metadata: ``slot_mapping, positions`` int64 ``[T]``; ``cu_seqlens_q`` int32 ``[R + 1]``;
     ``context_lens`` int32 ``[R]``; ``block_tables`` int32 ``[R, max_blocks]``; ``rows`` int32.
     """
-    _check_tensors(q, k, v, k_cache, v_cache)
-    _check_metadata(slot_mapping, positions, cu_seqlens_q, context_lens, block_tables, rows)
     out = torch.empty(q.shape, dtype=q.dtype)
-    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
-    _core.paged_attention(
-        (q.data_ptr(), q.stride(0)),
-        (k.data_ptr(), k.stride(0)),
-        (v.data_ptr(), v.stride(0)),
-        out.data_ptr(),
-        k_cache.data_ptr(),
-        v_cache.data_ptr(),
-        (q.shape[0], q.shape[1], num_kv_heads, head_dim, num_blocks, block_size),
-        (q.dtype == torch.bfloat16, k_cache.dtype == torch.bfloat16),
-        slot_mapping.data_ptr(),
-        positions.data_ptr(),
-        cu_seqlens_q.data_ptr(),
-        context_lens.data_ptr(),
-        (block_tables.data_ptr(), block_tables.shape[0], block_tables.shape[1]),
-        (rows.data_ptr(), rows.shape[0]),
+    # The kernel checks every tensor's dtype, device, shape and layout (rust/py/attention.rs).
+    _core._paged_attention(
+        (q, k, v, out, k_cache, v_cache),
+        (slot_mapping, positions, cu_seqlens_q, context_lens, block_tables, rows),
         scale,
         sliding_window,
         parallel,
@@ -98,64 +82,6 @@ paged_attention = torch.library.custom_op(
 @paged_attention.register_fake
 def _paged_attention_fake(q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
-
-
-def _check_tensors(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
-) -> None:
-    """What the kernel trusts about the tensors whose pointers it gets (rust/py/attention.rs)."""
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            f"`k_cache` and `v_cache` must both be [num_blocks, block_size, kv_heads, head_dim]; "
-            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
-    _, _, num_kv_heads, head_dim = k_cache.shape
-    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if c.dtype not in _DTYPES or c.dtype != k_cache.dtype or not c.is_contiguous():
-            raise ValueError(f"`{name}` must be contiguous float32 or bfloat16, like `k_cache`")
-        if c.device.type != "cpu":
-            raise ValueError(f"`{name}` must be on the CPU; got {c.device}")
-    num_tokens = q.shape[0] if q.dim() == 3 else -1
-    heads = q.shape[1] if q.dim() == 3 else 0
-    for name, t, t_heads in (("q", q, heads), ("k", k, num_kv_heads), ("v", v, num_kv_heads)):
-        if t.dtype not in _DTYPES or t.dtype != q.dtype or t.device.type != "cpu":
-            raise ValueError(f"`{name}` must be float32 or bfloat16 on the CPU, like `q`")
-        shape_ok = t.dim() == 3 and tuple(t.shape) == (num_tokens, t_heads, head_dim)
-        if not shape_ok or t.stride(2) != 1 or t.stride(1) != head_dim or t.stride(0) < 0:
-            raise ValueError(
-                f"`{name}` must be [{num_tokens}, {t_heads}, {head_dim}] with heads and dims "
-                f"adjacent; got shape {tuple(t.shape)}, strides {t.stride()}"
-            )
-    if heads == 0 or heads % num_kv_heads != 0:
-        raise ValueError(f"`q` heads ({heads}) must be a multiple of the KV heads ({num_kv_heads})")
-
-
-def _check_metadata(
-    slot_mapping: torch.Tensor,
-    positions: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    rows: torch.Tensor,
-) -> None:
-    """Dtypes and extents; the values (slots, block ids, positions) are checked in Rust."""
-    num_tokens, num_rows = positions.shape[0], context_lens.shape[0]
-    expected = (
-        ("slot_mapping", slot_mapping, torch.int64, (num_tokens,)),
-        ("positions", positions, torch.int64, (num_tokens,)),
-        ("cu_seqlens_q", cu_seqlens_q, torch.int32, (num_rows + 1,)),
-        ("context_lens", context_lens, torch.int32, (num_rows,)),
-        ("block_tables", block_tables, torch.int32, (num_rows, block_tables.shape[-1])),
-        ("rows", rows, torch.int32, (rows.shape[0],)),
-    )
-    for name, t, dtype, shape in expected:
-        if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
-            raise ValueError(
-                f"`{name}` must be a contiguous {dtype} tensor of shape {shape}; "
-                f"got {t.dtype} {tuple(t.shape)}"
-            )
-        if t.device.type != "cpu":
-            raise ValueError(f"`{name}` must be on the CPU; got {t.device}")
 
 
 @dataclass(frozen=True)
