@@ -939,17 +939,18 @@ class Sampler:
         logits: npt.NDArray[np.float32],
         rows: _Indices,
         params: Sequence[SamplingParams],
-        prompts: Sequence[_TokenIds],
-        outputs: Sequence[_TokenIds],
+        tokens: tuple[Sequence[_TokenIds], Sequence[_TokenIds]],
         seeds: _Indices,
-        sample_indices: _Indices | None = None,
-        eos_token_ids: Sequence[int] = (),
+        extra: tuple[_Indices | None, Sequence[int] | None] | None = None,
     ) -> SampleResult:
         """Draw a token for each sample ``i`` from ``logits[rows[i]]`` (releases the GIL).
 
-        ``logits`` must be a C-contiguous float32 ``[num_rows, vocab]`` array; it is read in
-        place, never copied (other dtypes or layouts raise ValidationError). The draw is a pure
-        function of ``(seeds[i], sample_indices[i], len(outputs[i]))`` and the inputs.
+        ``tokens`` is ``(prompts, outputs)``, a token list each per sample; ``extra`` is
+        ``(sample_indices, eos_token_ids)`` (either None). ``logits`` must be a C-contiguous
+        float32 ``[num_rows, vocab]`` array; it is read in place, never copied (other dtypes or
+        layouts raise ValidationError). The draw is a pure function of ``(seeds[i],
+        sample_indices[i], len(outputs[i]))`` and the inputs. ``ferrollm.testing.Sampler``
+        spells the columns out.
         """
     @staticmethod
     def process_logits(

@@ -103,6 +103,9 @@ impl PySampleResult {
     }
 }
 
+/// `Sampler.sample`'s optional columns: the sample indices and the EOS ids.
+type Extra<'py> = (Option<Bound<'py, PyAny>>, Option<Vec<TokenId>>);
+
 #[pyclass(name = "Sampler", module = "ferrollm._core", frozen)]
 pub struct PySampler {
     cfg: SamplerConfig,
@@ -131,29 +134,29 @@ impl PySampler {
         rayon::current_num_threads()
     }
 
-    #[pyo3(signature = (logits, rows, params, prompts, outputs, seeds, sample_indices=None, eos_token_ids=None),
-        text_signature = "(self, logits, rows, params, prompts, outputs, seeds, sample_indices=None, eos_token_ids=())")]
-    #[allow(clippy::too_many_arguments)]
+    /// `tokens` is `(prompts, outputs)`, one token list each per sample; `extra` is None or
+    /// `(sample_indices or None, eos_token_ids or None)` (`ferrollm.testing.Sampler` spells
+    /// them out as keywords).
+    #[pyo3(signature = (logits, rows, params, tokens, seeds, extra=None))]
     fn sample(
         &self,
-        py: Python<'_>,
         logits: &Bound<'_, PyAny>,
         rows: &Bound<'_, PyAny>,
         params: Vec<PyRef<'_, PySamplingParams>>,
-        prompts: &Bound<'_, PyAny>,
-        outputs: &Bound<'_, PyAny>,
+        tokens: (Bound<'_, PyAny>, Bound<'_, PyAny>),
         seeds: &Bound<'_, PyAny>,
-        sample_indices: Option<&Bound<'_, PyAny>>,
-        eos_token_ids: Option<Vec<TokenId>>,
+        extra: Option<Extra<'_>>,
     ) -> PyResult<PySampleResult> {
+        let py = logits.py();
+        let (sample_indices, eos_token_ids) = extra.unwrap_or((None, None));
         let (array, vocab) = logits_view(logits)?;
         let rows: Vec<usize> = indices("rows", "row indices (non-negative ints)", rows)?;
         let n = rows.len();
         let params: Vec<Arc<SamplingParams>> = params.iter().map(|p| p.inner.clone()).collect();
-        let prompts = token_lists("prompts", prompts)?;
-        let outputs = token_lists("outputs", outputs)?;
+        let prompts = token_lists("prompts", &tokens.0)?;
+        let outputs = token_lists("outputs", &tokens.1)?;
         let seeds: Vec<u64> = indices("seeds", "seeds (ints in [0, 2^64))", seeds)?;
-        let sample_indices: Vec<u32> = match sample_indices {
+        let sample_indices: Vec<u32> = match &sample_indices {
             Some(obj) => indices("sample_indices", "ints in [0, 2^32)", obj)?,
             None => vec![0; n],
         };
