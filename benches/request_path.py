@@ -21,13 +21,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from ferrollm import Limits
-from ferrollm.config import ServerConfig
 from ferrollm.default_model import default_model_path
 from ferrollm.engine.request import EngineRequest
 from ferrollm.executor.loader import load_model_source
 from ferrollm.server.context import ServerContext
 from ferrollm.server.metrics import Metrics
 from ferrollm.server.routes.common import accept_body, engine_request
+from ferrollm.server_config import ServerConfig
 from ferrollm.tokenizer import Tokenizer
 
 WORDS = "the quick brown fox jumps over the lazy dog while a model answers questions about it"

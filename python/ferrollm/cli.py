@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from ferrollm import __version__
-from ferrollm.config import EngineConfigError, read_options_file, split_options
+from ferrollm.config import EngineConfigError, read_options_file
 from ferrollm.preflight import PreflightError, check_serving
+from ferrollm.server_config import split_options
 
 #: Where the parent hands the options to Granian's worker.
 OPTIONS_ENV = "FERROLLM_SERVE_OPTIONS"

@@ -10,14 +10,20 @@ built and checked before a device is touched.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from ferrollm.devices import DEVICE_NAMES
+
+# Re-exported: every module reads its options' rules from here.
+from ferrollm.options import (
+    EngineConfigError,
+    parse_bytes,
+    positive_int,
+    read_options_file,
+)
 
 if TYPE_CHECKING:
     from ferrollm.platforms import Platform
@@ -61,19 +67,6 @@ QUANTIZATION_NAMES = ("auto", "none", "int8", "int4")
 #: a reduced-precision dtype, where it measured faster; off in float32, the parity mode), "on"
 #: or "off".
 COMPILE_NAMES = ("auto", "on", "off")
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(|b|[kmgt]i?b?)\s*$", re.IGNORECASE)
-# Binary multiples for KiB/K, decimal for KB, as `free`, docker and vLLM read them.
-_UNIT = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-_DECIMAL_UNIT = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-
-
-class EngineConfigError(ValueError):
-    """An engine option broke its rule; ``field`` names the option."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 @dataclass(frozen=True)
@@ -205,36 +198,6 @@ class EngineConfig:
         return dataclasses.asdict(self)
 
 
-def parse_bytes(value: int | str) -> int:
-    """Bytes from an int or a size string: "4GiB", "4G" and "4096MiB" are binary, "4GB" decimal.
-
-    Raises EngineConfigError (field ``kv_cache_memory``) unless the result is positive.
-    """
-    if isinstance(value, bool):
-        raise _bad_size(value)
-    if isinstance(value, int):
-        if value <= 0:
-            raise _bad_size(value)
-        return value
-    match = _SIZE.match(str(value))
-    if match is None:
-        raise _bad_size(value)
-    number, unit = float(match[1]), match[2].lower()
-    scale = _DECIMAL_UNIT.get(unit) or _UNIT[unit[:1]]
-    result = int(number * scale)
-    if result <= 0:
-        raise _bad_size(value)
-    return result
-
-
-def _bad_size(value: object) -> EngineConfigError:
-    return EngineConfigError(
-        "kv_cache_memory",
-        "`kv_cache_memory` must be a positive number of bytes or a size like '4GiB' or "
-        f"'512MB'; got {value!r}",
-    )
-
-
 def dtype_name(value: str, field: str = "dtype") -> str:
     """The canonical name of a dtype option ("bf16" -> "bfloat16"); raises EngineConfigError
     naming ``field``."""
@@ -248,10 +211,10 @@ def dtype_name(value: str, field: str = "dtype") -> str:
 
 def _check_fields(config: EngineConfig) -> None:
     for name in ("block_size", "max_num_seqs", "max_num_waiting"):
-        _positive_int(name, getattr(config, name))
+        positive_int(name, getattr(config, name))
     for name in ("max_num_batched_tokens", "max_model_len", "max_beam_width"):
         if getattr(config, name) is not None:
-            _positive_int(name, getattr(config, name))
+            positive_int(name, getattr(config, name))
     if config.max_beam_width is not None and config.max_beam_width > MAX_BEAM_WIDTH:
         raise EngineConfigError(
             "max_beam_width",
@@ -319,7 +282,7 @@ def _check_speculative(config: EngineConfig) -> None:
             f'`speculative` must be "ngram" or None (off); got {config.speculative!r}',
         )
     for name in ("num_speculative_tokens", "ngram_min", "ngram_max"):
-        _positive_int(name, getattr(config, name))
+        positive_int(name, getattr(config, name))
     if config.ngram_max < config.ngram_min:
         raise EngineConfigError(
             "ngram_max",
@@ -329,7 +292,7 @@ def _check_speculative(config: EngineConfig) -> None:
 
 
 def _check_parallel(config: EngineConfig) -> None:
-    _positive_int("tensor_parallel_size", config.tensor_parallel_size)
+    positive_int("tensor_parallel_size", config.tensor_parallel_size)
     timeout = config.distributed_timeout
     if timeout is not None:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
@@ -389,193 +352,10 @@ def _check_embed_options(config: EngineConfig) -> None:
             )
 
 
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise EngineConfigError(name, f"`{name}` must be a positive integer; got {value!r}")
-
-
-#: The default limit on a request body (SPEC 1.14: 413 past it).
-DEFAULT_MAX_BODY_BYTES = 16 * 1024**2
-#: Paths that need no API key: health, metrics and the OpenAPI document.
-DEFAULT_PUBLIC_PATHS = (
-    "/health",
-    "/v2/health/live",
-    "/v2/health/ready",
-    "/metrics",
-    "/openapi.json",
-)
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """HTTP server options (CLI ``--served-model-name`` is ``served_model_name``), checked on
-    construction. Raises EngineConfigError naming the option."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    #: The name clients put in ``model`` and the MindIE path (MindIE's ``modelName``); None =
-    #: the model file's or directory's name.
-    served_model_name: str | None = None
-    #: Prompt tokens at most (MindIE's ``maxInputTokenLen``); None = ``max_model_len - 1``.
-    max_input_tokens: int | None = None
-    #: Generated tokens per request at most, and the ``/v1`` default ``max_tokens`` (MindIE's
-    #: ``maxIterTimes``); None = ``max_model_len``.
-    max_iter_times: int | None = None
-    #: MindIE ``fullTextEnabled``: streamed generate and chat text is cumulative.
-    full_text: bool = False
-    #: Largest request body: bytes or a size like "16MiB"; larger ones get 413 unread.
-    max_body_bytes: int | str = DEFAULT_MAX_BODY_BYTES
-    #: Whether a request's ``model`` must equal the served name (404 otherwise, →A-27).
-    strict_model_name: bool = True
-    #: Completions ``text_offset``: "openai" (each choice counts from 0) or "mindie" (choice k
-    #: counts on from where choice k-1's text ended, as MindIE's samples do, →A-52; whole
-    #: responses only: a stream interleaves its choices).
-    text_offset_mode: str = "openai"
-    #: API keys a client must send as ``Authorization: Bearer <key>`` (with those of
-    #: ``api_key_file`` and ``FERROLLM_API_KEYS``); none at all = no authentication.
-    api_keys: tuple[str, ...] = ()
-    #: A file of API keys, one a line (blank lines and ``#`` comments skipped).
-    api_key_file: str | None = None
-    #: Paths served without a key while keys are configured.
-    public_paths: tuple[str, ...] = DEFAULT_PUBLIC_PATHS
-    #: Requests one API key may have in flight at once; more get 429.
-    max_concurrent_per_key: int = 64
-    #: Seconds a request may take, queue time included, when it names no ``timeout`` of its
-    #: own; None = no server deadline.
-    request_timeout: float | None = None
-    #: Admission: requests waiting for their first step, and their prompt tokens, at most;
-    #: past either, new requests get 503 with ``Retry-After``.
-    max_waiting_requests: int = 256
-    max_waiting_tokens: int = 262144
-    #: TLS: the server's certificate and key (PEM); ``ssl_ca_certs`` turns on client
-    #: certificate verification against those CAs (mutual TLS).
-    ssl_certfile: str | None = None
-    ssl_keyfile: str | None = None
-    ssl_ca_certs: str | None = None
-    #: Seconds in-flight requests get to finish after SIGTERM before the process exits.
-    drain_timeout: float = 30.0
-    #: How tool calls are written and parsed: a family, "auto" (detected from the chat
-    #: template) or "none" (requests with tools are refused unless ``tool_choice`` is "none").
-    tool_call_parser: str = "auto"
-    #: ``Host`` header values (the name, without the port; case-insensitive) the server
-    #: answers to; any other gets 400. Empty (the default) = any host (no DNS-rebinding
-    #: protection: put the names the server is reached by here when that matters).
-    allowed_hosts: tuple[str, ...] = ()
-    #: Seconds a client may take to send its whole request body after its headers; a client
-    #: that trickles it slower gets 408 and the connection is closed.
-    body_read_timeout: float = 30.0
-
-    def __post_init__(self) -> None:
-        check_reliability_options(self)
-        if not isinstance(self.host, str) or not self.host:
-            raise EngineConfigError("host", f"`host` must be a non-empty string; got {self.host!r}")
-        port = self.port
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-            raise EngineConfigError(
-                "port", f"`port` must be an integer in [0, 65535]; got {port!r}"
-            )
-        name = self.served_model_name
-        if name is not None and (not isinstance(name, str) or not name):
-            raise EngineConfigError(
-                "served_model_name", f"`served_model_name` must be a non-empty string; got {name!r}"
-            )
-        for option in ("max_input_tokens", "max_iter_times"):
-            if getattr(self, option) is not None:
-                _positive_int(option, getattr(self, option))
-        if self.tool_call_parser not in TOOL_CALL_PARSERS:
-            raise EngineConfigError(
-                "tool_call_parser",
-                f"`tool_call_parser` must be one of {', '.join(TOOL_CALL_PARSERS)}; "
-                f"got {self.tool_call_parser!r}",
-            )
-        if self.text_offset_mode not in TEXT_OFFSET_MODES:
-            raise EngineConfigError(
-                "text_offset_mode",
-                f"`text_offset_mode` must be one of {', '.join(TEXT_OFFSET_MODES)}; "
-                f"got {self.text_offset_mode!r}",
-            )
-        for option in ("full_text", "strict_model_name"):
-            if not isinstance(getattr(self, option), bool):
-                raise EngineConfigError(
-                    option, f"`{option}` must be true or false; got {getattr(self, option)!r}"
-                )
-        try:
-            size = parse_bytes(self.max_body_bytes)
-        except EngineConfigError:
-            raise EngineConfigError(
-                "max_body_bytes",
-                "`max_body_bytes` must be a positive number of bytes or a size like '16MiB'; "
-                f"got {self.max_body_bytes!r}",
-            ) from None
-        object.__setattr__(self, "max_body_bytes", size)
-
-    @property
-    def max_body_size(self) -> int:
-        """``max_body_bytes`` in bytes."""
-        return int(self.max_body_bytes)
-
-
-def split_options(options: Mapping[str, Any]) -> tuple[EngineConfig, ServerConfig]:
-    """The engine and server configs of one mapping of options (a ``--config`` file mirrors
-    the CLI flags: ``max-num-seqs`` or ``max_num_seqs``, ``port``, ``full-text`` ...)."""
-    engine_names = {f.name for f in fields(EngineConfig)}
-    server_names = {f.name for f in fields(ServerConfig)}
-    engine: dict[str, Any] = {}
-    server: dict[str, Any] = {}
-    for key, value in options.items():
-        name = str(key).replace("-", "_")
-        if name in engine_names:
-            engine[name] = value
-        elif name in server_names:
-            server[name] = value
-        else:
-            valid = ", ".join(sorted(engine_names | server_names))
-            raise EngineConfigError(name, f"unknown option `{key}`; valid: {valid}")
-    return EngineConfig(**engine), ServerConfig(**server)
-
-
-def read_options_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The JSON object of options in the file at ``path``."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            options = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise EngineConfigError(
-            "config", f"cannot read config file {os.fspath(path)!r}: {e}"
-        ) from None
-    if not isinstance(options, dict):
-        raise EngineConfigError("config", f"{os.fspath(path)!r} must hold a JSON object of options")
-    return options
-
-
-def check_reliability_options(config: ServerConfig) -> None:
-    """Check (and normalise: lists -> tuples) the keys, deadline, admission, TLS and drain
-    options of ``config``; raises EngineConfigError naming the option."""
-    for option in ("api_keys", "public_paths", "allowed_hosts"):
-        value = getattr(config, option)
-        if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
-            raise EngineConfigError(
-                option, f"`{option}` must be a list of non-empty strings; got {value!r}"
-            )
-        object.__setattr__(config, option, tuple(value))
-    for option in ("max_concurrent_per_key", "max_waiting_requests", "max_waiting_tokens"):
-        _positive_int(option, getattr(config, option))
-    object.__setattr__(config, "allowed_hosts", tuple(h.lower() for h in config.allowed_hosts))
-    for option in ("request_timeout", "drain_timeout", "body_read_timeout"):
-        value = getattr(config, option)
-        if value is None and option == "request_timeout":
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise EngineConfigError(option, f"`{option}` must be a number > 0; got {value!r}")
-    if (config.ssl_certfile is None) != (config.ssl_keyfile is None):
-        raise EngineConfigError(
-            "ssl_certfile", "`ssl_certfile` and `ssl_keyfile` must be given together"
-        )
-    if config.ssl_ca_certs is not None and config.ssl_certfile is None:
-        raise EngineConfigError(
-            "ssl_ca_certs", "`ssl_ca_certs` (client verification) needs `ssl_certfile`"
-        )
-    for option in ("api_key_file", "ssl_certfile", "ssl_keyfile", "ssl_ca_certs"):
-        path = getattr(config, option)
-        if path is not None and not os.path.isfile(path):
-            raise EngineConfigError(option, f"`{option}` {path!r} is not a readable file")
+__all__ = [
+    "EngineConfig",
+    "EngineConfigError",
+    "parse_bytes",
+    "positive_int",
+    "read_options_file",
+]

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from ferrollm.cli import build_parser, serve_options
-from ferrollm.config import EngineConfigError, split_options
+from ferrollm.config import EngineConfigError
+from ferrollm.server_config import split_options
 
 
 def options(*argv: str) -> dict[str, object]:

@@ -208,7 +208,8 @@ def test_history_writes_calls_and_results_for_templates_without_tools() -> None:
 
 
 def test_the_config_knows_every_parser() -> None:
-    from ferrollm.config import TOOL_CALL_PARSERS, EngineConfigError, ServerConfig
+    from ferrollm.config import TOOL_CALL_PARSERS, EngineConfigError
+    from ferrollm.server_config import ServerConfig
     from ferrollm.tools import PARSER_CHOICES
 
     assert TOOL_CALL_PARSERS == PARSER_CHOICES

@@ -22,10 +22,11 @@ from typing import Any, TypeVar
 import httpx
 
 from ferrollm import validate
-from ferrollm.config import EngineConfig, ServerConfig
+from ferrollm.config import EngineConfig
 from ferrollm.engine import AsyncEngine, LLMEngine, RequestOutput
 from ferrollm.server.app import App
 from ferrollm.server.context import ServerContext
+from ferrollm.server_config import ServerConfig
 from ferrollm.tokenizer import Tokenizer
 
 T = TypeVar("T")

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from server_harness import ROUTE_PATHS, Server
 
-from ferrollm.config import ServerConfig
 from ferrollm.engine.embed import Embedder
 from ferrollm.engine.embed_async import AsyncEmbedder
 from ferrollm.server.app import App
 from ferrollm.server.context import ServerContext
+from ferrollm.server_config import ServerConfig
 
 MODEL = "minilm"
 DBX = f"/serving-endpoints/{MODEL}/invocations"

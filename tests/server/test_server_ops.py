@@ -11,10 +11,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_harness import MAX_MODEL_LEN, MODEL, ROUTE_PATHS, Server
 
-from ferrollm.config import ServerConfig
 from ferrollm.server.app import ROUTES, App
 from ferrollm.server.context import ServerContext
 from ferrollm.server.metrics import Metrics
+from ferrollm.server_config import ServerConfig
 
 
 def test_models(server: Server) -> None:

@@ -17,13 +17,14 @@ import httpx
 import pytest
 from server_harness import MODEL, ROUTE_PATHS, Server, sse_json
 
-from ferrollm.config import EngineConfig, EngineConfigError, ServerConfig
+from ferrollm.config import EngineConfig, EngineConfigError
 from ferrollm.engine import AsyncEngine, LLMEngine
 from ferrollm.server.app import App
 from ferrollm.server.auth import KeyRing, load_api_keys
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import ApiError
 from ferrollm.server.overload import Admission
+from ferrollm.server_config import ServerConfig
 from tiny_models import build_tiny_model
 
 KEYS = ("key-one", "key-two")

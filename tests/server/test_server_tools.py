@@ -18,9 +18,9 @@ import pytest
 from server_harness import MODEL, ROUTE_PATHS, Server, sse_json
 
 from ferrollm._core import validate
-from ferrollm.config import ServerConfig
 from ferrollm.server.app import App
 from ferrollm.server.context import ServerContext
+from ferrollm.server_config import ServerConfig
 from tiny_models import build_tiny_model
 
 # A Hermes-style template: tools in the system turn, calls as <tool_call> blocks, results as

@@ -16,8 +16,9 @@ import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from ferrollm.config import EngineConfigError, ServerConfig
+from ferrollm.config import EngineConfigError
 from ferrollm.server.errors import ApiError
+from ferrollm.server_config import ServerConfig
 
 logger = logging.getLogger("ferrollm.server")
 

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from ferrollm._core import Limits
-from ferrollm.config import ServerConfig
 from ferrollm.server.errors import ApiError
 from ferrollm.server.guard import Guard
 from ferrollm.server.metrics import Metrics
 from ferrollm.server.overload import Admission
+from ferrollm.server_config import ServerConfig
 
 if TYPE_CHECKING:
     from ferrollm.engine import AsyncEngine

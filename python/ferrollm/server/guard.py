@@ -18,9 +18,9 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from ferrollm.config import ServerConfig
 from ferrollm.server.auth import KeyRing
 from ferrollm.server.errors import ApiError
+from ferrollm.server_config import ServerConfig
 
 logger = logging.getLogger("ferrollm.server")
 

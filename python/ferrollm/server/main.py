@@ -6,9 +6,10 @@ import json
 import logging
 import os
 
-from ferrollm.config import EngineConfig, ServerConfig, split_options
+from ferrollm.config import EngineConfig
 from ferrollm.server.app import App
 from ferrollm.server.context import ServerContext
+from ferrollm.server_config import ServerConfig, split_options
 
 logger = logging.getLogger("ferrollm.server")
 

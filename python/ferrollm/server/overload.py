@@ -18,8 +18,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ferrollm.config import ServerConfig
 from ferrollm.server.errors import ApiError
+from ferrollm.server_config import ServerConfig
 
 #: Departures the drain rate is measured over.
 RATE_WINDOW = 64

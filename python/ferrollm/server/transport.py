@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ferrollm.config import ServerConfig
+from ferrollm.server_config import ServerConfig
 
 #: Milliseconds a client may take to send its request headers (a trickling client is cut).
 HEADER_READ_TIMEOUT_MS = 10_000

@@ -1,0 +1,72 @@
+"""What every options module shares and imports nothing of the package: the one error an
+option raises (`EngineConfigError`, naming it), the byte-size and positive-integer rules, and
+reading a JSON options file."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(|b|[kmgt]i?b?)\s*$", re.IGNORECASE)
+# Binary multiples for KiB/K, decimal for KB, as `free`, docker and vLLM read them.
+_UNIT = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+_DECIMAL_UNIT = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+class EngineConfigError(ValueError):
+    """An engine option broke its rule; ``field`` names the option."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def parse_bytes(value: int | str) -> int:
+    """Bytes from an int or a size string: "4GiB", "4G" and "4096MiB" are binary, "4GB" decimal.
+
+    Raises EngineConfigError (field ``kv_cache_memory``) unless the result is positive.
+    """
+    if isinstance(value, bool):
+        raise _bad_size(value)
+    if isinstance(value, int):
+        if value <= 0:
+            raise _bad_size(value)
+        return value
+    match = _SIZE.match(str(value))
+    if match is None:
+        raise _bad_size(value)
+    number, unit = float(match[1]), match[2].lower()
+    scale = _DECIMAL_UNIT.get(unit) or _UNIT[unit[:1]]
+    result = int(number * scale)
+    if result <= 0:
+        raise _bad_size(value)
+    return result
+
+
+def _bad_size(value: object) -> EngineConfigError:
+    return EngineConfigError(
+        "kv_cache_memory",
+        "`kv_cache_memory` must be a positive number of bytes or a size like '4GiB' or "
+        f"'512MB'; got {value!r}",
+    )
+
+
+def positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise EngineConfigError(name, f"`{name}` must be a positive integer; got {value!r}")
+
+
+def read_options_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON object of options in the file at ``path``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            options = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise EngineConfigError(
+            "config", f"cannot read config file {os.fspath(path)!r}: {e}"
+        ) from None
+    if not isinstance(options, dict):
+        raise EngineConfigError("config", f"{os.fspath(path)!r} must hold a JSON object of options")
+    return options
