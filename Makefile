@@ -22,7 +22,7 @@ export PYO3_PYTHON := $(VPY)
 	clean check-runtime-install fuzz fuzz-http bench-overload bench-soak
 
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
 # The stamp has no prerequisite on purpose: the venv's path already names the requirements'
 # hash, and a fresh clone's newer requirements file must not rebuild a venv others are using.
