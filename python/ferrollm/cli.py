@@ -61,7 +61,8 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--tensor-parallel-size": (
         "tensor_parallel_size",
         int,
-        "processes (devices) the model is split across (default 1); see `ferrollm worker`",
+        "processes (devices) the model is split across (default 1); on several nodes, "
+        "see docs/serving.md",
     ),
     "--distributed-timeout": (
         "distributed_timeout",

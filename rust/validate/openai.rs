@@ -143,6 +143,8 @@ pub(super) fn chat_logprobs(o: &Obj<'_>, limits: &Limits) -> CoreResult<Option<u
 pub(super) fn completions(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let o = Obj::root(body)?;
     prompts(o.field("prompt"), limits, true)?;
+    // vLLM takes `response_format` on completions too: its shape is checked as on chat.
+    response_format(o.field("response_format"))?;
     let rules = V1Rules {
         min_seed: 1,
         top_p: TOP_P_COMPLETIONS,

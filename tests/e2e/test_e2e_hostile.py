@@ -155,6 +155,7 @@ def test_a_body_trickled_slower_than_the_body_timeout_gets_408(strict_server: Se
         answer += _read_all(sock)
     assert _status(answer) == 408, answer[:300]
     assert b"body_read_timeout" in answer
+    assert b'"type":"invalid_request_error"' in answer  # the client's fault, not ours
     assert time.monotonic() - started < 5.0
     _assert_serving(strict_server)
 
