@@ -34,7 +34,10 @@ pub(crate) fn structured_output(route: Route, o: &Obj<'_>) -> CoreResult<Option<
     };
     // Only where the API has it: on another route it is an unknown field, ignored as every
     // unknown field is (SPEC 1.11), never read and then dropped.
-    if matches!(route, Route::Chat | Route::Completions | Route::DatabricksChat) {
+    if matches!(
+        route,
+        Route::Chat | Route::Completions | Route::DatabricksChat
+    ) {
         let rf = o.field("response_format");
         take(&rf, response_format(&rf)?)?;
     }

@@ -181,7 +181,10 @@ fn response_format_is_read_only_where_the_api_has_it_and_checked_there() {
     let bad = r#"{"model": "m", "prompt": "a", "response_format": {"type": "yaml"}}"#;
     match validate_request(Route::Completions, &parse(bad), &limits()) {
         Err(CoreError::Invalid { param, code, .. }) => {
-            assert_eq!((param.as_str(), code), ("response_format.type", "invalid_value"));
+            assert_eq!(
+                (param.as_str(), code),
+                ("response_format.type", "invalid_value")
+            );
         }
         other => panic!("an unknown response_format type was accepted: {other:?}"),
     }
@@ -190,7 +193,13 @@ fn response_format_is_read_only_where_the_api_has_it_and_checked_there() {
     // MindIE generate and Databricks completions have no such field: it is an unknown field,
     // ignored like any other, never turned into a grammar nobody enforces.
     let generate = r#"{"text_input": "a", "response_format": {"type": "json_object"}}"#;
-    assert!(request(Route::Generate, generate).switches.grammar.is_none());
+    assert!(request(Route::Generate, generate)
+        .switches
+        .grammar
+        .is_none());
     let dbx = r#"{"prompt": "a", "response_format": {"type": "json_object"}}"#;
-    assert!(request(Route::DatabricksCompletions, dbx).switches.grammar.is_none());
+    assert!(request(Route::DatabricksCompletions, dbx)
+        .switches
+        .grammar
+        .is_none());
 }
