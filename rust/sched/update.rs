@@ -315,7 +315,9 @@ impl Scheduler {
         };
         let mut failed = self.failed_requests(rec, samples);
         for (b, cands) in &beams {
-            if let Err(e) = cands {
+            // A failed grammar mask fails the group's samples too: report the request once.
+            let listed = failed.iter().any(|(id, _)| *id == b.req_id);
+            if let (Err(e), false) = (cands, listed) {
                 failed.push((b.req_id, e.to_string()));
             }
         }
