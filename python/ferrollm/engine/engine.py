@@ -23,6 +23,7 @@ import torch
 from ferrollm._core import (
     EngineLimits,
     GrammarCompiler,
+    NewRequest,
     Scheduler,
     SchedulerConfig,
     StepPlan,
@@ -32,9 +33,10 @@ from ferrollm.default_model import default_model_path
 from ferrollm.distributed.driver import Driver, start_driver
 from ferrollm.distributed.startup import GroupMember
 from ferrollm.distributed.state import SINGLE, ParallelState
-from ferrollm.engine.outputs import RequestFailure, RequestOutput, RequestTracker, StepInfo
+from ferrollm.engine.outputs import RequestFailure, RequestOutput, StepInfo
 from ferrollm.engine.prompt_tables import table_digest
 from ferrollm.engine.request import EngineRequest
+from ferrollm.engine.tracker import RequestTracker
 from ferrollm.executor.compiled_decode import CompiledDecode, build_compiled_decode
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.loader import ModelSource, load_model_source
@@ -189,17 +191,19 @@ class LLMEngine:
         )
         internal_id = self._tracker.next_id()
         self.scheduler.add_request(
-            internal_id,
-            request.prompt_token_ids,
-            request.params,
-            priority=request.priority,
-            arrival_time=request.arrival_time,
-            grammar=request.grammar,
-            deadline=request.deadline,
-            draft_tokens=request.draft_tokens,
-            draft_logits=request.draft_logits,
-            cache_salt=self._cache_salt(request, internal_id),
-            num_virtual_tokens=num_virtual_tokens,
+            NewRequest(
+                internal_id,
+                request.prompt_token_ids,
+                request.params,
+                priority=request.priority,
+                arrival_time=request.arrival_time,
+                grammar=request.grammar,
+                deadline=request.deadline,
+                draft_tokens=request.draft_tokens,
+                draft_logits=request.draft_logits,
+                cache_salt=self._cache_salt(request, internal_id),
+                num_virtual_tokens=num_virtual_tokens,
+            )
         )
         self._tracker.add(request, internal_id)
 
