@@ -28,8 +28,8 @@ pub(crate) fn now() -> f64 {
 }
 
 /// A request id: an integer in `[0, 2^64)`, else a ValidationError naming `request_id`.
-pub(crate) fn request_id_arg(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
-    obj.extract::<u64>().map_err(|_| {
+pub(crate) fn request_id_arg(obj: &Bound<'_, PyAny>) -> PyResult<RequestId> {
+    obj.extract::<u64>().map(RequestId).map_err(|_| {
         let msg = format!("`request_id` must be an integer in [0, 2^64); got {obj}");
         CoreError::invalid("request_id", "out_of_range", msg).into()
     })
@@ -77,7 +77,7 @@ impl PyNewRequest {
         let params = a.extract::<PyRef<'_, PySamplingParams>>("params")?;
         let priority = a.get("priority");
         let inner = NewRequest {
-            id: RequestId(request_id_arg(given("request_id")?)?),
+            id: request_id_arg(given("request_id")?)?,
             prompt_token_ids: extract_token_ids("prompt_token_ids", given("prompt_token_ids")?)?,
             num_virtual_tokens: a.extract("num_virtual_tokens")?.unwrap_or(0),
             params: params.map_or_else(|| Arc::new(SamplingParams::default()), |p| p.inner.clone()),

@@ -14,8 +14,9 @@ use super::sched_config::PySchedulerConfig;
 use super::step::{PyStepOutput, PyStepPlan};
 use super::tokens::token_ids;
 use crate::error::CoreError;
-use crate::sched::{PrefillScheduler, Scheduler, SchedulerStats};
-use crate::types::RequestId;
+use crate::error::CoreResult;
+use crate::sched::{PrefillScheduler, Scheduler, SchedulerStats, StepOutput, StepPlan};
+use crate::types::TokenId;
 
 /// Counters and gauges as the dict `stats()` returns.
 fn stats_dict(py: Python<'_>, s: SchedulerStats) -> PyResult<Bound<'_, PyDict>> {
@@ -33,6 +34,39 @@ fn stats_dict(py: Python<'_>, s: SchedulerStats) -> PyResult<Bound<'_, PyDict>> 
     d.set_item("num_draft_tokens", s.num_draft_tokens)?;
     d.set_item("num_accepted_draft_tokens", s.num_accepted_draft_tokens)?;
     Ok(d)
+}
+
+/// `schedule()` of either scheduler: at `now`, else the clock's now, with the GIL released.
+fn schedule_step<S: Send>(
+    py: Python<'_>,
+    s: &mut S,
+    now: Option<f64>,
+    schedule: fn(&mut S, f64) -> StepPlan,
+) -> PyResult<PyStepPlan> {
+    let t = now.unwrap_or_else(super::request::now);
+    let plan = py.detach(|| guard("schedule()", || schedule(s, t)))?;
+    PyStepPlan::new(py, plan)
+}
+
+/// `update()` of either scheduler: `plan`'s step ended with the sampled `token_ids`, with the
+/// GIL released.
+fn update_step<S: Send>(
+    py: Python<'_>,
+    s: &mut S,
+    plan: &PyStepPlan,
+    token_ids: &Bound<'_, PyAny>,
+    update: fn(&mut S, u64, &[TokenId]) -> CoreResult<StepOutput>,
+) -> PyResult<PyStepOutput> {
+    let step_id = plan.step_id;
+    let sampled = self::token_ids("token_ids", token_ids)?;
+    let sampled = sampled.as_slice();
+    let out = py.detach(|| guard("update()", || update(s, step_id, sampled)))??;
+    PyStepOutput::new(py, out)
+}
+
+/// A broken invariant as a SchedulerError.
+fn invariants(checked: Result<(), String>) -> PyResult<()> {
+    checked.map_err(|e| SchedulerError::new_err(format!("invariant broken: {e}")))
 }
 
 #[pyclass(name = "Scheduler", module = "ferrollm._core")]
@@ -62,9 +96,7 @@ impl PyScheduler {
     }
 
     fn abort_request(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
-        Ok(self
-            .inner
-            .abort_request(RequestId(request_id_arg(request_id)?)))
+        Ok(self.inner.abort_request(request_id_arg(request_id)?))
     }
 
     fn has_unfinished_requests(&self) -> bool {
@@ -73,10 +105,7 @@ impl PyScheduler {
 
     #[pyo3(signature = (now=None))]
     fn schedule(&mut self, py: Python<'_>, now: Option<f64>) -> PyResult<PyStepPlan> {
-        let t = now.unwrap_or_else(super::request::now);
-        let inner = &mut self.inner;
-        let plan = py.detach(|| guard("schedule()", || inner.schedule(t)))?;
-        PyStepPlan::new(py, plan)
+        schedule_step(py, &mut self.inner, now, Scheduler::schedule)
     }
 
     /// Applies one sampled token id per sample of `plan`.
@@ -86,11 +115,7 @@ impl PyScheduler {
         plan: PyRef<'_, PyStepPlan>,
         token_ids: &Bound<'_, PyAny>,
     ) -> PyResult<PyStepOutput> {
-        let (step_id, inner) = (plan.step_id, &mut self.inner);
-        let sampled = self::token_ids("token_ids", token_ids)?;
-        let sampled = sampled.as_slice();
-        let out = py.detach(|| guard("update()", || inner.update(step_id, sampled)))??;
-        PyStepOutput::new(py, out)
+        update_step(py, &mut self.inner, &plan, token_ids, Scheduler::update)
     }
 
     /// Samples the step from float32 `logits` `[num_samples, vocab]` (C-contiguous, read in
@@ -115,9 +140,7 @@ impl PyScheduler {
     }
 
     fn check_invariants(&self) -> PyResult<()> {
-        self.inner
-            .check_invariants()
-            .map_err(|e| SchedulerError::new_err(format!("invariant broken: {e}")))
+        invariants(self.inner.check_invariants())
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -198,9 +221,7 @@ impl PyPrefillScheduler {
     }
 
     fn abort_request(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
-        Ok(self
-            .inner
-            .abort_request(RequestId(request_id_arg(request_id)?)))
+        Ok(self.inner.abort_request(request_id_arg(request_id)?))
     }
 
     fn has_unfinished_requests(&self) -> bool {
@@ -209,29 +230,27 @@ impl PyPrefillScheduler {
 
     #[pyo3(signature = (now=None))]
     fn schedule(&mut self, py: Python<'_>, now: Option<f64>) -> PyResult<PyStepPlan> {
-        let t = now.unwrap_or_else(super::request::now);
-        let inner = &mut self.inner;
-        let plan = py.detach(|| guard("schedule()", || inner.schedule(t)))?;
-        PyStepPlan::new(py, plan)
+        schedule_step(py, &mut self.inner, now, PrefillScheduler::schedule)
     }
 
+    /// Ends every row of `plan` (`token_ids` must be empty).
     fn update(
         &mut self,
         py: Python<'_>,
         plan: PyRef<'_, PyStepPlan>,
         token_ids: &Bound<'_, PyAny>,
     ) -> PyResult<PyStepOutput> {
-        let (step_id, inner) = (plan.step_id, &mut self.inner);
-        let sampled = self::token_ids("token_ids", token_ids)?;
-        let sampled = sampled.as_slice();
-        let out = py.detach(|| guard("update()", || inner.update(step_id, sampled)))??;
-        PyStepOutput::new(py, out)
+        update_step(
+            py,
+            &mut self.inner,
+            &plan,
+            token_ids,
+            PrefillScheduler::update,
+        )
     }
 
     fn check_invariants(&self) -> PyResult<()> {
-        self.inner
-            .check_invariants()
-            .map_err(|e| SchedulerError::new_err(format!("invariant broken: {e}")))
+        invariants(self.inner.check_invariants())
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

@@ -25,6 +25,7 @@
 mod behaviour;
 mod config;
 mod core;
+mod endings;
 mod output;
 mod plan;
 mod prefill;

@@ -75,6 +75,14 @@ pub struct StepPlan {
 }
 
 impl StepPlan {
+    /// An empty plan for step `step_id`.
+    pub(crate) fn new(step_id: u64) -> Self {
+        StepPlan {
+            step_id,
+            ..StepPlan::default()
+        }
+    }
+
     /// Scheduled sequences.
     pub fn num_rows(&self) -> usize {
         self.req_ids.len()

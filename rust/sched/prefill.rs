@@ -26,6 +26,7 @@ use rustc_hash::FxHashMap;
 
 use super::behaviour::sampling_field;
 use super::config::SchedulerConfig;
+use super::endings::Endings;
 use super::output::StepOutput;
 use super::plan::{RowSpec, StepPlan};
 use super::queue::WaitingQueue;
@@ -34,7 +35,7 @@ use super::request::NewRequest;
 use super::stats::SchedulerStats;
 use crate::error::{CoreError, CoreResult};
 use crate::kv::BlockPool;
-use crate::types::{BlockId, FinishReason, RequestId, TokenId};
+use crate::types::{BlockId, RequestId, TokenId};
 
 /// One queued input.
 #[derive(Debug)]
@@ -58,8 +59,8 @@ pub struct PrefillScheduler {
     waiting: WaitingQueue,
     /// Inputs holding blocks: the rows of the plan awaiting `update()`, in row order.
     running: Vec<SeqKey>,
-    pending_aborts: Vec<RequestId>,
-    num_deadlines: usize,
+    /// Aborts asked for and deadlines to watch.
+    endings: Endings,
     step: u64,
     /// The step id of the plan awaiting `update()`.
     last: Option<u64>,
@@ -80,8 +81,7 @@ impl PrefillScheduler {
             ids: FxHashMap::default(),
             waiting: WaitingQueue::default(),
             running: Vec::new(),
-            pending_aborts: Vec::new(),
-            num_deadlines: 0,
+            endings: Endings::default(),
             step: 0,
             last: None,
         })
@@ -135,7 +135,7 @@ impl PrefillScheduler {
         };
         self.waiting
             .push_back(key, r.priority, req.arrival_time, req.id.0, 0);
-        self.num_deadlines += usize::from(r.deadline.is_some());
+        self.endings.added(r.deadline);
         self.ids.insert(req.id, key);
         Ok(())
     }
@@ -165,11 +165,7 @@ impl PrefillScheduler {
     /// Marks an input for abort; it ends (reason abort) at the next `schedule()`. Returns false
     /// if no unfinished input has this id.
     pub fn abort_request(&mut self, req_id: RequestId) -> bool {
-        if !self.ids.contains_key(&req_id) || self.pending_aborts.contains(&req_id) {
-            return false;
-        }
-        self.pending_aborts.push(req_id);
-        true
+        self.ids.contains_key(&req_id) && self.endings.abort(req_id)
     }
 
     /// Whether any input is waiting or in a plan.
@@ -182,10 +178,7 @@ impl PrefillScheduler {
     /// blocks last.
     pub fn schedule(&mut self, now: f64) -> StepPlan {
         self.step += 1;
-        let mut plan = StepPlan {
-            step_id: self.step,
-            ..StepPlan::default()
-        };
+        let mut plan = StepPlan::new(self.step);
         self.end_aborted_and_expired(now, &mut plan);
         let mut budget = self.cfg.max_num_batched_tokens;
         for &key in &self.running {
@@ -324,19 +317,12 @@ impl PrefillScheduler {
 
     /// Ends aborted inputs and those past their deadline, freeing their blocks.
     fn end_aborted_and_expired(&mut self, now: f64, plan: &mut StepPlan) {
-        let mut ended: Vec<(RequestId, FinishReason)> = self
-            .pending_aborts
-            .drain(..)
-            .map(|id| (id, FinishReason::Abort))
-            .collect();
-        if self.num_deadlines > 0 {
-            for (&id, &key) in &self.ids {
-                let expired = self.input(key).deadline.is_some_and(|d| d <= now);
-                if expired && !ended.iter().any(|e| e.0 == id) {
-                    ended.push((id, FinishReason::Timeout));
-                }
-            }
-        }
+        let inputs = &self.inputs;
+        let deadlines = self.ids.iter().map(|(&id, &key)| {
+            let input = inputs[key as usize].as_ref().expect("live input");
+            (id, input.deadline)
+        });
+        let ended = self.endings.due(now, deadlines);
         for &(id, reason) in &ended {
             let key = self.ids[&id];
             self.running.retain(|&k| k != key);
@@ -352,7 +338,7 @@ impl PrefillScheduler {
         self.pool.free(&input.block_table);
         self.free_slots.push(key);
         self.ids.remove(&input.req_id);
-        self.num_deadlines -= usize::from(input.deadline.is_some());
+        self.endings.removed(input.req_id, input.deadline);
         input.req_id
     }
 }

@@ -11,18 +11,8 @@ impl Scheduler {
     /// Ends aborted requests and those past their deadline, freeing their blocks. A behaviour
     /// may keep what such a request found so far, for the next `update()` to emit.
     pub(super) fn end_aborted_and_expired(&mut self, now: f64, plan: &mut StepPlan) {
-        let mut ended: Vec<(RequestId, FinishReason)> = self
-            .pending_aborts
-            .drain(..)
-            .map(|id| (id, FinishReason::Abort))
-            .collect();
-        if self.num_deadlines > 0 {
-            for (&id, req) in &self.groups {
-                if req.deadline.is_some_and(|d| d <= now) && !ended.iter().any(|e| e.0 == id) {
-                    ended.push((id, FinishReason::Timeout));
-                }
-            }
-        }
+        let deadlines = self.groups.iter().map(|(&id, g)| (id, g.deadline));
+        let ended = self.endings.due(now, deadlines);
         if ended.is_empty() {
             return;
         }
@@ -74,8 +64,7 @@ impl Scheduler {
             group.seqs.retain(|&x| x != k);
             if group.seqs.is_empty() {
                 let req = self.groups.remove(&s.req_id).expect("present");
-                self.num_deadlines -= usize::from(req.deadline.is_some());
-                self.pending_aborts.retain(|&id| id != s.req_id);
+                self.endings.removed(s.req_id, req.deadline);
                 done.push(s.req_id);
             }
         }

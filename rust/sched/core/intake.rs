@@ -94,7 +94,7 @@ impl Scheduler {
         });
         self.waiting
             .push_back(key, r.priority, req.arrival_time, req.id.0, 0);
-        self.num_deadlines += usize::from(r.deadline.is_some());
+        self.endings.added(r.deadline);
         let group = Group {
             deadline: r.deadline,
             seqs: vec![key],

@@ -29,6 +29,7 @@ pub(crate) use update::Samples;
 
 use super::behaviour::Edges;
 use super::config::SchedulerConfig;
+use super::endings::Endings;
 use super::output::OutRow;
 use super::queue::WaitingQueue;
 use super::rank::SeqKey;
@@ -53,10 +54,10 @@ pub struct Scheduler {
     /// Running sequences, best rank first after each `schedule()`.
     running: Vec<SeqKey>,
     num_running_seats: usize,
-    pending_aborts: Vec<RequestId>,
+    /// Aborts asked for and deadlines to watch.
+    endings: Endings,
     /// Sequences ended since the last `drop_finished()`.
     just_finished: Vec<SeqKey>,
-    num_deadlines: usize,
     step: u64,
     last: Option<PlanRecord>,
     num_preemptions: u64,
@@ -89,9 +90,8 @@ impl Scheduler {
             waiting: WaitingQueue::default(),
             running: Vec::new(),
             num_running_seats: 0,
-            pending_aborts: Vec::new(),
+            endings: Endings::default(),
             just_finished: Vec::new(),
-            num_deadlines: 0,
             step: 0,
             last: None,
             num_preemptions: 0,
@@ -121,11 +121,7 @@ impl Scheduler {
     /// Marks a request for abort; it ends (reason abort) at the next `schedule()`. Returns false
     /// if no unfinished request has this id.
     pub fn abort_request(&mut self, req_id: RequestId) -> bool {
-        if !self.groups.contains_key(&req_id) || self.pending_aborts.contains(&req_id) {
-            return false;
-        }
-        self.pending_aborts.push(req_id);
-        true
+        self.groups.contains_key(&req_id) && self.endings.abort(req_id)
     }
 
     /// Whether any request is waiting or running.

@@ -46,10 +46,7 @@ impl Scheduler {
     /// Plans the next step at time `now` (seconds, same clock as arrival times and deadlines).
     pub fn schedule(&mut self, now: f64) -> StepPlan {
         self.step += 1;
-        let mut plan = StepPlan {
-            step_id: self.step,
-            ..StepPlan::default()
-        };
+        let mut plan = StepPlan::new(self.step);
         self.end_aborted_and_expired(now, &mut plan);
         let mut rows = Vec::new();
         let mut budget = self.cfg.max_num_batched_tokens;
