@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from ferrollm import SamplingParams, Scheduler, SchedulerConfig
+from ferrollm import NewRequest, SamplingParams, Scheduler, SchedulerConfig
 
 PROMPT_LEN = 256
 #: --smoke: every batch size, a handful of steps.
@@ -33,7 +33,7 @@ def decoding(num_seqs: int, steps: int) -> Scheduler:
     params = SamplingParams(ignore_eos=True)
     base = np.arange(PROMPT_LEN, dtype=np.int64)
     for i in range(num_seqs):
-        s.add_request(i, 1 + (base * 7 + i) % 30000, params, arrival_time=0.0)
+        s.add_request(NewRequest(i, 1 + (base * 7 + i) % 30000, params, arrival_time=0.0))
     plan = s.schedule(now=0.0)
     s.update(plan, np.ones(plan.num_samples, dtype=np.int64))
     return s

@@ -179,7 +179,7 @@ impl SamplingParams {
     }
 
     /// True when sampling more candidates than it returns (`best_of` > `n`, no beam search):
-    /// the engine then ranks them by cumulative logprob once all have finished.
+    /// the scheduler then ranks them by cumulative logprob once all have finished.
     pub fn ranks_candidates(&self) -> bool {
         !self.use_beam_search && self.best_of > self.n
     }

@@ -17,6 +17,8 @@ __all__ = [
     "EngineLimits",
     "GrammarCompiler",
     "Limits",
+    "NewRequest",
+    "PrefillScheduler",
     "QueueFullError",
     "SampleResult",
     "Sampler",
@@ -603,6 +605,11 @@ class StepOutput:
     @property
     def failed_messages(self) -> list[str]:
         """Why each of ``failed_req_ids`` failed; the message names the field."""
+    @property
+    def held_req_ids(self) -> npt.NDArray[np.uint64]:
+        """Requests that advanced in this step with every new token held back: a ``best_of`` >
+        ``n`` request's candidates, shown (the best ``n``, ranked by cumulative logprob, as
+        sequences ``0..n``) in the step where the last of them finishes."""
     def __len__(self) -> int: ...
 
 @final
@@ -624,7 +631,6 @@ class SchedulerConfig:
         logprobs_mode: str = "raw",
         vocab_size: int = 0,
         seed: int | None = None,
-        prefill_only: bool = False,
         speculative: str | None = None,
         num_speculative_tokens: int = 4,
         ngram_min: int = 1,
@@ -637,11 +643,7 @@ class SchedulerConfig:
         log-softmax of the model's logits) or ``"processed"`` (the distribution actually
         sampled from). ``vocab_size`` (0 =
         unknown) lets ``add_request`` reject prompts and parameters that do not fit the model.
-        ``seed`` makes the seeds of unseeded requests deterministic, so a run replays.
-        ``prefill_only`` (embedding models): each request is one whole forward over its prompt,
-        packed by the token budget, never chunked, ended by ``update(step_id, [])`` with its
-        blocks freed; needs ``max_model_len <= max_num_batched_tokens`` and no prefix
-        caching."""
+        ``seed`` makes the seeds of unseeded requests deterministic, so a run replays."""
     @property
     def num_blocks(self) -> int:
         """KV blocks in the pool, the null block included."""
@@ -678,9 +680,6 @@ class SchedulerConfig:
     @property
     def seed(self) -> int | None:
         """Seed of the seeds of unseeded requests; None = OS-random."""
-    @property
-    def prefill_only(self) -> bool:
-        """Prefill-only (embedding) mode: one whole forward per request, nothing kept."""
     @property
     def speculative(self) -> str | None:
         """``"ngram"`` when prompt-lookup speculative decoding is on, else None."""
@@ -730,35 +729,12 @@ class Scheduler:
 
     def __new__(cls, config: SchedulerConfig, tokenizer: Detokenizer | None = None) -> Scheduler:
         """``tokenizer`` turns appended tokens into text deltas and enables stop strings."""
-    def add_request(
-        self,
-        request_id: int,
-        prompt_token_ids: _TokenIds,
-        params: SamplingParams | None = None,
-        *,
-        priority: int | None = None,
-        arrival_time: float | None = None,
-        deadline: float | None = None,
-        cache_salt: str | None = None,
-        grammar: CompiledGrammar | None = None,
-        draft_tokens: _TokenIds | None = None,
-        draft_logits: npt.NDArray[np.float32] | None = None,
-        num_virtual_tokens: int = 0,
-    ) -> None:
+    def add_request(self, request: NewRequest) -> None:
         """Queue a request. Raises ValidationError or QueueFullError; nothing is queued then.
 
-        ``draft_tokens`` (speculative decoding) is a guess of the output's first tokens,
-        verified by the model while the output follows it; ``draft_logits``
-        (``[len(draft_tokens), vocab]`` float32) are the drafter's logits at each of them, for
-        the speculative-sampling acceptance rule at temperature > 0. Drafts are refused with
-        beam search and grammars.
-
-        ``priority`` defaults to ``params.priority``; ``arrival_time`` to ``time.time()``;
-        ``deadline`` to arrival + ``params.timeout_s`` when that is set. With the config's
-        ``vocab_size`` known, prompts and parameters naming tokens beyond it (or an
-        ``embedding_bias`` of another length) are rejected here; ``num_virtual_tokens``
-        (p-tuning) admits prompt ids up to ``vocab_size + num_virtual_tokens``, which the
-        model runner embeds from the request's prompt table."""
+        With the config's ``vocab_size`` known, prompts and parameters naming tokens beyond it
+        (or an ``embedding_bias`` of another length) are rejected here; so are drafts with beam
+        search or a grammar, and a beam group the KV cache could never hold."""
     def abort_request(self, request_id: int) -> bool:
         """End a request at the next schedule(); False if no such unfinished request."""
     def has_unfinished_requests(self) -> bool:
@@ -799,6 +775,81 @@ class Scheduler:
     @property
     def max_model_len(self) -> int:
         """Prompt plus output tokens per sequence at most."""
+    @property
+    def config(self) -> SchedulerConfig:
+        """The configuration this scheduler was built with."""
+
+@final
+class NewRequest:
+    """One request for ``Scheduler.add_request`` or ``PrefillScheduler.add_request``: its
+    values' types are checked here, their meaning when it is added."""
+
+    def __new__(
+        cls,
+        request_id: int,
+        prompt_token_ids: _TokenIds,
+        params: SamplingParams | None = None,
+        *,
+        priority: int | None = None,
+        arrival_time: float | None = None,
+        deadline: float | None = None,
+        cache_salt: str | None = None,
+        grammar: CompiledGrammar | None = None,
+        draft_tokens: _TokenIds | None = None,
+        draft_logits: npt.NDArray[np.float32] | None = None,
+        num_virtual_tokens: int = 0,
+    ) -> NewRequest:
+        """``priority`` defaults to ``params.priority``; ``arrival_time`` to ``time.time()`` when
+        the request is made; ``deadline`` to arrival + ``params.timeout_s`` when that is set.
+
+        ``draft_tokens`` (speculative decoding) is a guess of the output's first tokens,
+        verified by the model while the output follows it; ``draft_logits``
+        (``[len(draft_tokens), vocab]`` float32) are the drafter's logits at each of them, for
+        the speculative-sampling acceptance rule at temperature > 0. ``cache_salt``: requests
+        share prefix-cache blocks only with requests of the same salt. ``num_virtual_tokens``
+        (p-tuning) admits prompt ids up to ``vocab_size + num_virtual_tokens``, which the
+        model runner embeds from the request's prompt table."""
+    @property
+    def request_id(self) -> int:
+        """The caller's id."""
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Tokens in the prompt."""
+    @property
+    def arrival_time(self) -> float:
+        """When the request arrived (seconds, the clock ``schedule(now)`` uses)."""
+
+@final
+class PrefillScheduler:
+    """Prefill-only scheduling for embedding models: each request is one whole forward over
+    its prompt, packed into steps in rank order by the token budget and seats, never chunked,
+    and ended by ``update(plan, [])`` with its blocks freed (nothing is sampled or kept).
+
+    Its config needs ``max_model_len <= max_num_batched_tokens`` and no prefix caching; a
+    prompt over ``max_model_len``, more than one candidate, beam search, a grammar or draft
+    tokens are refused by ``add_request``.
+    """
+
+    def __new__(cls, config: SchedulerConfig) -> PrefillScheduler:
+        """A scheduler over an empty pool of ``config.num_blocks`` blocks; a config that breaks
+        the prefill-only rules raises ValidationError naming the field."""
+    def add_request(self, request: NewRequest) -> None:
+        """Queue an input. Raises ValidationError or QueueFullError; nothing is queued then."""
+    def abort_request(self, request_id: int) -> bool:
+        """End an input at the next schedule(); False if no such unfinished input."""
+    def has_unfinished_requests(self) -> bool:
+        """Whether any input is waiting or in a plan."""
+    def schedule(self, now: float | None = None) -> StepPlan:
+        """Plan the next step (its rows sample nothing); ``now`` defaults to ``time.time()``.
+        The rows of a plan never passed to ``update`` are planned again."""
+    def update(self, plan: StepPlan, token_ids: _TokenIds) -> StepOutput:
+        """End every row of ``plan`` (the last plan returned; ``token_ids`` must be empty):
+        their requests are listed in ``finished_req_ids``, in row order."""
+    def check_invariants(self) -> None:
+        """Raise SchedulerError if the block accounting or the queue is inconsistent."""
+    def stats(self) -> dict[str, int]:
+        """``Scheduler.stats()``-shaped counters: inputs in the plan and waiting, KV blocks
+        used and free, steps (the others are 0)."""
     @property
     def config(self) -> SchedulerConfig:
         """The configuration this scheduler was built with."""

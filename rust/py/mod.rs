@@ -3,6 +3,7 @@
 //! converts the result; every core error is mapped to Python once, in `errors.rs`.
 
 mod admit;
+mod args;
 mod arrays;
 mod attention;
 mod cpu;
@@ -11,6 +12,7 @@ mod errors;
 mod grammar;
 mod params;
 mod raw;
+mod request;
 mod sampling;
 mod sched_config;
 mod scheduler;
@@ -41,7 +43,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<grammar::PyCompiledGrammar>()?;
     m.add_class::<params::PySamplingParams>()?;
     m.add_class::<sched_config::PySchedulerConfig>()?;
+    m.add_class::<request::PyNewRequest>()?;
     m.add_class::<scheduler::PyScheduler>()?;
+    m.add_class::<scheduler::PyPrefillScheduler>()?;
     m.add_class::<step::PyStepPlan>()?;
     m.add_class::<step::PyStepOutput>()?;
     m.add_class::<validate::PyLimits>()?;

@@ -2,12 +2,34 @@
 //! construction (errors name the field), handed to `Scheduler(config, tokenizer=None)`.
 
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
 
+use super::args::Args;
 use super::tokens::extract_token_ids;
 use crate::error::CoreError;
 use crate::sampling::LogprobsMode;
 use crate::sched::{NgramConfig, SchedulerConfig};
 use crate::types::TokenId;
+
+/// The keywords `SchedulerConfig(...)` takes.
+const NAMES: &[&str] = &[
+    "num_blocks",
+    "block_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "max_num_waiting",
+    "enable_prefix_caching",
+    "priority_aging_s",
+    "eos_token_ids",
+    "logprobs_mode",
+    "vocab_size",
+    "seed",
+    "speculative",
+    "num_speculative_tokens",
+    "ngram_min",
+    "ngram_max",
+];
 
 #[pyclass(name = "SchedulerConfig", module = "ferrollm._core", frozen, eq)]
 #[derive(PartialEq)]
@@ -25,61 +47,49 @@ impl PySchedulerConfig {
 #[pymethods]
 impl PySchedulerConfig {
     #[new]
-    #[pyo3(signature = (*, num_blocks, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192,
-        max_model_len=8192, max_num_waiting=4096, enable_prefix_caching=true, priority_aging_s=10.0,
-        eos_token_ids=None, logprobs_mode="raw", vocab_size=0, seed=None, prefill_only=false,
-        speculative=None, num_speculative_tokens=4, ngram_min=1, ngram_max=3),
-        text_signature = "(*, num_blocks, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, max_num_waiting=4096, enable_prefix_caching=True, priority_aging_s=10.0, eos_token_ids=(), logprobs_mode='raw', vocab_size=0, seed=None, prefill_only=False, speculative=None, num_speculative_tokens=4, ngram_min=1, ngram_max=3)")]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        num_blocks: usize,
-        block_size: usize,
-        max_num_seqs: usize,
-        max_num_batched_tokens: usize,
-        max_model_len: usize,
-        max_num_waiting: usize,
-        enable_prefix_caching: bool,
-        priority_aging_s: f64,
-        eos_token_ids: Option<&Bound<'_, PyAny>>,
-        logprobs_mode: &str,
-        vocab_size: usize,
-        seed: Option<u64>,
-        prefill_only: bool,
-        speculative: Option<&str>,
-        num_speculative_tokens: usize,
-        ngram_min: usize,
-        ngram_max: usize,
-    ) -> PyResult<Self> {
-        let speculative = match speculative {
+    #[pyo3(signature = (**kwargs),
+        text_signature = "(*, num_blocks, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, max_num_waiting=4096, enable_prefix_caching=True, priority_aging_s=10.0, eos_token_ids=(), logprobs_mode='raw', vocab_size=0, seed=None, speculative=None, num_speculative_tokens=4, ngram_min=1, ngram_max=3)")]
+    fn new(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let a = Args::bind("SchedulerConfig()", NAMES, 0, &PyTuple::empty(py), kwargs)?;
+        let d = SchedulerConfig::default();
+        let n = NgramConfig::default();
+        let ngram = NgramConfig {
+            min_n: a.extract("ngram_min")?.unwrap_or(n.min_n),
+            max_n: a.extract("ngram_max")?.unwrap_or(n.max_n),
+            num_draft_tokens: a
+                .extract("num_speculative_tokens")?
+                .unwrap_or(n.num_draft_tokens),
+        };
+        let speculative = match a.extract::<String>("speculative")?.as_deref() {
             None => None,
-            Some("ngram") => Some(NgramConfig {
-                min_n: ngram_min,
-                max_n: ngram_max,
-                num_draft_tokens: num_speculative_tokens,
-            }),
+            Some("ngram") => Some(ngram),
             Some(other) => {
                 let msg = format!("`speculative` must be \"ngram\" or None; got {other:?}");
                 return Err(CoreError::invalid("speculative", "invalid_choice", msg).into());
             }
         };
-        let eos_token_ids = match eos_token_ids {
+        let eos_token_ids = match a.get("eos_token_ids") {
             Some(ids) => extract_token_ids("eos_token_ids", ids)?,
             None => Vec::new(),
         };
+        let logprobs_mode = a.extract::<String>("logprobs_mode")?;
         let inner = SchedulerConfig {
-            num_blocks,
-            block_size,
-            max_num_seqs,
-            max_num_batched_tokens,
-            max_model_len,
-            max_num_waiting,
-            enable_prefix_caching,
-            priority_aging_s,
+            num_blocks: a.required("num_blocks")?,
+            block_size: a.extract("block_size")?.unwrap_or(d.block_size),
+            max_num_seqs: a.extract("max_num_seqs")?.unwrap_or(d.max_num_seqs),
+            max_num_batched_tokens: a
+                .extract("max_num_batched_tokens")?
+                .unwrap_or(d.max_num_batched_tokens),
+            max_model_len: a.extract("max_model_len")?.unwrap_or(d.max_model_len),
+            max_num_waiting: a.extract("max_num_waiting")?.unwrap_or(d.max_num_waiting),
+            enable_prefix_caching: a
+                .extract("enable_prefix_caching")?
+                .unwrap_or(d.enable_prefix_caching),
+            priority_aging_s: a.extract("priority_aging_s")?.unwrap_or(d.priority_aging_s),
             eos_token_ids,
-            logprobs_mode: LogprobsMode::parse(logprobs_mode)?,
-            vocab_size,
-            seed,
-            prefill_only,
+            logprobs_mode: LogprobsMode::parse(logprobs_mode.as_deref().unwrap_or("raw"))?,
+            vocab_size: a.extract("vocab_size")?.unwrap_or(d.vocab_size),
+            seed: a.extract("seed")?,
             speculative,
         };
         inner.validate()?;
@@ -134,10 +144,6 @@ impl PySchedulerConfig {
     fn seed(&self) -> Option<u64> {
         self.inner.seed
     }
-    #[getter]
-    fn prefill_only(&self) -> bool {
-        self.inner.prefill_only
-    }
     /// "ngram" when prompt-lookup speculative decoding is on, else None.
     #[getter]
     fn speculative(&self) -> Option<&'static str> {
@@ -171,10 +177,9 @@ impl PySchedulerConfig {
             "False"
         };
         format!(
-            "SchedulerConfig(num_blocks={}, block_size={}, max_num_seqs={}, max_num_batched_tokens={}, max_model_len={}, max_num_waiting={}, enable_prefix_caching={prefix}, priority_aging_s={:?}, eos_token_ids={:?}, logprobs_mode={:?}, vocab_size={}, seed={seed}, prefill_only={}, speculative={spec}, num_speculative_tokens={}, ngram_min={}, ngram_max={})",
+            "SchedulerConfig(num_blocks={}, block_size={}, max_num_seqs={}, max_num_batched_tokens={}, max_model_len={}, max_num_waiting={}, enable_prefix_caching={prefix}, priority_aging_s={:?}, eos_token_ids={:?}, logprobs_mode={:?}, vocab_size={}, seed={seed}, speculative={spec}, num_speculative_tokens={}, ngram_min={}, ngram_max={})",
             c.num_blocks, c.block_size, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len,
             c.max_num_waiting, c.priority_aging_s, c.eos_token_ids, c.logprobs_mode.as_str(), c.vocab_size,
-            if c.prefill_only { "True" } else { "False" },
             ngram.num_draft_tokens, ngram.min_n, ngram.max_n
         )
     }

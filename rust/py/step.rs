@@ -100,6 +100,7 @@ pub struct PyStepOutput {
     finished_req_ids: Arr<u64>,
     failed_req_ids: Arr<u64>,
     failed_messages: Py<PyList>,
+    held_req_ids: Arr<u64>,
 }
 
 impl PyStepOutput {
@@ -123,6 +124,7 @@ impl PyStepOutput {
             finished_req_ids: arr(py, o.finished_req_ids),
             failed_req_ids: arr(py, o.failed_req_ids),
             failed_messages: PyList::new(py, o.failed_messages)?.unbind(),
+            held_req_ids: arr(py, o.held_req_ids),
         })
     }
 }

@@ -34,11 +34,6 @@ pub struct SchedulerConfig {
     /// Seed of the seeds: when set, unseeded requests draw their seeds deterministically from
     /// it (and their order of arrival), so a whole run is reproducible; `None` = OS-random.
     pub seed: Option<u64>,
-    /// Prefill-only (embedding) mode, see `prefill`: every request is one forward over its
-    /// prompt, packed whole into a step by the token budget, never chunked, finished by the
-    /// next `update()` with its blocks freed. Needs `max_model_len <= max_num_batched_tokens`
-    /// (so every admissible input fits one step) and no prefix caching.
-    pub prefill_only: bool,
     /// Prompt-lookup speculative decoding (`--speculative ngram`); `None` = off.
     pub speculative: Option<NgramConfig>,
 }
@@ -91,7 +86,6 @@ impl Default for SchedulerConfig {
             logprobs_mode: LogprobsMode::Raw,
             vocab_size: 0,
             seed: None,
-            prefill_only: false,
             speculative: None,
         }
     }
@@ -143,16 +137,6 @@ impl SchedulerConfig {
                     "`priority_aging_s` must be a finite number >= 0; got {}",
                     self.priority_aging_s
                 ),
-            ));
-        }
-        if self.prefill_only {
-            super::prefill::check_config(self)?;
-        }
-        if self.prefill_only && self.speculative.is_some() {
-            return Err(CoreError::invalid(
-                "speculative",
-                "conflict",
-                "`speculative` needs decode steps; a prefill-only (embedding) scheduler has none",
             ));
         }
         if let Some(ngram) = &self.speculative {

@@ -14,34 +14,36 @@
 //! Preemption is by recompute: the victim (worst effective priority, then latest arrival) frees
 //! its blocks and goes back to the front of its priority's queue; when re-admitted it recomputes
 //! prompt + output so far, usually from the prefix cache.
-
 //!
-//! Modules depend one way: `rank` (order) <- `queue`, `request` <- `text`; `plan` (the step's
-//! columns) stands alone; the `Scheduler` is split by concept over `scheduler` (state, queries),
-//! `intake`, `schedule`, `preempt`, `finish` and `update`, which use the modules above.
+//! Layout: `core` is the scheduler proper (sequences, groups, budget, admission, preemption,
+//! blocks), and knows no behaviour by name; `behaviour` holds what requests do at its edges
+//! (how a request samples, ranks or searches, drafts, grammar masks), one file each; `prefill` is the prefill-only scheduler of embedding models, a small one of its own.
+//! Leaves they share: `rank` (order) <- `queue`; `seq` (sequences and groups), `request` (the
+//! typed request and the checks every scheduler makes), `text` (detokenizer and stop strings),
+//! `plan` and `output` (the step's columns), `stats`, `config`.
 
-mod beam;
+mod behaviour;
 mod config;
-mod finish;
-mod intake;
-mod invariants;
+mod core;
+mod endings;
+mod output;
 mod plan;
-mod preempt;
 mod prefill;
 mod queue;
 mod rank;
 mod request;
-mod schedule;
-mod scheduler;
-mod speculative;
+mod seq;
+mod stats;
 mod text;
-mod update;
 
+pub use self::core::Scheduler;
+pub use behaviour::propose_ngram;
 pub use config::{NgramConfig, SchedulerConfig};
-pub use intake::NewRequest;
-pub use plan::{StepOutput, StepPlan};
-pub use scheduler::{Scheduler, SchedulerStats, SeqView};
-pub use speculative::propose_ngram;
+pub use output::StepOutput;
+pub use plan::StepPlan;
+pub use prefill::PrefillScheduler;
+pub use request::NewRequest;
+pub use stats::{SchedulerStats, SeqView};
 
 #[cfg(test)]
 mod tests;

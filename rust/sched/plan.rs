@@ -1,5 +1,4 @@
-//! What one step computes (`StepPlan`, flat columns for the model runner) and what it produced
-//! (`StepOutput`, flat columns for the engine).
+//! What one step computes: `StepPlan`, flat columns for the model runner.
 
 use crate::types::{BlockId, FinishReason, RequestId, TokenId};
 
@@ -14,13 +13,13 @@ pub(crate) struct RowSpec<'a> {
     /// Tokens whose KV is already in `block_table`; the row computes the next `num_tokens`.
     pub num_computed_tokens: usize,
     pub num_tokens: usize,
-    /// Draft tokens computed after those `num_tokens` (speculative decoding): the row then
-    /// yields one sample per draft token plus one.
-    pub draft: &'a [TokenId],
+    /// Tentative tokens computed after those `num_tokens` (draft tokens of speculative
+    /// decoding): the row then yields one sample per tentative token plus one.
+    pub lookahead: &'a [TokenId],
     /// The row's blocks, already reserved for its `num_tokens` and draft.
     pub block_table: &'a [BlockId],
-    /// Samples the row yields once it reaches the end of its tokens: `n` for a request's first
-    /// sequence that forks, else 1.
+    /// Samples the row yields once it reaches the end of its tokens (its behaviour decides: `n`
+    /// for a request's first sequence that forks into `n`, 0 for none, else 1).
     pub num_samples_at_end: u32,
 }
 
@@ -76,6 +75,14 @@ pub struct StepPlan {
 }
 
 impl StepPlan {
+    /// An empty plan for step `step_id`.
+    pub(crate) fn new(step_id: u64) -> Self {
+        StepPlan {
+            step_id,
+            ..StepPlan::default()
+        }
+    }
+
     /// Scheduled sequences.
     pub fn num_rows(&self) -> usize {
         self.req_ids.len()
@@ -94,7 +101,7 @@ impl StepPlan {
     /// Appends row number `row` (the caller has already reserved its blocks). Returns its
     /// samples: 0 while its prefill is unfinished.
     pub(crate) fn push_row(&mut self, spec: &RowSpec<'_>, block_size: usize, row: i32) -> u32 {
-        let (start, num_draft) = (spec.num_computed_tokens, spec.draft.len());
+        let (start, num_draft) = (spec.num_computed_tokens, spec.lookahead.len());
         let end = start + spec.num_tokens;
         let num_tokens = spec.num_tokens + num_draft;
         let base = *self.cu_seqlens_q.last().unwrap_or(&0);
@@ -104,7 +111,7 @@ impl StepPlan {
         self.input_ids
             .extend(spec.tokens[start..end].iter().map(|&t| i64::from(t)));
         self.input_ids
-            .extend(spec.draft.iter().map(|&t| i64::from(t)));
+            .extend(spec.lookahead.iter().map(|&t| i64::from(t)));
         for pos in start..end + num_draft {
             let block = spec.block_table[pos / block_size].0 as usize;
             self.positions.push(pos as i64);
@@ -161,64 +168,5 @@ impl StepPlan {
     pub(crate) fn push_finished(&mut self, req_id: RequestId, reason: FinishReason) {
         self.finished_req_ids.push(req_id.0);
         self.finished_reasons.push(reason as u8);
-    }
-}
-
-/// What one step produced, as flat columns: one entry per sample, in plan order.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct StepOutput {
-    /// Request id of each sample.
-    pub req_ids: Vec<u64>,
-    /// Sequence index (0..n) of each sample within its request.
-    pub seq_indices: Vec<u32>,
-    /// The token appended to the sequence.
-    pub token_ids: Vec<u32>,
-    /// `FinishReason` code if the sequence ended with this token, else 0.
-    pub finish_reasons: Vec<u8>,
-    /// The text that became final with each token, samples concatenated: sample `i`'s delta is
-    /// `text[text_offsets[i]..text_offsets[i + 1]]`, offsets counted in code points (so Python
-    /// can slice one `str`). Held-back text (a partial UTF-8 character, a possible stop-string
-    /// prefix) arrives with a later token, or with the finishing one.
-    pub text: String,
-    /// Sample boundaries in `text` (`num_samples + 1` offsets, in code points).
-    pub text_offsets: Vec<u32>,
-    /// Index into the request's `stop` of the stop string that ended the sequence, else -1.
-    pub stop_str_indices: Vec<i32>,
-    /// The id from the request's `stop_token_ids` that ended the sequence, else -1 (vLLM's
-    /// rule: EOS is no stop reason unless `ignore_eos`; a stop string takes precedence).
-    pub stop_token_ids: Vec<i64>,
-    /// Logprob of each appended token; NaN when the request asked for no logprobs.
-    pub logprobs: Vec<f32>,
-    /// Beam search: on the last token of each emitted hypothesis, its score
-    /// (`sum_logprobs / generated_len^length_penalty`, HF's `sequences_scores`); else NaN.
-    pub sequence_scores: Vec<f32>,
-    /// Columns of `top_token_ids` / `top_logprobs`: the most alternatives any sample asked for.
-    pub num_top_logprobs: usize,
-    /// Row-major `[samples, num_top_logprobs]`, best first, padded with -1 / -inf.
-    pub top_token_ids: Vec<i32>,
-    /// The logprobs of `top_token_ids`, same shape.
-    pub top_logprobs: Vec<f32>,
-    /// The bytes each logprob entry's token stands for (OpenAI's `bytes`; its text is their
-    /// lossy UTF-8 decoding): per sample, the chosen token, then its `num_top_logprobs`
-    /// alternatives; entries are empty for padding, for samples without logprobs and when the
-    /// scheduler has no detokenizer.
-    pub logprob_bytes: Vec<u8>,
-    /// Entry boundaries in `logprob_bytes`: `num_samples * (1 + num_top_logprobs) + 1` offsets.
-    pub logprob_byte_offsets: Vec<u32>,
-    /// Requests whose every sequence has now finished (their state is gone). Failed requests
-    /// are not among them.
-    pub finished_req_ids: Vec<u64>,
-    /// Requests that failed alone in this step (for example a row with no finite logit left
-    /// after their processors): every sequence ended with [`FinishReason::Error`], blocks freed,
-    /// state gone. The step's other requests were applied normally.
-    pub failed_req_ids: Vec<u64>,
-    /// Why each of `failed_req_ids` failed: the error message, which names the field.
-    pub failed_messages: Vec<String>,
-}
-
-impl StepOutput {
-    /// Appended tokens (samples) in this output.
-    pub fn num_samples(&self) -> usize {
-        self.token_ids.len()
     }
 }

@@ -1,118 +1,161 @@
-//! Request and sequence state. A request owns `best_of` sequences (its candidates; `n` unless
-//! the request asked for more); before its first token it has one (index 0), which forks into
-//! `best_of` when its prompt is done.
+//! The typed request both schedulers take ([`NewRequest`]), and the checks and defaults every
+//! request gets whichever scheduler queues it (`resolve`).
 
 use std::sync::Arc;
 
-use super::beam::{Beam, BeamGroup};
-use super::rank::{effective_priority, Rank, SeqKey};
-use super::text::TextState;
+use super::config::SchedulerConfig;
+use crate::error::{CoreError, CoreResult};
 use crate::grammar::GrammarState;
-use crate::kv::{block_hash, root_hash};
-use crate::params::SamplingParams;
-use crate::stop::TokenStops;
-use crate::types::{BlockId, FinishReason, RequestId, SeqStatus, TokenId};
+use crate::params::{check_priority, SamplingParams};
+use crate::sampling::check_fits_vocab;
+use crate::types::{RequestId, TokenId};
 
-/// One sequence of tokens with its KV blocks.
+/// A request as the caller hands it over; `add_request` resolves what is left unset.
 #[derive(Debug, Clone)]
-pub(crate) struct Sequence {
-    pub req_id: RequestId,
-    pub seq_index: u32,
-    pub priority: u8,
-    pub arrival: f64,
-    /// Prompt followed by the output so far.
-    pub tokens: Vec<TokenId>,
-    pub num_prompt_tokens: usize,
-    /// Tokens whose KV is in `block_table`.
-    pub num_computed_tokens: usize,
-    pub block_table: Vec<BlockId>,
-    /// Chained hashes of the leading full blocks of `tokens` (computed lazily, kept across
-    /// preemption since the tokens do not change).
-    pub block_hashes: Vec<u64>,
-    /// Leading blocks of `block_table` already offered to the prefix cache.
-    pub num_cached_blocks: usize,
-    /// Seats this sequence holds: `best_of` for a request's first sequence before it forks,
-    /// else 1.
-    pub seats: usize,
-    pub extra_key: Option<Arc<str>>,
-    /// The request's parameters, shared by its sequences (read on every appended token).
+pub struct NewRequest {
+    /// The caller's id, unique among unfinished requests.
+    pub id: RequestId,
+    /// The prompt; at least one token, shorter than `max_model_len`, below `vocab_size` +
+    /// `num_virtual_tokens`.
+    pub prompt_token_ids: Vec<TokenId>,
+    /// P-tuning: prompt ids in `vocab_size..vocab_size + num_virtual_tokens` are rows of the
+    /// request's prompt embedding table (the model runner embeds them; they are never
+    /// sampled). Such a request should carry a `cache_salt` naming its table.
+    pub num_virtual_tokens: u32,
+    /// The validated parameters (shared with the caller).
     pub params: Arc<SamplingParams>,
-    pub status: SeqStatus,
-    pub finish: Option<FinishReason>,
-    /// Seed of the sequence's random stream: the request's seed, or one drawn at random.
-    pub seed: u64,
-    /// Detokenizer and stop-string state; `None` when the scheduler has no tokenizer.
-    pub text: Option<Box<TextState>>,
-    /// Multi-token stop sequences of the request (shared by its sequences).
-    pub token_stops: Option<Arc<TokenStops>>,
-    /// Beam search: this is one live beam of its request's group (see `beam`).
-    pub beam: Option<Box<Beam>>,
-    /// Constrained decoding: the grammar's state after this sequence's output so far.
-    pub grammar: Option<Box<GrammarState>>,
-    /// The client's draft of the output's first tokens (see `speculative`), until it is used
-    /// up or the output leaves it.
-    pub draft: Option<Arc<ClientDraft>>,
-}
-
-/// Draft tokens a request brought (TensorRT-LLM's `draft_input_ids` / `draft_logits`): a guess
-/// of the output's first tokens, verified by the target model (see `speculative`).
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct ClientDraft {
-    pub tokens: Vec<TokenId>,
-    /// Row-major `[tokens.len(), vocab]`: the drafter's logits at each draft token; its
-    /// distribution is their softmax (the rows the draft tokens were drawn from).
-    pub logits: Option<Vec<f32>>,
-}
-
-impl Sequence {
-    /// Tokens generated so far.
-    pub fn num_output_tokens(&self) -> usize {
-        self.tokens.len() - self.num_prompt_tokens
-    }
-
-    /// This sequence's place in the scheduling order at `now`.
-    pub fn rank(&self, now: f64, aging_s: f64) -> Rank {
-        Rank {
-            priority: effective_priority(self.priority, self.arrival, now, aging_s),
-            arrival: self.arrival,
-            req_id: self.req_id.0,
-            seq_index: self.seq_index,
-        }
-    }
-
-    /// The chained hash of full block `i` of `tokens`, computing the chain up to it on first use.
-    pub fn block_hash(&mut self, i: usize, block_size: usize) -> u64 {
-        while self.block_hashes.len() <= i {
-            let j = self.block_hashes.len();
-            let parent = match j {
-                0 => root_hash(self.extra_key.as_deref()),
-                _ => self.block_hashes[j - 1],
-            };
-            let tokens = &self.tokens[j * block_size..(j + 1) * block_size];
-            self.block_hashes.push(block_hash(parent, tokens));
-        }
-        self.block_hashes[i]
-    }
-
-    /// True while this is a request's first sequence and it still has to fork.
-    pub fn will_fork(&self) -> bool {
-        self.seats > 1
-    }
-
-    /// Tokens this sequence computes on its own. A live beam stops one short of its end (it
-    /// gets there only after a preemption): its last token is computed in the step where its
-    /// whole group samples together (`schedule_beam_group`).
-    pub fn compute_target(&self) -> usize {
-        self.tokens.len() - usize::from(self.beam.is_some())
-    }
-}
-
-/// What the scheduler keeps per request.
-#[derive(Debug, Clone)]
-pub(crate) struct Request {
+    /// 1 (highest) .. 5; `None` = `params.priority`.
+    pub priority: Option<i64>,
+    /// Seconds, on the clock `schedule(now)` uses.
+    pub arrival_time: f64,
+    /// When the request times out; `None` = `arrival_time + params.timeout_s`, if that is set.
     pub deadline: Option<f64>,
-    /// Live sequences of this request.
-    pub seqs: Vec<SeqKey>,
-    /// Beam search: the group's finished hypotheses and stopping state.
-    pub beam: Option<Box<BeamGroup>>,
+    /// Requests share prefix-cache blocks only with requests of the same salt.
+    pub cache_salt: Option<String>,
+    /// Constrained decoding: the grammar's initial state (compiled by the caller, off the
+    /// engine thread); each of the request's sequences follows its own copy.
+    pub grammar: Option<GrammarState>,
+    /// Speculative decoding: the client's guess of the output's first tokens, verified by the
+    /// model (accepted while the target agrees); empty = none.
+    pub draft_tokens: Vec<TokenId>,
+    /// Row-major `[draft_tokens.len(), vocab]`: the drafter's logits at each draft token. With
+    /// them, a sampled request accepts a draft token with probability `min(1, p/q)`; without,
+    /// the draft counts as deterministic (`q` a point mass).
+    pub draft_logits: Option<Vec<f32>>,
+}
+
+impl NewRequest {
+    /// A request with every optional field unset, arriving at time 0.
+    pub fn new(id: u64, prompt_token_ids: Vec<TokenId>, params: Arc<SamplingParams>) -> Self {
+        NewRequest {
+            id: RequestId(id),
+            prompt_token_ids,
+            num_virtual_tokens: 0,
+            params,
+            priority: None,
+            arrival_time: 0.0,
+            deadline: None,
+            cache_salt: None,
+            grammar: None,
+            draft_tokens: Vec::new(),
+            draft_logits: None,
+        }
+    }
+
+    /// Checks what every scheduler checks and resolves the defaults: a prompt of at least one
+    /// token, at most `max_prompt_len` when given, within the vocabulary; the priority, arrival
+    /// time and deadline; parameters that fit `max_num_seqs` and the vocabulary.
+    pub(crate) fn resolve(
+        &self,
+        cfg: &SchedulerConfig,
+        max_prompt_len: Option<usize>,
+    ) -> CoreResult<Resolved> {
+        self.check_prompt(cfg, max_prompt_len)?;
+        let priority = check_priority(self.priority.unwrap_or(i64::from(self.params.priority)))?;
+        if !self.arrival_time.is_finite() {
+            return Err(not_finite("arrival_time"));
+        }
+        let deadline = self
+            .deadline
+            .or(self.params.timeout_s.map(|t| self.arrival_time + t));
+        if deadline.is_some_and(|d| !d.is_finite()) {
+            return Err(not_finite("deadline"));
+        }
+        check_params(cfg, &self.params)?;
+        let extra_key = self
+            .cache_salt
+            .as_ref()
+            .map(|s| Arc::<str>::from(format!("salt:{s}")));
+        Ok(Resolved {
+            priority,
+            deadline,
+            extra_key,
+        })
+    }
+
+    fn check_prompt(&self, cfg: &SchedulerConfig, max_len: Option<usize>) -> CoreResult<()> {
+        let prompt = &self.prompt_token_ids;
+        if prompt.is_empty() {
+            return Err(CoreError::invalid(
+                "prompt_token_ids",
+                "empty",
+                "`prompt_token_ids` must contain at least 1 token",
+            ));
+        }
+        if max_len.is_some_and(|max| prompt.len() > max) {
+            let msg = format!(
+                "`prompt_token_ids` has {} tokens; it must be shorter than max_model_len ({}) to leave room for output",
+                prompt.len(),
+                cfg.max_model_len
+            );
+            return Err(CoreError::invalid("prompt_token_ids", "too_long", msg));
+        }
+        let vocab = cfg.vocab_size + self.num_virtual_tokens as usize;
+        let beyond = prompt.iter().find(|&&t| t as usize >= vocab);
+        if let (true, Some(t)) = (vocab > 0, beyond) {
+            let msg = format!(
+                "`prompt_token_ids` must be in [0, {vocab}) (the model's vocabulary); got {t}"
+            );
+            return Err(CoreError::invalid("prompt_token_ids", "out_of_range", msg));
+        }
+        Ok(())
+    }
+}
+
+/// What `resolve` made of a [`NewRequest`].
+#[derive(Debug)]
+pub(crate) struct Resolved {
+    pub priority: u8,
+    pub deadline: Option<f64>,
+    /// The prefix-cache key of its salt.
+    pub extra_key: Option<Arc<str>>,
+}
+
+fn check_params(cfg: &SchedulerConfig, params: &SamplingParams) -> CoreResult<()> {
+    // Every candidate takes a seat, so the limit is on best_of (>= n) when it is larger.
+    let num = params.num_candidates();
+    if num as usize > cfg.max_num_seqs {
+        let field = if params.best_of > params.n {
+            "best_of"
+        } else {
+            "n"
+        };
+        let msg = format!(
+            "`{field}` must be <= max_num_seqs ({}); got {num}",
+            cfg.max_num_seqs
+        );
+        return Err(CoreError::invalid(field, "out_of_range", msg));
+    }
+    if cfg.vocab_size > 0 {
+        check_fits_vocab(params, cfg.vocab_size)?;
+    }
+    Ok(())
+}
+
+fn not_finite(param: &'static str) -> CoreError {
+    CoreError::invalid(
+        param,
+        "not_finite",
+        format!("`{param}` must be a finite time in seconds"),
+    )
 }

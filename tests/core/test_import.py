@@ -17,10 +17,10 @@ def test_scheduler_imports_in_a_python_without_torch() -> None:
                 return None
 
         sys.meta_path.insert(0, NoTorch())
-        from ferrollm import SamplingParams, Scheduler, SchedulerConfig
+        from ferrollm import NewRequest, SamplingParams, Scheduler, SchedulerConfig
 
         s = Scheduler(SchedulerConfig(num_blocks=8, block_size=4, max_model_len=16))
-        s.add_request(1, [1, 2, 3], SamplingParams(max_tokens=1))
+        s.add_request(NewRequest(1, [1, 2, 3], SamplingParams(max_tokens=1)))
         plan = s.schedule()
         out = s.update(plan, [7])
         assert list(out.finished_req_ids) == [1]

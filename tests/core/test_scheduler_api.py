@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ferrollm import (
+    NewRequest,
     QueueFullError,
     SamplingParams,
     Scheduler,
@@ -106,39 +107,39 @@ def test_add_request_rejections_name_the_field(
     s = small()
     request_id = kwargs.pop("request_id", 1)
     with pytest.raises(ValidationError) as info:
-        s.add_request(request_id, prompt, **kwargs)
+        s.add_request(NewRequest(request_id, prompt, **kwargs))
     assert info.value.param == param
     assert f"`{param}`" in str(info.value)
     # The scheduler still serves a normal request after each bad one.
-    s.add_request(1, [1, 2, 3], SamplingParams(max_tokens=1))
+    s.add_request(NewRequest(1, [1, 2, 3], SamplingParams(max_tokens=1)))
     assert s.schedule().num_samples == 1
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint32, np.uint64, np.int16, np.uint8])
 def test_prompt_accepts_numpy_integer_arrays_and_lists(dtype: Any) -> None:
     s = small()
-    s.add_request(1, np.array([3, 4, 5], dtype=dtype))
-    s.add_request(2, [3, 4, 5])
+    s.add_request(NewRequest(1, np.array([3, 4, 5], dtype=dtype)))
+    s.add_request(NewRequest(2, [3, 4, 5]))
     plan = s.schedule()
     assert plan.input_ids.tolist() == [3, 4, 5, 3, 4, 5] or plan.input_ids.tolist()[-1] == 5
 
 
 def test_prompt_accepts_strided_numpy_views() -> None:
     s = small()
-    s.add_request(1, np.arange(1, 11, dtype=np.int64)[::3])
-    s.add_request(2, np.arange(1, 11, dtype=np.uint32)[::3])
+    s.add_request(NewRequest(1, np.arange(1, 11, dtype=np.int64)[::3]))
+    s.add_request(NewRequest(2, np.arange(1, 11, dtype=np.uint32)[::3]))
     assert s.schedule().input_ids.tolist() == [1, 4, 7, 10, 1, 4, 7, 10]
 
 
 def test_queue_full_duplicate_id_stale_plan_and_wrong_sample_count() -> None:
     s = small()
-    s.add_request(1, [1, 2])
+    s.add_request(NewRequest(1, [1, 2]))
     with pytest.raises(ValidationError) as dup:
-        s.add_request(1, [1, 2])
+        s.add_request(NewRequest(1, [1, 2]))
     assert dup.value.param == "request_id"
-    s.add_request(2, [1, 2])
+    s.add_request(NewRequest(2, [1, 2]))
     with pytest.raises(QueueFullError):
-        s.add_request(3, [1, 2])
+        s.add_request(NewRequest(3, [1, 2]))
     plan = s.schedule()
     with pytest.raises(ValidationError) as wrong:
         s.update(plan, [1])
@@ -150,8 +151,8 @@ def test_queue_full_duplicate_id_stale_plan_and_wrong_sample_count() -> None:
 
 def test_plan_columns_shapes_and_dtypes() -> None:
     s = Scheduler(SchedulerConfig(num_blocks=64, block_size=4, max_model_len=64))
-    s.add_request(10, list(range(1, 11)), SamplingParams(max_tokens=3))
-    s.add_request(11, [1, 2, 3], SamplingParams(n=2, max_tokens=3))
+    s.add_request(NewRequest(10, list(range(1, 11)), SamplingParams(max_tokens=3)))
+    s.add_request(NewRequest(11, [1, 2, 3], SamplingParams(n=2, max_tokens=3)))
     plan = s.schedule(now=100.0)
     assert (plan.num_rows, plan.num_scheduled_tokens, plan.num_samples) == (2, 13, 3)
     assert len(plan) == 2
@@ -183,8 +184,8 @@ def test_plan_columns_shapes_and_dtypes() -> None:
 
 def test_abort_deadline_and_stats() -> None:
     s = Scheduler(SchedulerConfig(num_blocks=64, block_size=4, max_model_len=64, eos_token_ids=[0]))
-    s.add_request(1, [1, 2, 3], arrival_time=0.0)
-    s.add_request(2, [1, 2, 3], arrival_time=0.0, deadline=50.0)
+    s.add_request(NewRequest(1, [1, 2, 3], arrival_time=0.0))
+    s.add_request(NewRequest(2, [1, 2, 3], arrival_time=0.0, deadline=50.0))
     plan = s.schedule(now=1.0)
     s.update(plan, [9, 9])
     assert s.stats()["num_used_blocks"] == 2

@@ -8,6 +8,7 @@ import pytest
 
 from ferrollm import (
     FINISH_REASON_NAMES,
+    NewRequest,
     SamplingParams,
     Scheduler,
     SchedulerConfig,
@@ -58,19 +59,19 @@ def test_admission_refuses_what_does_not_fit_the_vocabulary(
 ) -> None:
     s = scheduler(vocab_size=VOCAB)
     with pytest.raises(ValidationError) as info:
-        s.add_request(1, prompt, SamplingParams(**params))
+        s.add_request(NewRequest(1, prompt, SamplingParams(**params)))
     assert info.value.param == param and f"`{param}`" in str(info.value)
     assert not s.has_unfinished_requests()
     # With the vocabulary unknown the scheduler cannot tell, and accepts it.
-    scheduler().add_request(1, prompt, SamplingParams(**params))
+    scheduler().add_request(NewRequest(1, prompt, SamplingParams(**params)))
 
 
 def test_a_row_without_a_finite_logit_fails_its_request_alone() -> None:
     s = scheduler(eos_token_ids=[0])
     greedy = {"temperature": 0, "max_tokens": 4}
-    s.add_request(1, [1, 2, 3], SamplingParams(**greedy))
-    s.add_request(2, [1, 2, 3, 4, 5], SamplingParams(**greedy, allowed_token_ids=[3]))
-    s.add_request(3, [4, 5], SamplingParams(**greedy))
+    s.add_request(NewRequest(1, [1, 2, 3], SamplingParams(**greedy)))
+    s.add_request(NewRequest(2, [1, 2, 3, 4, 5], SamplingParams(**greedy, allowed_token_ids=[3])))
+    s.add_request(NewRequest(3, [4, 5], SamplingParams(**greedy)))
     plan = s.schedule()
     logits = np.zeros((3, VOCAB), dtype=np.float32)
     logits[:, 5] = 1.0
@@ -91,7 +92,7 @@ def test_a_row_without_a_finite_logit_fails_its_request_alone() -> None:
 
 def test_update_takes_token_ids_and_update_with_logits_takes_float32_logits() -> None:
     s = scheduler()
-    s.add_request(1, [1, 2], SamplingParams(max_tokens=3))
+    s.add_request(NewRequest(1, [1, 2], SamplingParams(max_tokens=3)))
     plan = s.schedule()
     with pytest.raises(ValidationError) as info:
         s.update_with_logits(plan, [7])  # type: ignore[arg-type]
@@ -114,7 +115,7 @@ def test_update_takes_token_ids_and_update_with_logits_takes_float32_logits() ->
 )
 def test_stop_token_id_column(params: dict[str, Any], token: int, stop_token_id: int) -> None:
     s = scheduler(eos_token_ids=[0])
-    s.add_request(1, [1, 2], SamplingParams(max_tokens=5, **params))
+    s.add_request(NewRequest(1, [1, 2], SamplingParams(max_tokens=5, **params)))
     out = s.update(s.schedule(), [token])
     assert out.stop_token_ids.dtype == np.int64
     assert out.stop_token_ids.tolist() == [stop_token_id]
@@ -124,7 +125,7 @@ def test_stop_token_id_column(params: dict[str, Any], token: int, stop_token_id:
 def sampled_run(seed: int | None) -> list[int]:
     s = scheduler(seed=seed)
     for rid in range(3):
-        s.add_request(rid, [1, 2], SamplingParams(max_tokens=4, ignore_eos=True))
+        s.add_request(NewRequest(rid, [1, 2], SamplingParams(max_tokens=4, ignore_eos=True)))
     tokens: list[int] = []
     while s.has_unfinished_requests():
         plan = s.schedule()

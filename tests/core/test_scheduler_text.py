@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from ferrollm import (
     FINISH_REASON_NAMES,
     Detokenizer,
+    NewRequest,
     SamplingParams,
     Scheduler,
     SchedulerConfig,
@@ -115,7 +116,7 @@ def test_text_deltas_equal_the_non_streamed_result(
     outputs = {rid: detok.encode(t, add_special_tokens=False) for rid, t in texts.items()}
     for rid, ids in outputs.items():
         params = SamplingParams(max_tokens=len(ids), stop=stop, include_stop_str_in_output=include)
-        s.add_request(rid, [5, 6, 7], params)
+        s.add_request(NewRequest(rid, [5, 6, 7], params))
     seen = run_forced(s, outputs)
     for rid, full in texts.items():
         text, finishes, stop_indices = deltas(seen[rid], rid)
@@ -133,7 +134,7 @@ def test_eos_and_stop_token_text_is_dropped_unless_included(detok: Detokenizer) 
         params = SamplingParams(
             max_tokens=50, stop_token_ids=stop_ids, include_stop_str_in_output=include
         )
-        s.add_request(1, [5], params)
+        s.add_request(NewRequest(1, [5], params))
         out_ids = hello if stop_ids else [*hello, eos_id(detok)]
         text, finishes, _ = deltas(run_forced(s, {1: out_ids})[1], 1)
         assert finishes == ["stop"]
@@ -145,7 +146,7 @@ def test_eos_and_stop_token_text_is_dropped_unless_included(detok: Detokenizer) 
 def test_stop_strings_need_a_tokenizer() -> None:
     s = Scheduler(SchedulerConfig(num_blocks=16, block_size=4, max_model_len=32))
     with pytest.raises(ValidationError) as e:
-        s.add_request(1, [1, 2], SamplingParams(stop=["x"]))
+        s.add_request(NewRequest(1, [1, 2], SamplingParams(stop=["x"])))
     assert e.value.param == "stop"
 
 
@@ -157,8 +158,12 @@ def logits_for(plan_samples: int, vocab: int, seed: int) -> np.ndarray:
 def test_greedy_from_logits_is_argmax_and_logprobs_are_raw(detok: Detokenizer) -> None:
     vocab = detok.vocab_size
     s = scheduler(detok)
-    s.add_request(1, [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=4, logprobs=3))
-    s.add_request(2, [4, 5], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    s.add_request(
+        NewRequest(1, [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=4, logprobs=3))
+    )
+    s.add_request(
+        NewRequest(2, [4, 5], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    )
     step = 0
     while s.has_unfinished_requests():
         plan = s.schedule()
@@ -184,9 +189,11 @@ def sampled_tokens(detok: Detokenizer, seeded_rid: int, others: int) -> list[int
     vocab = detok.vocab_size
     s = scheduler(detok)
     for rid in range(others):
-        s.add_request(100 + rid, [9] * (rid + 1), SamplingParams(max_tokens=8, ignore_eos=True))
+        s.add_request(
+            NewRequest(100 + rid, [9] * (rid + 1), SamplingParams(max_tokens=8, ignore_eos=True))
+        )
     params = SamplingParams(seed=1234, max_tokens=8, top_p=0.9, ignore_eos=True)
-    s.add_request(seeded_rid, [1, 2, 3], params)
+    s.add_request(NewRequest(seeded_rid, [1, 2, 3], params))
     got: list[int] = []
     # The logits of the seeded request depend only on its own position, so any difference in
     # its tokens can only come from the batch around it.
@@ -220,7 +227,7 @@ def test_seeded_request_gets_the_same_tokens_in_any_batch(detok: Detokenizer) ->
 
 def test_update_rejects_logits_of_the_wrong_shape(detok: Detokenizer) -> None:
     s = scheduler(detok)
-    s.add_request(1, [1, 2], SamplingParams(max_tokens=2))
+    s.add_request(NewRequest(1, [1, 2], SamplingParams(max_tokens=2)))
     plan = s.schedule()
     with pytest.raises(ValidationError) as e:
         s.update_with_logits(

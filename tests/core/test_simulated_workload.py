@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from ferrollm import SamplingParams, Scheduler, SchedulerConfig, StepPlan
+from ferrollm import NewRequest, SamplingParams, Scheduler, SchedulerConfig, StepPlan
 
 MASK = (1 << 64) - 1
 
@@ -111,12 +111,14 @@ def run_workload(seed: int) -> dict[str, int]:
             )
             deadline = now + float(rng.uniform(1, 30)) if rng.random() < 0.1 else None
             s.add_request(
-                num_added,
-                prompt[: max_model_len - 2],
-                params,
-                priority=int(rng.integers(1, 6)),
-                arrival_time=now,
-                deadline=deadline,
+                NewRequest(
+                    num_added,
+                    prompt[: max_model_len - 2],
+                    params,
+                    priority=int(rng.integers(1, 6)),
+                    arrival_time=now,
+                    deadline=deadline,
+                )
             )
             num_added += 1
         if num_added and rng.random() < 0.05:
@@ -166,7 +168,9 @@ def test_admission_order_is_priority_then_arrival(aging: float) -> None:
     )
     arrivals = {1: (5, 0.0), 2: (1, 3.0), 3: (3, 1.0), 4: (1, 2.0), 5: (3, 0.5)}
     for rid, (priority, t) in arrivals.items():
-        s.add_request(rid, [1, 2], SamplingParams(max_tokens=1), priority=priority, arrival_time=t)
+        s.add_request(
+            NewRequest(rid, [1, 2], SamplingParams(max_tokens=1), priority=priority, arrival_time=t)
+        )
     order = []
     while s.has_unfinished_requests():
         plan = s.schedule(now=4.0)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from ferrollm._core import Scheduler
+from ferrollm._core import NewRequest, PrefillScheduler
 from ferrollm.default_model import default_embedding_model_path
 from ferrollm.engine.embed import Embedder, EmbedTokenizer, embed_scheduler_config
 from ferrollm.models.bert import BertConfig, load_bert
@@ -97,9 +97,11 @@ def test_truncation_keeps_the_specials(embedder: Embedder) -> None:
 
 def _packed_steps(lengths: list[int], budget: int, seats: int) -> list[list[int]]:
     """The rows (input numbers) of each step of an embedder's prefill-only scheduler."""
-    scheduler = Scheduler(embed_scheduler_config(budget, seats, budget, max(len(lengths), 1)))
+    scheduler = PrefillScheduler(
+        embed_scheduler_config(budget, seats, budget, max(len(lengths), 1))
+    )
     for i, n in enumerate(lengths):
-        scheduler.add_request(i, [1] * n, arrival_time=float(i))
+        scheduler.add_request(NewRequest(i, [1] * n, arrival_time=float(i)))
     steps = []
     while scheduler.has_unfinished_requests():
         plan = scheduler.schedule(1e6)

@@ -17,7 +17,7 @@ import pytest
 import torch
 import transformers  # the oracle; pinned in requirements/dev.txt, so never skipped
 
-from ferrollm import SamplingParams, Scheduler, SchedulerConfig
+from ferrollm import NewRequest, SamplingParams, Scheduler, SchedulerConfig
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.runner import ModelRunner, profile_run
 from ferrollm.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, UnsupportedModelError
@@ -165,7 +165,7 @@ def run_ours(
     step = 0
     while scheduler.has_unfinished_requests() or step <= max(arrivals):
         for prompt in arrivals.get(step, []):
-            scheduler.add_request(len(prompts), prompt, params)
+            scheduler.add_request(NewRequest(len(prompts), prompt, params))
             prompts.append(prompt)
         plan = scheduler.schedule()
         logits = runner.run(plan)

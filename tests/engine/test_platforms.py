@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ferrollm import SamplingParams, Scheduler, SchedulerConfig
+from ferrollm import NewRequest, SamplingParams, Scheduler, SchedulerConfig
 from ferrollm.layers.attention import TorchSDPABackend
 from ferrollm.layers.paged_attention import PagedKernelBackend
 from ferrollm.platforms import (
@@ -175,7 +175,7 @@ def _mixed_plans(block_size: int) -> Iterator[Any]:
     shared = list(range(3, 40))
     late = {2: [*shared, 7, 8]}  # joins once `shared` is cached: a prefix hit
     for i, prompt in enumerate([shared, [5, 6, 7], list(range(50, 95))]):
-        scheduler.add_request(i, prompt, params)
+        scheduler.add_request(NewRequest(i, prompt, params))
     step = 0
     while scheduler.has_unfinished_requests():
         plan = scheduler.schedule()
@@ -183,7 +183,7 @@ def _mixed_plans(block_size: int) -> Iterator[Any]:
         scheduler.update(plan, np.full(plan.num_samples, 9, dtype=np.int64))
         step += 1
         if step in late:
-            scheduler.add_request(10 + step, late[step], params)
+            scheduler.add_request(NewRequest(10 + step, late[step], params))
 
 
 @pytest.mark.usefixtures("fake_torch_npu")

@@ -22,7 +22,7 @@ from gguf import quants
 
 from cpu_support import AVX2_ONLY, fake_cpu
 from ferrollm.config import EngineConfig, EngineConfigError
-from ferrollm.engine.engine import load_model
+from ferrollm.engine.build import load_model
 from ferrollm.executor.gguf_quant import decode_blocks
 from ferrollm.executor.kv_cache import KVCacheSpec
 from ferrollm.executor.loader import load_model_source

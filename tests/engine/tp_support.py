@@ -1,6 +1,6 @@
 """Tensor-parallel test runs: the same steps on one process and on a gloo group of several.
 
-`run_cases` loads each case's model for this rank (``ferrollm.engine.engine.load_model`` with a
+`run_cases` loads each case's model for this rank (``ferrollm.engine.build.load_model`` with a
 `ParallelState`), builds a paged KV cache of the rank's local KV heads, and runs a prefill of
 two prompts in one step, then decode steps fed the greedy tokens of rank 0 (broadcast, as the
 engine will). Rank 0 records hidden states and logits; every rank records the bytes it read.
@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ferrollm.distributed.state import SINGLE, ParallelState
-from ferrollm.engine.engine import load_model
+from ferrollm.engine.build import load_model
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.loader import load_model_source
 from ferrollm.executor.runner import ModelRunner, SyntheticPlan

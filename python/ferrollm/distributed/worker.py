@@ -103,7 +103,7 @@ def _serve(
     timeout: float,
     spawned: bool,
 ) -> int:
-    from ferrollm.engine.engine import build_runner
+    from ferrollm.engine.build import build_runner
     from ferrollm.executor.loader import load_model_source
 
     parallel = init_group(env, store, platform.dist_backend, timeout)

@@ -1,10 +1,10 @@
 """The embedding engine: tokenize, let the Rust scheduler pack inputs into steps, run the
 encoder once per step, pool.
 
-Packing is the scheduler's prefill-only mode (``SchedulerConfig(prefill_only=True)``, see
-``rust/sched/prefill.rs``): waiting inputs are admitted whole, in rank order (priority, then
-arrival), while the step's ``max_num_batched_tokens`` tokens and ``max_num_seqs`` seats last;
-each ends at the ``update`` after its one forward, its KV blocks freed. An input is never split
+Packing is the Rust ``PrefillScheduler``'s (see ``rust/sched/prefill.rs``): waiting inputs are
+admitted whole, in rank order (priority, then arrival), while the step's
+``max_num_batched_tokens`` tokens and ``max_num_seqs`` seats last; each ends at the ``update``
+after its one forward, its KV blocks freed. An input is never split
 across steps (an encoder's tokens attend to later ones), so the longest input an embedder takes
 is the model's maximum or the step budget, whichever is smaller (``max_input_tokens``); the
 server refuses longer ones with a 400. The step's plan is the model's input as is: its
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
-from ferrollm._core import Scheduler, SchedulerConfig, StepPlan
+from ferrollm._core import NewRequest, PrefillScheduler, SchedulerConfig, StepPlan
 from ferrollm.engine.embed_decoder import EMBED_BLOCK_SIZE, DecoderEncoder
 from ferrollm.models.bert import ENCODER_TYPES, BertModel, load_bert
 from ferrollm.models.config import UnsupportedModelError
@@ -40,8 +40,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def embed_scheduler_config(
     max_num_batched_tokens: int, max_num_seqs: int, max_input_tokens: int, max_num_waiting: int
 ) -> SchedulerConfig:
-    """The prefill-only scheduler of an embedder. Its pool holds enough blocks for any step
-    (each input wastes less than one block), so admission never waits for blocks."""
+    """The config of an embedder's ``PrefillScheduler``. Its pool holds enough blocks for any
+    step (each input wastes less than one block), so admission never waits for blocks."""
     return SchedulerConfig(
         num_blocks=-(-max_num_batched_tokens // EMBED_BLOCK_SIZE) + max_num_seqs + 1,
         block_size=EMBED_BLOCK_SIZE,
@@ -50,7 +50,6 @@ def embed_scheduler_config(
         max_model_len=max_input_tokens,
         max_num_waiting=max_num_waiting,
         enable_prefix_caching=False,
-        prefill_only=True,
     )
 
 
@@ -165,9 +164,9 @@ class Embedder:
         ``ValidationError`` (naming ``prompt_token_ids``) for an input longer than
         ``max_input_tokens``."""
         out = np.empty((len(inputs), self.dimensions), dtype=np.float32)
-        scheduler = Scheduler(self.scheduler_config(max(len(inputs), 1)))
+        scheduler = PrefillScheduler(self.scheduler_config(max(len(inputs), 1)))
         for i, ids in enumerate(inputs):
-            scheduler.add_request(i, ids, arrival_time=0.0)
+            scheduler.add_request(NewRequest(i, ids, arrival_time=0.0))
         while scheduler.has_unfinished_requests():
             plan = scheduler.schedule(0.0)
             if plan.num_rows:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ferrollm._core import QueueFullError, Scheduler, StepPlan
+from ferrollm._core import NewRequest, PrefillScheduler, QueueFullError, StepPlan
 from ferrollm.config import EngineConfig
 from ferrollm.engine.async_engine import EngineDeadError
 from ferrollm.engine.embed import Embedder, embed_scheduler_config
@@ -70,7 +70,7 @@ class AsyncEmbedder:
         self.max_num_waiting = max_num_waiting
         #: ``on_death(cause)`` runs on ``_event_loop`` once the thread has died (``watch``).
         self.on_death: Callable[[BaseException], None] | None = None
-        self._scheduler = Scheduler(
+        self._scheduler = PrefillScheduler(
             embed_scheduler_config(
                 embedder.max_num_batched_tokens,
                 embedder.max_num_seqs,
@@ -244,7 +244,7 @@ class AsyncEmbedder:
         for i, ids in enumerate(job.inputs):
             req_id = self._next_id
             try:
-                self._scheduler.add_request(req_id, ids, arrival_time=job.arrival)
+                self._scheduler.add_request(NewRequest(req_id, ids, arrival_time=job.arrival))
             except (ValueError, QueueFullError) as e:  # a refused input fails its request alone
                 self._counters.num_waiting -= len(job.inputs) - i
                 job.cancelled = True

@@ -34,7 +34,7 @@ class DecoderEncoder:
     """``hidden_states(plan)`` -> final hidden states of a prefill-only step."""
 
     def __init__(self, path: Path, platform: Platform, dtype: torch.dtype) -> None:
-        from ferrollm.engine.engine import load_model
+        from ferrollm.engine.build import load_model
         from ferrollm.executor.loader import load_model_source
 
         source = load_model_source(path)

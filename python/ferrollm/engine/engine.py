@@ -12,17 +12,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from ferrollm._core import (
     EngineLimits,
     GrammarCompiler,
+    NewRequest,
     Scheduler,
     SchedulerConfig,
     StepPlan,
@@ -30,25 +29,16 @@ from ferrollm._core import (
 from ferrollm.config import DEFAULT_MAX_BEAM_WIDTH
 from ferrollm.default_model import default_model_path
 from ferrollm.distributed.driver import Driver, start_driver
-from ferrollm.distributed.startup import GroupMember
-from ferrollm.distributed.state import SINGLE, ParallelState
-from ferrollm.engine.outputs import RequestFailure, RequestOutput, RequestTracker, StepInfo
+from ferrollm.engine.build import build_runner
+from ferrollm.engine.outputs import RequestFailure, RequestOutput, StepInfo
 from ferrollm.engine.prompt_tables import table_digest
 from ferrollm.engine.request import EngineRequest
-from ferrollm.executor.compiled_decode import CompiledDecode, build_compiled_decode
-from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
-from ferrollm.executor.loader import ModelSource, load_model_source
+from ferrollm.engine.tracker import RequestTracker
+from ferrollm.executor.loader import load_model_source
 from ferrollm.executor.runner import ModelRunner
-from ferrollm.executor.sizing import (
-    KVCachePlan,
-    plan_kv_cache,
-    resolve_dtype,
-    resolve_quantization,
-)
+from ferrollm.executor.sizing import KVCachePlan
 from ferrollm.models.config import ModelConfig
-from ferrollm.models.llama import LlamaForCausalLM
-from ferrollm.models.registry import build_model
-from ferrollm.platforms import Platform, get_platform
+from ferrollm.platforms import get_platform
 from ferrollm.platforms.host import settle_after_load
 from ferrollm.tokenizer import Tokenizer
 
@@ -189,17 +179,19 @@ class LLMEngine:
         )
         internal_id = self._tracker.next_id()
         self.scheduler.add_request(
-            internal_id,
-            request.prompt_token_ids,
-            request.params,
-            priority=request.priority,
-            arrival_time=request.arrival_time,
-            grammar=request.grammar,
-            deadline=request.deadline,
-            draft_tokens=request.draft_tokens,
-            draft_logits=request.draft_logits,
-            cache_salt=self._cache_salt(request, internal_id),
-            num_virtual_tokens=num_virtual_tokens,
+            NewRequest(
+                internal_id,
+                request.prompt_token_ids,
+                request.params,
+                priority=request.priority,
+                arrival_time=request.arrival_time,
+                grammar=request.grammar,
+                deadline=request.deadline,
+                draft_tokens=request.draft_tokens,
+                draft_logits=request.draft_logits,
+                cache_salt=self._cache_salt(request, internal_id),
+                num_virtual_tokens=num_virtual_tokens,
+            )
         )
         self._tracker.add(request, internal_id)
 
@@ -280,97 +272,6 @@ class LLMEngine:
             f"its {len(request_ids)} requests were aborted",
             request_ids,
         )
-
-
-def load_model(
-    source: ModelSource,
-    device: torch.device,
-    dtype: torch.dtype,
-    quantization: str | None = None,
-    parallel: ParallelState = SINGLE,
-) -> LlamaForCausalLM:
-    """Build the model for ``source`` on ``device`` and stream its weights in, one at a time.
-
-    ``quantization`` is the linear layers' scheme (None = dense); a quantized file's tensors
-    then arrive quantized and are packed without a float copy of the model. ``parallel``
-    builds this rank's shard and reads only its slices of the checkpoint (ValueError naming
-    ``tensor_parallel_size`` when the model or its format cannot split that way).
-    """
-    model = build_model(source.config, device, dtype, quantization, parallel)
-    weights = source.iter_weights(
-        dtype, keep_quantized=quantization is not None, shard=model.shard_plan()
-    )
-    model.load_weights(weights)
-    return model
-
-
-@dataclass(frozen=True)
-class BuiltRunner:
-    """A loaded model over its sized KV cache."""
-
-    runner: ModelRunner
-    kv_plan: KVCachePlan
-    #: The linear layers' weight scheme (None = dense).
-    quantization: str | None
-    #: The compiled decode graphs, or None (eager).
-    compiled: CompiledDecode | None
-
-
-def build_runner(
-    config: EngineConfig,
-    platform: Platform,
-    source: ModelSource,
-    group: GroupMember | Driver | None = None,
-) -> BuiltRunner:
-    """Load ``source`` (this rank's shard of it, in a group) and size its KV cache.
-
-    ``config`` must have come through ``for_platform``. In a tensor-parallel group every rank
-    calls this with its `GroupMember` (rank 0 with its `Driver`): the ranks agree on one KV
-    block count, and a rank that fails to load tells the others before raising.
-    """
-    parallel = SINGLE if group is None else group.parallel
-    try:
-        dtype = resolve_dtype(platform, config.dtype)
-        quantization = resolve_quantization(
-            platform, config.quantization, dtype, source.is_quantized
-        )
-        kv_dtype = (
-            dtype
-            if config.kv_cache_dtype == "auto"
-            else resolve_dtype(platform, config.kv_cache_dtype, "kv_cache_dtype")
-        )
-        model = load_model(source, platform.device, dtype, quantization, parallel=parallel)
-        spec = KVCacheSpec(
-            source.config.num_hidden_layers,
-            model.num_local_kv_heads,
-            source.config.head_dim,
-            config.block_size,
-            kv_dtype,
-        )
-        kv_plan = plan_kv_cache(
-            model, spec, platform, config, source.config.max_position_embeddings
-        )
-    except Exception as e:
-        if group is not None:
-            group.fail_startup(e)
-        raise
-    if group is not None:
-        kv_plan = group.agree(kv_plan)
-    kv_cache = KVCache(spec, kv_plan.num_blocks, platform.device)
-    make_runner = ModelRunner if group is None else group.make_runner
-    runner = make_runner(model, kv_cache, platform.device, dtype, platform.attention_backend())
-    # Every rank decides alike (a tensor-parallel shard stays eager; "on" is refused there).
-    compiled = build_compiled_decode(
-        config.compile,
-        model,
-        kv_cache,
-        runner.backend,
-        dtype,
-        kv_plan.max_model_len,
-        config.max_num_seqs,
-    )
-    runner.set_compiled(compiled)
-    return BuiltRunner(runner, kv_plan, quantization, compiled)
 
 
 def _build_scheduler(

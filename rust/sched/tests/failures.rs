@@ -251,7 +251,7 @@ fn intake_resolves_priority_deadline_and_salt_from_the_request() {
         "arrival_time"
     );
     assert!(s.schedule(5.9).finished_req_ids.is_empty());
-    s.update(s.last.as_ref().unwrap().step_id, &[9]).unwrap();
+    s.update(s.pending_step_id().unwrap(), &[9]).unwrap();
     assert_eq!(
         s.schedule(6.0).finished_req_ids,
         vec![1],

@@ -285,3 +285,49 @@ fn a_grammar_with_ignore_eos_is_refused() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A grammar that fails under a beam search fails its request once, alone: the failed mask
+/// used to be reported twice (once for the beams' samples, once for their continuations),
+/// ending the group's sequences twice and panicking when they were dropped.
+#[test]
+fn a_failing_grammar_fails_a_beam_search_once() {
+    let detok = detok();
+    let vocab = detok.vocab_size();
+    let compiler = GrammarCompiler::new(detok.clone(), &[EOS]).unwrap();
+    let mut grammar = compiler
+        .compile(&spec(GrammarKind::Regex, "(ab|cd)+e"))
+        .expect("compiles");
+    let z = (0..vocab as u32)
+        .find(|&t| detok.token_bytes(t) == b"z")
+        .expect("a token for z");
+    assert!(grammar.consume(z).is_err(), "z is not allowed");
+    let mut s = Scheduler::new(SchedulerConfig {
+        eos_token_ids: vec![EOS],
+        max_model_len: 512,
+        ..cfg(1024, 4, 256, 16)
+    })
+    .unwrap();
+    s.set_detokenizer(Some(detok));
+    let params = SamplingParams {
+        use_beam_search: true,
+        best_of: 3,
+        max_tokens: Some(8),
+        ..SamplingParams::default()
+    };
+    let mut req = NewRequest::new(1, vec![70, 71], Arc::new(params));
+    req.grammar = Some(grammar);
+    s.add_request(req).unwrap();
+    add(&mut s, 2, vec![70, 71], Arc::new(sampled(1)), 5, 0.0);
+    let plan = s.schedule(0.0);
+    let logits = vec![0.0; plan.num_samples() * vocab];
+    let out = s.update_with_logits(plan.step_id, &logits, vocab).unwrap();
+    assert_eq!(out.failed_req_ids, vec![1]);
+    assert!(
+        out.failed_messages[0].contains("response_format"),
+        "{:?}",
+        out.failed_messages
+    );
+    assert_eq!(out.req_ids, vec![2], "the other request goes on");
+    s.check_invariants().unwrap();
+    assert_eq!(s.stats().num_unfinished_requests, 1);
+}

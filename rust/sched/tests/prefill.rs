@@ -21,7 +21,6 @@ fn prefill_cfg(budget: usize, max_seqs: usize, max_len: usize) -> SchedulerConfi
         max_num_waiting: 1000,
         enable_prefix_caching: false,
         priority_aging_s: 0.0,
-        prefill_only: true,
         ..SchedulerConfig::default()
     }
 }
@@ -40,7 +39,7 @@ fn input(id: u64, len: usize, priority: i64, t: f64) -> NewRequest {
 
 /// Schedules and ends one step: the request ids of its rows, after checking that it samples
 /// nothing and leaves no block held.
-fn run_step(s: &mut Scheduler, now: f64) -> Vec<u64> {
+fn run_step(s: &mut PrefillScheduler, now: f64) -> Vec<u64> {
     let plan = s.schedule(now);
     s.check_invariants().unwrap();
     assert_eq!(plan.num_samples(), 0, "prefill-only rows sample nothing");
@@ -62,7 +61,7 @@ fn run_step(s: &mut Scheduler, now: f64) -> Vec<u64> {
 
 #[test]
 fn packs_whole_inputs_in_order_within_budget_and_seats() {
-    let mut s = Scheduler::new(prefill_cfg(10, 3, 10)).unwrap();
+    let mut s = PrefillScheduler::new(prefill_cfg(10, 3, 10)).unwrap();
     for (id, len) in [
         (1, 5),
         (2, 5),
@@ -100,7 +99,7 @@ fn packs_whole_inputs_in_order_within_budget_and_seats() {
 
 #[test]
 fn priority_first_then_arrival() {
-    let mut s = Scheduler::new(prefill_cfg(4, 8, 4)).unwrap();
+    let mut s = PrefillScheduler::new(prefill_cfg(4, 8, 4)).unwrap();
     s.add_request(input(1, 2, 3, 1.0)).unwrap();
     s.add_request(input(2, 2, 5, 0.5)).unwrap();
     s.add_request(input(3, 2, 1, 2.0)).unwrap();
@@ -111,7 +110,7 @@ fn priority_first_then_arrival() {
 
 #[test]
 fn aborts_and_deadlines_end_waiting_inputs() {
-    let mut s = Scheduler::new(prefill_cfg(4, 8, 4)).unwrap();
+    let mut s = PrefillScheduler::new(prefill_cfg(4, 8, 4)).unwrap();
     for id in 1..=4 {
         s.add_request(input(id, 2, 3, id as f64)).unwrap();
     }
@@ -132,7 +131,7 @@ fn aborts_and_deadlines_end_waiting_inputs() {
 
 #[test]
 fn refuses_what_does_not_fit_one_forward() {
-    let bad = |cfg: SchedulerConfig| match Scheduler::new(cfg).unwrap_err() {
+    let bad = |cfg: SchedulerConfig| match PrefillScheduler::new(cfg).unwrap_err() {
         CoreError::Invalid { param, .. } => param,
         e => panic!("{e}"),
     };
@@ -151,9 +150,9 @@ fn refuses_what_does_not_fit_one_forward() {
         }),
         "max_num_batched_tokens"
     );
-    let mut s = Scheduler::new(cfg).unwrap();
+    let mut s = PrefillScheduler::new(cfg).unwrap();
     s.add_request(input(1, 8, 3, 0.0)).unwrap(); // max_model_len itself is fine: no output
-    let refused = |s: &mut Scheduler, r: NewRequest| match s.add_request(r).unwrap_err() {
+    let refused = |s: &mut PrefillScheduler, r: NewRequest| match s.add_request(r).unwrap_err() {
         CoreError::Invalid { param, message, .. } => (param, message),
         e => panic!("{e}"),
     };
@@ -163,11 +162,8 @@ fn refuses_what_does_not_fit_one_forward() {
     let two = Arc::new(SamplingParams::new(2, None, 0, false, vec![]).unwrap());
     let (param, _) = refused(&mut s, NewRequest::new(3, vec![1], two));
     assert_eq!(param, "n");
+    // Logits cannot be handed in at all: `PrefillScheduler` has no `update_with_logits`.
     let plan = s.schedule(0.0);
-    assert!(matches!(
-        s.update_with_logits(plan.step_id, &[], 4).unwrap_err(),
-        CoreError::Invalid { ref param, .. } if param == "logits"
-    ));
     s.update(plan.step_id, &[]).unwrap();
     assert!(!s.has_unfinished_requests());
 }
@@ -179,7 +175,7 @@ fn random_arrivals_pack_within_limits_and_leak_nothing() {
     for seed in 0..20 {
         let mut rng = SmallRng::seed_from_u64(seed);
         let (budget, seats) = (rng.random_range(16..80), rng.random_range(1..9));
-        let mut s = Scheduler::new(prefill_cfg(budget, seats, budget)).unwrap();
+        let mut s = PrefillScheduler::new(prefill_cfg(budget, seats, budget)).unwrap();
         let mut lens = Vec::new();
         let mut order = Vec::new();
         let mut now = 0.0;

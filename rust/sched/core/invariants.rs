@@ -1,8 +1,8 @@
 //! A full consistency check of the scheduler's state, for tests and debugging (`O(blocks +
 //! tokens)`, never on the hot path).
 
-use super::rank::SeqKey;
-use super::scheduler::Scheduler;
+use super::Scheduler;
+use crate::sched::rank::SeqKey;
 use crate::types::{BlockId, SeqStatus};
 
 impl Scheduler {
@@ -94,8 +94,8 @@ impl Scheduler {
                 pool.num_free()
             ));
         }
-        let num_live: usize = self.requests.values().map(|r| r.seqs.len()).sum();
-        let all_live = self.requests.values().all(|r| {
+        let num_live: usize = self.groups.values().map(|r| r.seqs.len()).sum();
+        let all_live = self.groups.values().all(|r| {
             r.seqs
                 .iter()
                 .all(|&k: &SeqKey| self.seqs[k as usize].is_some())

@@ -2,32 +2,23 @@
 //! `schedule()`), failures of one request's sample, and the bookkeeping every end shares
 //! (`finish_seq` frees blocks and seats, `drop_finished` clears the slab and the queues).
 
-use super::plan::StepPlan;
-use super::rank::SeqKey;
-use super::scheduler::Scheduler;
+use super::Scheduler;
+use crate::sched::plan::StepPlan;
+use crate::sched::rank::SeqKey;
 use crate::types::{FinishReason, RequestId, SeqStatus};
 
 impl Scheduler {
-    /// Ends aborted requests and those past their deadline, freeing their blocks.
-    pub(crate) fn end_aborted_and_expired(&mut self, now: f64, plan: &mut StepPlan) {
-        let mut ended: Vec<(RequestId, FinishReason)> = self
-            .pending_aborts
-            .drain(..)
-            .map(|id| (id, FinishReason::Abort))
-            .collect();
-        if self.num_deadlines > 0 {
-            for (&id, req) in &self.requests {
-                if req.deadline.is_some_and(|d| d <= now) && !ended.iter().any(|e| e.0 == id) {
-                    ended.push((id, FinishReason::Timeout));
-                }
-            }
-        }
+    /// Ends aborted requests and those past their deadline, freeing their blocks. A behaviour
+    /// may keep what such a request found so far, for the next `update()` to emit.
+    pub(super) fn end_aborted_and_expired(&mut self, now: f64, plan: &mut StepPlan) {
+        let deadlines = self.groups.iter().map(|(&id, g)| (id, g.deadline));
+        let ended = self.endings.due(now, deadlines);
         if ended.is_empty() {
             return;
         }
         for &(id, reason) in &ended {
-            self.keep_beams_of_ended(id, reason);
-            let keys = self.requests[&id].seqs.clone();
+            self.on_request_end(id, reason);
+            let keys = self.groups[&id].seqs.clone();
             for key in keys {
                 self.finish_seq(key, reason);
             }
@@ -51,7 +42,7 @@ impl Scheduler {
 
     /// Removes the sequences ended since the last call from the queues and the slab, and the
     /// requests left with none. Returns those requests.
-    pub(crate) fn drop_finished(&mut self) -> Vec<RequestId> {
+    pub(super) fn drop_finished(&mut self) -> Vec<RequestId> {
         let mut done = Vec::new();
         if self.just_finished.is_empty() {
             return done;
@@ -69,15 +60,11 @@ impl Scheduler {
                 .take()
                 .expect("finished sequence is in the slab");
             self.free_slots.push(k);
-            let req = self
-                .requests
-                .get_mut(&s.req_id)
-                .expect("request of a live seq");
-            req.seqs.retain(|&x| x != k);
-            if req.seqs.is_empty() {
-                let req = self.requests.remove(&s.req_id).expect("present");
-                self.num_deadlines -= usize::from(req.deadline.is_some());
-                self.pending_aborts.retain(|&id| id != s.req_id);
+            let group = self.group_mut(s.req_id);
+            group.seqs.retain(|&x| x != k);
+            if group.seqs.is_empty() {
+                let req = self.groups.remove(&s.req_id).expect("present");
+                self.endings.removed(s.req_id, req.deadline);
                 done.push(s.req_id);
             }
         }
@@ -86,8 +73,8 @@ impl Scheduler {
 
     /// Ends every sequence of `req_id` with [`FinishReason::Error`], freeing its blocks;
     /// `drop_finished` then clears it out.
-    pub(crate) fn fail_request(&mut self, req_id: RequestId) {
-        let keys = self.requests[&req_id].seqs.clone();
+    pub(super) fn fail_request(&mut self, req_id: RequestId) {
+        let keys = self.groups[&req_id].seqs.clone();
         for key in keys {
             self.finish_seq(key, FinishReason::Error);
         }

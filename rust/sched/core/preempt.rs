@@ -1,32 +1,31 @@
 //! Preemption by recompute: the victim frees its blocks, leaves this step's rows (its budget
 //! refunded) and goes back to the front of its priority's queue.
 
-use super::plan::StepPlan;
-use super::rank::{Rank, SeqKey};
-use super::schedule::Row;
-use super::scheduler::Scheduler;
+use super::{Row, Scheduler};
+use crate::sched::plan::StepPlan;
+use crate::sched::rank::{Rank, SeqKey};
 use crate::types::SeqStatus;
 
 impl Scheduler {
     /// Preempts a running sequence by recompute: frees its blocks, drops its row from this step
-    /// if it had one (refunding the budget), and queues it at the front of its priority. A beam
-    /// takes its whole group with it (a group samples all its beams together or not at all).
-    pub(crate) fn preempt(
+    /// if it had one (refunding the budget), and queues it at the front of its priority. A gang
+    /// member takes its whole gang with it (a gang samples together or not at all).
+    pub(super) fn preempt(
         &mut self,
         key: SeqKey,
         rows: &mut Vec<Row>,
         budget: &mut usize,
         plan: &mut StepPlan,
     ) {
-        if self.seq(key).beam.is_none() {
+        if !self.seq(key).gang {
             return self.preempt_one(key, rows, budget, plan);
         }
         let req_id = self.seq(key).req_id;
-        let mut group: Vec<SeqKey> = self.requests[&req_id].seqs.clone();
-        group.retain(|&k| self.seq(k).status == SeqStatus::Running);
-        // Queued from the last beam to the first, so the first ends up in front.
-        group.sort_by_key(|&k| std::cmp::Reverse(self.seq(k).seq_index));
-        for k in group {
+        let mut gang: Vec<SeqKey> = self.groups[&req_id].seqs.clone();
+        gang.retain(|&k| self.seq(k).status == SeqStatus::Running);
+        // Queued from the last member to the first, so the first ends up in front.
+        gang.sort_by_key(|&k| std::cmp::Reverse(self.seq(k).seq_index));
+        for k in gang {
             self.preempt_one(k, rows, budget, plan);
         }
     }
@@ -63,7 +62,7 @@ impl Scheduler {
 
     /// Preempts the worst-ranked running sequence if its effective priority is strictly worse
     /// than `rank`'s. Returns whether it did.
-    pub(crate) fn preempt_worse_than(
+    pub(super) fn preempt_worse_than(
         &mut self,
         rank: Rank,
         now: f64,

@@ -9,10 +9,10 @@
 //! recomputes anything. The partial last block is copied on the beam's next write
 //! (`reserve_blocks`'s copy-on-write), the only KV ever copied.
 //!
-//! Scheduling: a group's beams are sampled in the same step or not at all, so the running
-//! scheduler gives a group's decode rows all together (`schedule.rs`), preemption takes a
-//! whole group (`preempt.rs`) and a preempted group is re-admitted as a whole, each beam
-//! recomputing up to its last token; the group then resumes with the same beams.
+//! Scheduling: a group's beams are sampled in the same step or not at all: they are a gang
+//! (`Sequence::gang`), so the core gives their decode rows all together, preempts them together
+//! and re-admits them as a whole, each beam recomputing up to its last token; the group then
+//! resumes with the same beams.
 //!
 //! Selection, as transformers' `_beam_search` (do_sample=False): the `max(2, 1 + #stop ids) *
 //! width` best continuations over all beams (`sampling::beam_candidates`); of the first `width`
@@ -28,16 +28,16 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::plan::StepOutput;
-use super::rank::SeqKey;
-use super::request::Sequence;
-use super::scheduler::Scheduler;
-use super::text::text_state_for;
-use super::update::{push_logprobs, GrammarMasks};
+use super::super::core::Scheduler;
+use super::super::output::{Entry, OutRow, StepOutput};
+use super::super::rank::SeqKey;
+use super::super::seq::Sequence;
+use super::super::text::text_state_for;
+use super::{grammar, Behaviour};
 use crate::error::{CoreError, CoreResult};
 use crate::params::{EarlyStopping, SamplingParams};
 use crate::sampling::{beam_candidates, BeamCandidate, BeamRow, SampleRequest, Sampled};
-use crate::types::{FinishReason, RequestId, SeqStatus, TokenId};
+use crate::types::{FinishReason, RequestId, TokenId};
 
 /// Score of a slot that holds no hypothesis yet (transformers' placeholder).
 const NO_SCORE: f32 = -1.0e9;
@@ -117,14 +117,6 @@ pub(crate) struct BeamStep {
     pub rows: Vec<usize>,
 }
 
-/// A beam search ended early (abort, deadline): its best hypotheses so far, to emit.
-#[derive(Debug, Clone)]
-pub(crate) struct EndedBeams {
-    pub req_id: RequestId,
-    pub params: Arc<SamplingParams>,
-    pub hypotheses: Vec<Hypothesis>,
-}
-
 /// `x / len^penalty`, the length-normalised score.
 fn normalised(sum: f32, len: usize, penalty: f32) -> f32 {
     sum / (len as f64).powf(f64::from(penalty)) as f32
@@ -133,7 +125,7 @@ fn normalised(sum: f32, len: usize, penalty: f32) -> f32 {
 impl Scheduler {
     /// The beam groups sampled in a step, from its rows' sequences and sample indices
     /// (`samples[i]` = the sequence of sample `i`).
-    pub(crate) fn beam_steps(&self, samples: &[SeqKey]) -> Vec<BeamStep> {
+    pub(super) fn beam_steps(&self, samples: &[SeqKey]) -> Vec<BeamStep> {
         let mut steps: Vec<BeamStep> = Vec::new();
         for (i, &key) in samples.iter().enumerate() {
             let s = self.seq(key);
@@ -157,21 +149,18 @@ impl Scheduler {
     }
 
     /// Each group's best continuations (groups and their beams in parallel).
-    pub(crate) fn beam_candidates(
+    pub(super) fn beam_candidates(
         &self,
         steps: &[BeamStep],
         logits: &[f32],
         vocab: usize,
-        masks: &GrammarMasks,
+        masks: &grammar::Masks,
     ) -> Vec<CoreResult<Vec<BeamCandidate>>> {
-        let eos = &self.cfg.eos_token_ids;
+        let eos = &self.config().eos_token_ids;
         steps
             .par_iter()
             .map(|g| {
-                let group = self.requests[&g.req_id]
-                    .beam
-                    .as_deref()
-                    .expect("beam group");
+                let group = self.beam_group(g.req_id);
                 if let Some(Err(e)) = g
                     .members
                     .iter()
@@ -198,7 +187,7 @@ impl Scheduler {
                                 eos_token_ids: eos,
                                 allowed: masks.get(&key).and_then(|m| m.as_ref().ok()),
                             },
-                            score: s.beam.as_ref().map_or(0.0, |b| b.score),
+                            score: s.ext.beam.as_ref().map_or(0.0, |b| b.score),
                         }
                     })
                     .collect();
@@ -210,17 +199,16 @@ impl Scheduler {
 
     /// Applies one group's step: finished hypotheses updated, then either the next beams take
     /// the places of `members`, or the search ends and its best `n` hypotheses go to `out`.
-    pub(crate) fn beam_step(
+    pub(super) fn beam_step(
         &mut self,
         step: &BeamStep,
         cands: &[BeamCandidate],
         out: &mut StepOutput,
     ) {
-        let mut group = self
-            .requests
-            .get_mut(&step.req_id)
-            .and_then(|r| r.beam.take())
-            .expect("beam group");
+        let behaviour = &mut self.group_mut(step.req_id).behaviour;
+        let Behaviour::Beam(mut group) = std::mem::replace(behaviour, Behaviour::Sample) else {
+            unreachable!("a beam search's group holds its state");
+        };
         let first = self.seq(step.members[0]);
         let params = Arc::clone(&first.params);
         let gen_len = first.num_output_tokens() + 1;
@@ -292,24 +280,19 @@ impl Scheduler {
         } else {
             self.reorder_beams(step, &next);
         }
-        if let Some(r) = self.requests.get_mut(&step.req_id) {
-            r.beam = Some(group);
-        }
+        self.group_mut(step.req_id).behaviour = Behaviour::Beam(group);
     }
 
     /// A beam search that an abort or its deadline ends keeps what it found: the best `n` of
     /// its finished hypotheses and live beams (scored as if they ended now), all ending with
     /// `reason`, emitted by the next `update()`. Nothing is kept before the first beams exist.
-    pub(crate) fn keep_beams_of_ended(&mut self, req_id: RequestId, reason: FinishReason) {
-        let Some(group) = self.requests[&req_id].beam.as_deref() else {
-            return;
-        };
-        let mut hypotheses = group.finished.clone();
+    pub(super) fn keep_beams_of_ended(&mut self, req_id: RequestId, reason: FinishReason) {
+        let mut hypotheses = self.beam_group(req_id).finished.clone();
         let mut params = None;
-        for &key in &self.requests[&req_id].seqs {
+        for &key in &self.group(req_id).seqs {
             let s = self.seq(key);
             params = Some(Arc::clone(&s.params));
-            let Some(beam) = s.beam.as_deref() else {
+            let Some(beam) = s.ext.beam.as_deref() else {
                 continue;
             };
             let output = s.tokens[s.num_prompt_tokens..].to_vec();
@@ -327,26 +310,32 @@ impl Scheduler {
         for h in &mut hypotheses {
             h.finish = reason;
         }
-        if !hypotheses.is_empty() {
-            self.ended_beams.push(EndedBeams {
-                req_id,
-                params,
-                hypotheses,
-            });
+        let rows: Vec<OutRow> = hypotheses
+            .iter()
+            .enumerate()
+            .flat_map(|(index, hyp)| self.hypothesis_rows(req_id, index as u32, hyp, &params))
+            .collect();
+        self.hold_rows(rows);
+    }
+
+    /// The state of `req_id`'s beam search.
+    fn beam_group(&self, req_id: RequestId) -> &BeamGroup {
+        match &self.group(req_id).behaviour {
+            Behaviour::Beam(group) => group,
+            _ => unreachable!("a beam search's group holds its state"),
         }
     }
 
-    /// Emits the hypotheses of the beam searches ended since the last `update()`.
-    pub(crate) fn emit_ended_beams(&mut self, out: &mut StepOutput) {
-        for ended in std::mem::take(&mut self.ended_beams) {
-            for (index, hyp) in ended.hypotheses.iter().enumerate() {
-                self.emit_hypothesis(ended.req_id, index as u32, hyp, &ended.params, out);
-            }
-        }
+    /// A beam group for a new request with a prompt of `num_prompt` tokens.
+    pub(super) fn new_beam_group(&self, params: &SamplingParams, num_prompt: usize) -> BeamGroup {
+        let cfg = self.config();
+        let room = cfg.max_model_len - num_prompt;
+        let max_new = params.max_tokens.map_or(room, |m| room.min(m as usize));
+        BeamGroup::new(params, &cfg.eos_token_ids, max_new)
     }
 
     fn is_eos(&self, token: TokenId, params: &SamplingParams) -> bool {
-        !params.ignore_eos && self.cfg.eos_token_ids.contains(&token)
+        !params.ignore_eos && self.config().eos_token_ids.contains(&token)
     }
 
     /// The hypothesis `c` makes of the beam `key`.
@@ -363,6 +352,7 @@ impl Scheduler {
         let mut output = s.tokens[s.num_prompt_tokens..].to_vec();
         output.push(c.token);
         let mut logprobs = s
+            .ext
             .beam
             .as_ref()
             .map_or_else(Vec::new, |b| b.logprobs.clone());
@@ -386,17 +376,13 @@ impl Scheduler {
     fn reorder_beams(&mut self, step: &BeamStep, next: &[&BeamCandidate]) {
         let mut beams: Vec<Sequence> = Vec::with_capacity(next.len());
         for (j, c) in next.iter().enumerate() {
-            let parent = self.seq(step.members[c.beam]);
-            let mut s = parent.clone();
+            let mut s = self.clone_shared(step.members[c.beam]);
             s.seq_index = j as u32;
             s.seats = 1;
+            s.gang = true;
             s.tokens.push(c.token);
-            if let Some(g) = s.grammar.as_deref_mut() {
-                // The mask allowed the token; a failure shows at the next mask and fails the
-                // request there.
-                let _ = g.consume(c.token);
-            }
-            let mut beam = s.beam.take().unwrap_or_else(|| {
+            grammar::follow(&mut s, c.token);
+            let mut beam = s.ext.beam.take().unwrap_or_else(|| {
                 Box::new(Beam {
                     score: 0.0,
                     logprobs: Vec::new(),
@@ -409,43 +395,10 @@ impl Scheduler {
                     top: c.top_logprobs.clone(),
                 });
             }
-            s.beam = Some(beam);
-            for &b in &s.block_table {
-                self.pool.incref(b);
-            }
+            s.ext.beam = Some(beam);
             beams.push(s);
         }
-        for &key in &step.members {
-            let s = self.seqs[key as usize].as_mut().expect("live");
-            self.pool.free(&s.block_table);
-            s.block_table.clear();
-            self.num_running_seats -= s.seats;
-        }
-        let mut beams = beams.into_iter();
-        for &key in &step.members {
-            match beams.next() {
-                Some(beam) => {
-                    self.seqs[key as usize] = Some(beam);
-                    self.num_running_seats += 1;
-                }
-                None => {
-                    let s = self.seqs[key as usize].as_mut().expect("live");
-                    s.status = SeqStatus::Finished;
-                    s.finish = Some(FinishReason::Stop);
-                    self.just_finished.push(key);
-                }
-            }
-        }
-        for beam in beams {
-            let key = self.insert_seq(beam);
-            self.running.push(key);
-            self.num_running_seats += 1;
-            self.requests
-                .get_mut(&step.req_id)
-                .expect("request of a live seq")
-                .seqs
-                .push(key);
-        }
+        self.replace_seqs(step.req_id, &step.members, beams);
     }
 
     /// Ends the search: every live beam finishes (blocks freed) and the best `n` hypotheses
@@ -479,64 +432,64 @@ impl Scheduler {
             self.finish_seq(key, FinishReason::Stop);
         }
         for (index, hyp) in group.finished.iter().take(n).enumerate() {
-            self.emit_hypothesis(step.req_id, index as u32, hyp, &params, out);
+            for row in self.hypothesis_rows(step.req_id, index as u32, hyp, &params) {
+                out.push_row(&row);
+            }
         }
     }
 
-    /// Appends a whole hypothesis to `out`, one entry per token, as sequence `index`: its text
+    /// A whole hypothesis as output entries, one per token, as sequence `index`: its text
     /// from a fresh detokenizer (stop token text dropped unless `include_stop_str_in_output`),
     /// its logprobs, and its score on the last entry.
-    fn emit_hypothesis(
+    fn hypothesis_rows(
         &self,
         req_id: RequestId,
         index: u32,
         hyp: &Hypothesis,
         params: &SamplingParams,
-        out: &mut StepOutput,
-    ) {
-        let detok = self.detok.as_deref();
+    ) -> Vec<OutRow> {
+        let detok = self.detok();
         let mut text = text_state_for(detok, params).ok().and_then(|(t, _)| t);
         let last = hyp.output.len() - 1;
+        let mut rows = Vec::with_capacity(hyp.output.len());
         for (i, &token) in hyp.output.iter().enumerate() {
             let finish = (i == last).then_some(hyp.finish);
-            let text_start = out.text.len();
+            let mut piece = String::new();
             if let (Some(text), Some(detok)) = (text.as_mut(), detok) {
-                text.on_token(detok, params, token, i + 1, finish, &mut out.text);
+                text.on_token(detok, params, token, i + 1, finish, &mut piece);
             }
-            let num_chars = out.text[text_start..].chars().count() as u32;
-            let last_offset = *out.text_offsets.last().expect("starts with 0");
-            out.text_offsets.push(last_offset + num_chars);
-            out.stop_str_indices.push(-1);
-            out.stop_token_ids
-                .push(if i == last { hyp.stop_token_id } else { -1 });
-            out.req_ids.push(req_id.0);
-            out.seq_indices.push(index);
-            out.token_ids.push(token);
-            out.finish_reasons.push(finish.map_or(0, |f| f as u8));
-            out.sequence_scores
-                .push(if i == last { hyp.score } else { f32::NAN });
-            let entry = hyp.logprobs.get(i).map(|t| Sampled {
+            let entry = Entry {
+                req_id: req_id.0,
+                seq_index: index,
+                token_id: token,
+                finish_reason: finish.map_or(0, |f| f as u8),
+                stop_str_index: -1,
+                stop_token_id: if i == last { hyp.stop_token_id } else { -1 },
+                sequence_score: if i == last { hyp.score } else { f32::NAN },
+            };
+            let drawn = hyp.logprobs.get(i).map(|t| Sampled {
                 token,
                 logprob: Some(t.logprob),
                 top_logprobs: t.top.clone(),
             });
-            push_logprobs(out, entry.as_ref(), detok);
+            rows.push(OutRow::new(entry, piece, drawn.as_ref(), detok));
         }
+        rows
     }
 
     /// Refuses a beam search the pool could never hold: `best_of` beams that share nothing,
     /// each at its longest, must fit the KV blocks (so a group alone always runs to its end).
-    pub(crate) fn check_beam_fits(
+    pub(super) fn check_beam_fits(
         &self,
         params: &SamplingParams,
         num_prompt: usize,
     ) -> CoreResult<()> {
-        let bs = self.cfg.block_size;
-        let longest = params.max_tokens.map_or(self.cfg.max_model_len, |m| {
-            (num_prompt + m as usize).min(self.cfg.max_model_len)
+        let cfg = self.config();
+        let longest = params.max_tokens.map_or(cfg.max_model_len, |m| {
+            (num_prompt + m as usize).min(cfg.max_model_len)
         });
-        let need = params.best_of as usize * longest.div_ceil(bs);
-        let have = self.pool.num_blocks() - 1;
+        let need = params.best_of as usize * longest.div_ceil(cfg.block_size);
+        let have = self.pool().num_blocks() - 1;
         if need > have {
             let msg = format!(
                 "`best_of`: a beam width of {} over {longest} tokens can need {need} KV blocks; \

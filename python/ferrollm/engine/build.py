@@ -1,0 +1,121 @@
+"""Building what an engine runs: the model with its weights streamed in, its KV cache sized
+from free memory, the runner over both (and its compiled decode graphs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from ferrollm.distributed.driver import Driver
+from ferrollm.distributed.startup import GroupMember
+from ferrollm.distributed.state import SINGLE, ParallelState
+from ferrollm.executor.compiled_decode import CompiledDecode, build_compiled_decode
+from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
+from ferrollm.executor.loader import ModelSource
+from ferrollm.executor.runner import ModelRunner
+from ferrollm.executor.sizing import (
+    KVCachePlan,
+    plan_kv_cache,
+    resolve_dtype,
+    resolve_quantization,
+)
+from ferrollm.models.llama import LlamaForCausalLM
+from ferrollm.models.registry import build_model
+from ferrollm.platforms import Platform
+
+if TYPE_CHECKING:
+    from ferrollm.config import EngineConfig
+
+
+def load_model(
+    source: ModelSource,
+    device: torch.device,
+    dtype: torch.dtype,
+    quantization: str | None = None,
+    parallel: ParallelState = SINGLE,
+) -> LlamaForCausalLM:
+    """Build the model for ``source`` on ``device`` and stream its weights in, one at a time.
+
+    ``quantization`` is the linear layers' scheme (None = dense); a quantized file's tensors
+    then arrive quantized and are packed without a float copy of the model. ``parallel``
+    builds this rank's shard and reads only its slices of the checkpoint (ValueError naming
+    ``tensor_parallel_size`` when the model or its format cannot split that way).
+    """
+    model = build_model(source.config, device, dtype, quantization, parallel)
+    weights = source.iter_weights(
+        dtype, keep_quantized=quantization is not None, shard=model.shard_plan()
+    )
+    model.load_weights(weights)
+    return model
+
+
+@dataclass(frozen=True)
+class BuiltRunner:
+    """A loaded model over its sized KV cache."""
+
+    runner: ModelRunner
+    kv_plan: KVCachePlan
+    #: The linear layers' weight scheme (None = dense).
+    quantization: str | None
+    #: The compiled decode graphs, or None (eager).
+    compiled: CompiledDecode | None
+
+
+def build_runner(
+    config: EngineConfig,
+    platform: Platform,
+    source: ModelSource,
+    group: GroupMember | Driver | None = None,
+) -> BuiltRunner:
+    """Load ``source`` (this rank's shard of it, in a group) and size its KV cache.
+
+    ``config`` must have come through ``for_platform``. In a tensor-parallel group every rank
+    calls this with its `GroupMember` (rank 0 with its `Driver`): the ranks agree on one KV
+    block count, and a rank that fails to load tells the others before raising.
+    """
+    parallel = SINGLE if group is None else group.parallel
+    try:
+        dtype = resolve_dtype(platform, config.dtype)
+        quantization = resolve_quantization(
+            platform, config.quantization, dtype, source.is_quantized
+        )
+        kv_dtype = (
+            dtype
+            if config.kv_cache_dtype == "auto"
+            else resolve_dtype(platform, config.kv_cache_dtype, "kv_cache_dtype")
+        )
+        model = load_model(source, platform.device, dtype, quantization, parallel=parallel)
+        spec = KVCacheSpec(
+            source.config.num_hidden_layers,
+            model.num_local_kv_heads,
+            source.config.head_dim,
+            config.block_size,
+            kv_dtype,
+        )
+        kv_plan = plan_kv_cache(
+            model, spec, platform, config, source.config.max_position_embeddings
+        )
+    except Exception as e:
+        if group is not None:
+            group.fail_startup(e)
+        raise
+    if group is not None:
+        kv_plan = group.agree(kv_plan)
+    kv_cache = KVCache(spec, kv_plan.num_blocks, platform.device)
+    make_runner = ModelRunner if group is None else group.make_runner
+    runner = make_runner(model, kv_cache, platform.device, dtype, platform.attention_backend())
+    # Every rank decides alike (a tensor-parallel shard stays eager; "on" is refused there).
+    compiled = build_compiled_decode(
+        config.compile,
+        model,
+        kv_cache,
+        runner.backend,
+        dtype,
+        kv_plan.max_model_len,
+        config.max_num_seqs,
+    )
+    runner.set_compiled(compiled)
+    return BuiltRunner(runner, kv_plan, quantization, compiled)
