@@ -1,0 +1,455 @@
+//! The x86 kernels: 256-bit integer dot products of unpacked weight groups with the quantized
+//! activations, for a tile of up to `MAX_TILE` activation rows per weight row, so each weight
+//! block is loaded and unpacked once per tile (the weights stream from memory once; the tile's
+//! activations stay in L1/L2).
+//!
+//! Per group of 32 values and activation row: the weights as 32 bytes (`unpack_*`), a dot
+//! product into 8 `i32` lanes (`Dot`: AVX2's `maddubs` + `madd`, or VNNI's `dpbusd`), then one
+//! float multiply-add of those lanes by weight scale x activation scale. Lane `i` holds the
+//! products of bytes `4i..4i+4`, so lanes 0-3 are the group's first 16 values and lanes 4-7
+//! its last 16: Q6_K's two half-group scales are one vector. The formats with a min add
+//! `min * s` (the activation group's sum) in scalar.
+//!
+//! `maddubs` multiplies unsigned by signed bytes: formats with a min (and Q4_0/Q5_0, whose
+//! offset is written as one) are unpacked unsigned; Q8_0 and Q6_K are signed, multiplied as
+//! `|w| * (x * sign(w))` (|w| <= 128 and |x| <= 127 keep the pairwise `i16` sums exact).
+
+use std::arch::x86_64::*;
+
+use super::act::QuantizedRows;
+use super::blocks::{f16_to_f32, k_scale_min, BlockType, GROUP};
+use super::work::Work;
+use crate::kernels::simd::Elem;
+
+/// Activation rows computed together against one weight row.
+pub const MAX_TILE: usize = 4;
+
+/// 32 unsigned bytes times 32 signed bytes into 8 `i32` lanes of 4 products each.
+pub trait Dot {
+    /// # Safety
+    /// The CPU must have the features of the implementation (see each).
+    unsafe fn dot(u: __m256i, s: __m256i) -> __m256i;
+}
+
+/// AVX2: `maddubs` (pairs into saturating `i16`, exact for our ranges), `madd` by ones.
+pub struct Maddubs;
+/// AVX-VNNI (VEX): one `vpdpbusd`.
+pub struct AvxVnni;
+/// AVX512-VNNI at 256 bits (AVX512VL).
+pub struct Avx512Vnni;
+
+impl Dot for Maddubs {
+    #[inline(always)]
+    unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
+        // SAFETY: AVX2, which every caller's target features include.
+        unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)) }
+    }
+}
+
+impl Dot for AvxVnni {
+    #[inline(always)]
+    unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
+        // SAFETY: AVX-VNNI, which the caller `tile_avxvnni` enables.
+        unsafe { _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s) }
+    }
+}
+
+impl Dot for Avx512Vnni {
+    #[inline(always)]
+    unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
+        // SAFETY: AVX512-VNNI and AVX512VL, which the caller `tile_avx512vnni` enables.
+        unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s) }
+    }
+}
+
+/// A tile of activation rows: pointers to each row's integers, scales and sums.
+#[derive(Clone, Copy)]
+pub struct Tile<const R: usize> {
+    q: [*const i8; R],
+    d: [*const f32; R],
+    s: [*const f32; R],
+}
+
+impl<const R: usize> Tile<R> {
+    /// Rows `first..first + R` of `x`.
+    pub fn new(x: &QuantizedRows, first: usize) -> Self {
+        let row = |i: usize| x.row(first + i);
+        Self {
+            q: std::array::from_fn(|i| row(i).0.as_ptr()),
+            d: std::array::from_fn(|i| row(i).1.as_ptr()),
+            s: std::array::from_fn(|i| row(i).2.as_ptr()),
+        }
+    }
+}
+
+/// Running sums of one weight row against a tile, in two independent sets (even and odd
+/// groups) so consecutive groups do not wait on each other's multiply-add: with one row, a
+/// single chain of 4-cycle FMAs bounded the kernel at a block every 4 cycles.
+struct Acc<const R: usize> {
+    v: [[__m256; R]; 2],
+    min: [[f32; R]; 2],
+}
+
+/// The float16 at `p` (see `blocks::f16_to_f32` for why not F16C).
+#[inline(always)]
+unsafe fn f16(p: *const u8) -> f32 {
+    // SAFETY: `p` addresses 2 readable bytes.
+    f16_to_f32(u16::from_le(unsafe {
+        std::ptr::read_unaligned(p as *const u16)
+    }))
+}
+
+/// Adds group `g` (weights `w`, `scale` per lane, `min`) against every row of the tile.
+#[inline(always)]
+unsafe fn group<D: Dot, const R: usize, const SIGNED: bool, const SET: usize>(
+    acc: &mut Acc<R>,
+    w: __m256i,
+    scale: __m256,
+    min: f32,
+    x: &Tile<R>,
+    g: usize,
+) {
+    // SAFETY: the tile's rows hold at least `g + 1` groups (checked by the caller's shapes).
+    unsafe {
+        let wu = if SIGNED { _mm256_sign_epi8(w, w) } else { w };
+        for r in 0..R {
+            let xq = _mm256_loadu_si256(x.q[r].add(g * GROUP) as *const __m256i);
+            let xs = if SIGNED { _mm256_sign_epi8(xq, w) } else { xq };
+            let p = _mm256_cvtepi32_ps(D::dot(wu, xs));
+            let sc = _mm256_mul_ps(scale, _mm256_set1_ps(*x.d[r].add(g)));
+            acc.v[SET][r] = _mm256_fmadd_ps(p, sc, acc.v[SET][r]);
+            if !SIGNED {
+                acc.min[SET][r] += min * *x.s[r].add(g);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn nibbles_128(p: *const u8) -> __m256i {
+    // SAFETY: `p` addresses 16 bytes of nibbles.
+    unsafe {
+        let raw = _mm_loadu_si128(p as *const __m128i);
+        let m = _mm_set1_epi8(0x0f);
+        _mm256_set_m128i(
+            _mm_and_si128(_mm_srli_epi16(raw, 4), m),
+            _mm_and_si128(raw, m),
+        )
+    }
+}
+
+/// Byte `j` = 0x10 where bit `j` of `qh` is set.
+#[inline(always)]
+unsafe fn fifth_bits(qh: u32) -> __m256i {
+    // SAFETY: AVX2 only.
+    unsafe {
+        let v = _mm256_set1_epi32(qh as i32);
+        let spread = _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
+            3, 3, 3,
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, spread), bit), bit);
+        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    }
+}
+
+/// Q4_0 / Q4_1 / Q5_0 / Q5_1 block `b` (group `b`), into sums `SET`.
+#[inline(always)]
+unsafe fn block_32<D: Dot, const R: usize, const SET: usize>(
+    ty: BlockType,
+    acc: &mut Acc<R>,
+    p: *const u8,
+    x: &Tile<R>,
+    b: usize,
+) {
+    // SAFETY: `p` addresses one whole block of `ty`.
+    unsafe {
+        let d = f16(p);
+        let with_min = matches!(ty, BlockType::Q4_1 | BlockType::Q5_1);
+        let (min, rest) = if with_min {
+            (f16(p.add(2)), p.add(4))
+        } else if ty == BlockType::Q4_0 {
+            (-8.0 * d, p.add(2))
+        } else {
+            (-16.0 * d, p.add(2))
+        };
+        let w = if matches!(ty, BlockType::Q4_0 | BlockType::Q4_1) {
+            nibbles_128(rest)
+        } else {
+            let qh = std::ptr::read_unaligned(rest as *const u32);
+            _mm256_or_si256(nibbles_128(rest.add(4)), fifth_bits(u32::from_le(qh)))
+        };
+        group::<D, R, false, SET>(acc, w, _mm256_set1_ps(d), min, x, b);
+    }
+}
+
+#[inline(always)]
+unsafe fn block_q8_0<D: Dot, const R: usize, const SET: usize>(
+    acc: &mut Acc<R>,
+    p: *const u8,
+    x: &Tile<R>,
+    b: usize,
+) {
+    // SAFETY: `p` addresses one Q8_0 block.
+    unsafe {
+        let w = _mm256_loadu_si256(p.add(2) as *const __m256i);
+        group::<D, R, true, SET>(acc, w, _mm256_set1_ps(f16(p)), 0.0, x, b);
+    }
+}
+
+/// Q4_K / Q5_K super-block `b` (groups `8b..8b + 8`).
+#[inline(always)]
+unsafe fn block_q45k<D: Dot, const R: usize>(
+    five: bool,
+    acc: &mut Acc<R>,
+    p: *const u8,
+    x: &Tile<R>,
+    b: usize,
+) {
+    // SAFETY: `p` addresses one whole Q4_K (or Q5_K if `five`) block.
+    unsafe {
+        let (d, dmin) = (f16(p), f16(p.add(2)));
+        let scales = std::slice::from_raw_parts(p.add(4), 12);
+        let qs = p.add(if five { 48 } else { 16 });
+        let mut qh = if five {
+            _mm256_loadu_si256(p.add(16) as *const __m256i)
+        } else {
+            _mm256_setzero_si256()
+        };
+        let (m4, b4) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
+        for c in 0..4 {
+            let raw = _mm256_loadu_si256(qs.add(32 * c) as *const __m256i);
+            let mut lo = _mm256_and_si256(raw, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            if five {
+                // Bits 2c and 2c + 1 of each byte (brought down to bits 0 and 1) become bit 4.
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(qh, 4), b4));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(qh, 3), b4));
+                qh = _mm256_srli_epi16(qh, 2);
+            }
+            let (sc, m) = k_scale_min(scales, 2 * c);
+            let (scale, min) = (_mm256_set1_ps(d * f32::from(sc)), -(dmin * f32::from(m)));
+            group::<D, R, false, 0>(acc, lo, scale, min, x, 8 * b + 2 * c);
+            let (sc, m) = k_scale_min(scales, 2 * c + 1);
+            let (scale, min) = (_mm256_set1_ps(d * f32::from(sc)), -(dmin * f32::from(m)));
+            group::<D, R, false, 1>(acc, hi, scale, min, x, 8 * b + 2 * c + 1);
+        }
+    }
+}
+
+/// Q6_K super-block `b` (groups `8b..8b + 8`).
+#[inline(always)]
+unsafe fn block_q6k<D: Dot, const R: usize>(acc: &mut Acc<R>, p: *const u8, x: &Tile<R>, b: usize) {
+    // SAFETY: `p` addresses one whole Q6_K block.
+    unsafe {
+        let d = f16(p.add(208));
+        let sc = p.add(192) as *const i8;
+        let (m4, m6, off) = (
+            _mm256_set1_epi8(0x0f),
+            _mm256_set1_epi8(0x30),
+            _mm256_set1_epi8(32),
+        );
+        for n in 0..2 {
+            let la = _mm256_loadu_si256(p.add(64 * n) as *const __m256i);
+            let lb = _mm256_loadu_si256(p.add(64 * n + 32) as *const __m256i);
+            let qh = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
+            let parts = [
+                _mm256_or_si256(
+                    _mm256_and_si256(la, m4),
+                    _mm256_and_si256(_mm256_slli_epi16(qh, 4), m6),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(lb, m4),
+                    _mm256_and_si256(_mm256_slli_epi16(qh, 2), m6),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(la, 4), m4),
+                    _mm256_and_si256(qh, m6),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(lb, 4), m4),
+                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m6),
+                ),
+            ];
+            let scale = |part: usize| {
+                let s = |i: usize| d * f32::from(*sc.add(8 * n + 2 * part + i));
+                _mm256_set_m128(_mm_set1_ps(s(1)), _mm_set1_ps(s(0)))
+            };
+            let g = 8 * b + 4 * n;
+            let w = |part: usize| _mm256_sub_epi8(parts[part], off);
+            group::<D, R, true, 0>(acc, w(0), scale(0), 0.0, x, g);
+            group::<D, R, true, 1>(acc, w(1), scale(1), 0.0, x, g + 1);
+            group::<D, R, true, 0>(acc, w(2), scale(2), 0.0, x, g + 2);
+            group::<D, R, true, 1>(acc, w(3), scale(3), 0.0, x, g + 3);
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    // SAFETY: AVX only.
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+}
+
+/// Weight row `w` (`num_blocks` blocks of `ty`) against the tile's `R` rows.
+#[inline(always)]
+unsafe fn row<D: Dot, const R: usize>(
+    ty: BlockType,
+    w: *const u8,
+    num_blocks: usize,
+    x: &Tile<R>,
+) -> [f32; R] {
+    // SAFETY: `w` addresses `num_blocks` blocks; the tile's rows hold as many values.
+    unsafe {
+        let mut acc = Acc::<R> {
+            v: [[_mm256_setzero_ps(); R]; 2],
+            min: [[0.0; R]; 2],
+        };
+        let size = ty.block_bytes();
+        let at = |b: usize| w.add(b * size);
+        match ty {
+            BlockType::Q4_K => {
+                (0..num_blocks).for_each(|b| block_q45k::<D, R>(false, &mut acc, at(b), x, b))
+            }
+            BlockType::Q5_K => {
+                (0..num_blocks).for_each(|b| block_q45k::<D, R>(true, &mut acc, at(b), x, b))
+            }
+            BlockType::Q6_K => {
+                (0..num_blocks).for_each(|b| block_q6k::<D, R>(&mut acc, at(b), x, b))
+            }
+            BlockType::Q8_0 => blocks_q8_0::<D, R>(&mut acc, w, num_blocks, x),
+            // Each arm passes its type as a constant, which the inlined loop specializes on.
+            BlockType::Q4_0 => blocks_32::<D, R>(BlockType::Q4_0, &mut acc, w, num_blocks, x),
+            BlockType::Q4_1 => blocks_32::<D, R>(BlockType::Q4_1, &mut acc, w, num_blocks, x),
+            BlockType::Q5_0 => blocks_32::<D, R>(BlockType::Q5_0, &mut acc, w, num_blocks, x),
+            BlockType::Q5_1 => blocks_32::<D, R>(BlockType::Q5_1, &mut acc, w, num_blocks, x),
+        }
+        std::array::from_fn(|r| {
+            hsum(_mm256_add_ps(acc.v[0][r], acc.v[1][r])) + acc.min[0][r] + acc.min[1][r]
+        })
+    }
+}
+
+/// Every block of a 32-value type with a min, two per iteration (even ones into sums 0, odd
+/// ones into sums 1).
+#[inline(always)]
+unsafe fn blocks_32<D: Dot, const R: usize>(
+    ty: BlockType,
+    acc: &mut Acc<R>,
+    w: *const u8,
+    num_blocks: usize,
+    x: &Tile<R>,
+) {
+    let size = ty.block_bytes();
+    let mut b = 0;
+    // SAFETY: `w` addresses `num_blocks` blocks (the caller's contract).
+    unsafe {
+        while b + 1 < num_blocks {
+            block_32::<D, R, 0>(ty, acc, w.add(b * size), x, b);
+            block_32::<D, R, 1>(ty, acc, w.add((b + 1) * size), x, b + 1);
+            b += 2;
+        }
+        if b < num_blocks {
+            block_32::<D, R, 0>(ty, acc, w.add(b * size), x, b);
+        }
+    }
+}
+
+/// Every Q8_0 block, two per iteration as `blocks_32`.
+#[inline(always)]
+unsafe fn blocks_q8_0<D: Dot, const R: usize>(
+    acc: &mut Acc<R>,
+    w: *const u8,
+    num_blocks: usize,
+    x: &Tile<R>,
+) {
+    let mut b = 0;
+    // SAFETY: `w` addresses `num_blocks` blocks (the caller's contract).
+    unsafe {
+        while b + 1 < num_blocks {
+            block_q8_0::<D, R, 0>(acc, w.add(b * 34), x, b);
+            block_q8_0::<D, R, 1>(acc, w.add((b + 1) * 34), x, b + 1);
+            b += 2;
+        }
+        if b < num_blocks {
+            block_q8_0::<D, R, 0>(acc, w.add(b * 34), x, b);
+        }
+    }
+}
+
+/// Products of every weight row of `work` with every activation row, stored as `X`.
+#[inline(always)]
+unsafe fn tile_rows<D: Dot, X: Elem>(work: &Work<'_, X>) {
+    let num_blocks = work.row_bytes / work.ty.block_bytes();
+    let m = work.x.m;
+    for (n, wrow) in work.w.chunks_exact(work.row_bytes).enumerate() {
+        let w = wrow.as_ptr();
+        let mut r = 0;
+        while r < m {
+            let take = (m - r).min(MAX_TILE);
+            // SAFETY: `w` is one whole row; the activation rows have `num_blocks` blocks of
+            // values and `out` room for every (row, column) (the caller's contract).
+            unsafe {
+                match take {
+                    4 => work.store(
+                        r,
+                        n,
+                        row::<D, 4>(work.ty, w, num_blocks, &Tile::new(work.x, r)),
+                    ),
+                    3 => work.store(
+                        r,
+                        n,
+                        row::<D, 3>(work.ty, w, num_blocks, &Tile::new(work.x, r)),
+                    ),
+                    2 => work.store(
+                        r,
+                        n,
+                        row::<D, 2>(work.ty, w, num_blocks, &Tile::new(work.x, r)),
+                    ),
+                    _ => work.store(
+                        r,
+                        n,
+                        row::<D, 1>(work.ty, w, num_blocks, &Tile::new(work.x, r)),
+                    ),
+                }
+            }
+            r += take;
+        }
+    }
+}
+
+/// The AVX2 kernel (`maddubs`).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `work` must satisfy `Work`'s contract.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tile_avx2<X: Elem>(work: &Work<'_, X>) {
+    // SAFETY: as this function's contract.
+    unsafe { tile_rows::<Maddubs, X>(work) }
+}
+
+/// The AVX-VNNI kernel: as `tile_avx2`, and the CPU must have AVX-VNNI.
+///
+/// # Safety
+/// See `tile_avx2`.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub unsafe fn tile_avxvnni<X: Elem>(work: &Work<'_, X>) {
+    // SAFETY: as this function's contract.
+    unsafe { tile_rows::<AvxVnni, X>(work) }
+}
+
+/// The AVX512-VNNI kernel (at 256 bits): as `tile_avx2`, and the CPU must have AVX512F,
+/// AVX512VL and AVX512-VNNI.
+///
+/// # Safety
+/// See `tile_avx2`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub unsafe fn tile_avx512vnni<X: Elem>(work: &Work<'_, X>) {
+    // SAFETY: as this function's contract.
+    unsafe { tile_rows::<Avx512Vnni, X>(work) }
+}
