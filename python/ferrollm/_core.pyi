@@ -30,6 +30,11 @@ __all__ = [
     "__version__",
     "check_supported",
     "cpu_features",
+    "ggml_block_types",
+    "ggml_dequantize_rows",
+    "ggml_kernel_paths",
+    "ggml_matmul",
+    "ggml_quantize",
     "paged_attention",
     "truncate_at_stop",
     "validate",
@@ -880,3 +885,40 @@ def paged_attention(
     the cache are bfloat16 (else float32); ``block_tables`` is ``(data_ptr, rows, max_blocks)``
     and ``rows`` ``(data_ptr, len)``. Writes K/V at ``slot_mapping``, then attends ``rows``
     into ``out``. Slots, block ids, positions and row bounds are checked (ValidationError)."""
+
+def ggml_matmul(
+    x: tuple[int, int, int],
+    bf16: bool,
+    segments: Sequence[tuple[int, int, int]],
+    out: int,
+    path: str | None = None,
+    parallel: bool = True,
+) -> None:
+    """Private to ``ferrollm.layers.ggml_linear`` (call ``GgmlWeight.matmul`` or the
+    ``ferrollm::ggml_matmul`` torch op): tensors arrive as data pointers that module checked.
+
+    ``x`` is ``(data_ptr, m, k)``, contiguous float32 (bfloat16 if ``bf16``); each segment
+    ``(data_ptr, rows, ggml_type)`` is ``rows`` contiguous rows of ``k`` values in GGUF blocks
+    of that type; ``out`` is a fresh ``[m, sum of rows]`` tensor of ``x``'s dtype. ``path``
+    names a kernel path (`ggml_kernel_paths`; None: the best under ``FERROLLM_CPU_ISA``).
+    ValidationError naming the field for an unknown type or path, or ``k`` not whole blocks."""
+
+def ggml_dequantize_rows(
+    data: tuple[int, int], ggml_type: int, k: int, ids: tuple[int, int], out: tuple[int, bool]
+) -> None:
+    """Private to ``ferrollm.layers.ggml_linear``: rows ``ids`` (``(data_ptr, len)``, int64) of
+    the block table ``data`` (``(data_ptr, rows)``, rows of ``k`` values) dequantized into
+    ``out`` (``(data_ptr, bf16)``, ``[len, k]``). ValidationError naming ``ids`` for an id
+    outside the table."""
+
+def ggml_quantize(x: tuple[int, int, int], ggml_type: int, out: int) -> None:
+    """Private to ``ferrollm.layers.ggml_linear``: float32 ``x`` (``(data_ptr, rows, k)``)
+    rounded to nearest into blocks of ``ggml_type`` (Q4_1 = 3 or Q8_0 = 8) at ``out``."""
+
+def ggml_kernel_paths() -> list[str]:
+    """The block-kernel paths this CPU runs under ``FERROLLM_CPU_ISA``'s cap, portable first:
+    a subset of "generic", "avx2", "avx_vnni", "avx512_vnni" (the last is the one used)."""
+
+def ggml_block_types() -> list[tuple[int, str, int, int]]:
+    """``(ggml type id, name, values per block, bytes per block)`` of each type the block
+    kernels read."""

@@ -167,13 +167,14 @@ pub fn f16_to_f32(bits: u16) -> f32 {
     let h = u32::from(bits);
     let sign = (h & 0x8000) << 16;
     let em = h & 0x7fff;
-    // Exponent and mantissa moved into float32's fields, then rebiased by 2^112 (exact for
-    // normal and subnormal halves alike); infinities and NaNs keep the all-ones exponent.
-    let finite = f32::from_bits(em << 13) * f32::from_bits(0x7780_0000);
     let magnitude = if em >= 0x7c00 {
-        0x7f80_0000 | ((em & 0x3ff) << 13)
+        0x7f80_0000 | ((em & 0x3ff) << 13) // infinity or NaN
+    } else if em >= 0x0400 {
+        (em << 13) + (112 << 23) // normal: rebias the exponent
     } else {
-        finite.to_bits()
+        // Subnormal (or zero): man * 2^-24, a normal float32 (no subnormal operand, which
+        // would cost a microcode assist).
+        (em as f32 * f32::from_bits(0x3380_0000)).to_bits()
     };
     f32::from_bits(magnitude | sign)
 }
