@@ -15,6 +15,9 @@ one always among them).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -318,3 +321,17 @@ def test_default_model_quality_quantized_vs_float32(
     agreement = (top_q == top_ref).float().mean().item()
     assert abs(ppl_q / ppl_ref - 1) <= 0.02, (ppl_ref, ppl_q)
     assert agreement >= 0.95, agreement
+
+
+@pytest.mark.parametrize(
+    ("cap", "allowed"), [("avx2", {"generic", "avx2"}), ("baseline", {"generic"})]
+)
+def test_the_isa_cap_limits_the_kernel_paths(cap: str, allowed: set[str]) -> None:
+    """``FERROLLM_CPU_ISA`` makes any CPU take an AVX2-only (or a baseline) CPU's paths."""
+    code = "from ferrollm import _core; print(' '.join(_core.ggml_kernel_paths()))"
+    env = {**os.environ, "FERROLLM_CPU_ISA": cap}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    paths = result.stdout.split()
+    assert paths[0] == "generic" and set(paths) <= allowed

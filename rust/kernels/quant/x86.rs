@@ -73,12 +73,16 @@ pub struct Tile<const R: usize> {
 impl<const R: usize> Tile<R> {
     /// Rows `first..first + R` of `x`.
     pub fn new(x: &QuantizedRows, first: usize) -> Self {
-        let row = |i: usize| x.row(first + i);
-        Self {
-            q: std::array::from_fn(|i| row(i).0.as_ptr()),
-            d: std::array::from_fn(|i| row(i).1.as_ptr()),
-            s: std::array::from_fn(|i| row(i).2.as_ptr()),
+        let mut tile = Self {
+            q: [std::ptr::null(); R],
+            d: [std::ptr::null(); R],
+            s: [std::ptr::null(); R],
+        };
+        for i in 0..R {
+            let (q, d, s) = x.row(first + i);
+            (tile.q[i], tile.d[i], tile.s[i]) = (q.as_ptr(), d.as_ptr(), s.as_ptr());
         }
+        tile
     }
 }
 
@@ -272,17 +276,28 @@ unsafe fn block_q6k<D: Dot, const R: usize>(acc: &mut Acc<R>, p: *const u8, x: &
                     _mm256_and_si256(_mm256_srli_epi16(qh, 2), m6),
                 ),
             ];
-            let scale = |part: usize| {
-                let s = |i: usize| d * f32::from(*sc.add(8 * n + 2 * part + i));
-                _mm256_set_m128(_mm_set1_ps(s(1)), _mm_set1_ps(s(0)))
-            };
+            let sc = sc.add(8 * n);
             let g = 8 * b + 4 * n;
-            let w = |part: usize| _mm256_sub_epi8(parts[part], off);
-            group::<D, R, true, 0>(acc, w(0), scale(0), 0.0, x, g);
-            group::<D, R, true, 1>(acc, w(1), scale(1), 0.0, x, g + 1);
-            group::<D, R, true, 0>(acc, w(2), scale(2), 0.0, x, g + 2);
-            group::<D, R, true, 1>(acc, w(3), scale(3), 0.0, x, g + 3);
+            let [p0, p1, p2, p3] = parts;
+            group::<D, R, true, 0>(acc, _mm256_sub_epi8(p0, off), q6k_scale(d, sc), 0.0, x, g);
+            let (w, scale) = (_mm256_sub_epi8(p1, off), q6k_scale(d, sc.add(2)));
+            group::<D, R, true, 1>(acc, w, scale, 0.0, x, g + 1);
+            let (w, scale) = (_mm256_sub_epi8(p2, off), q6k_scale(d, sc.add(4)));
+            group::<D, R, true, 0>(acc, w, scale, 0.0, x, g + 2);
+            let (w, scale) = (_mm256_sub_epi8(p3, off), q6k_scale(d, sc.add(6)));
+            group::<D, R, true, 1>(acc, w, scale, 0.0, x, g + 3);
         }
+    }
+}
+
+/// Q6_K's per-lane scale of a group: `d * sc[0]` for its first 16 values (lanes 0-3 of the
+/// dot product), `d * sc[1]` for the last 16.
+#[inline(always)]
+unsafe fn q6k_scale(d: f32, sc: *const i8) -> __m256 {
+    // SAFETY: `sc` addresses two of the block's scales.
+    unsafe {
+        let (a, b) = (d * f32::from(*sc), d * f32::from(*sc.add(1)));
+        _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a))
     }
 }
 
@@ -311,16 +326,24 @@ unsafe fn row<D: Dot, const R: usize>(
             min: [[0.0; R]; 2],
         };
         let size = ty.block_bytes();
-        let at = |b: usize| w.add(b * size);
+        // Plain loops, no closures: a closure or iterator adaptor LLVM declines to inline is
+        // compiled without the caller's target features, every intrinsic in it then a call
+        // (Q4_K ran 25x slower in the wheel's build than in a benchmark's).
         match ty {
             BlockType::Q4_K => {
-                (0..num_blocks).for_each(|b| block_q45k::<D, R>(false, &mut acc, at(b), x, b))
+                for b in 0..num_blocks {
+                    block_q45k::<D, R>(false, &mut acc, w.add(b * size), x, b);
+                }
             }
             BlockType::Q5_K => {
-                (0..num_blocks).for_each(|b| block_q45k::<D, R>(true, &mut acc, at(b), x, b))
+                for b in 0..num_blocks {
+                    block_q45k::<D, R>(true, &mut acc, w.add(b * size), x, b);
+                }
             }
             BlockType::Q6_K => {
-                (0..num_blocks).for_each(|b| block_q6k::<D, R>(&mut acc, at(b), x, b))
+                for b in 0..num_blocks {
+                    block_q6k::<D, R>(&mut acc, w.add(b * size), x, b);
+                }
             }
             BlockType::Q8_0 => blocks_q8_0::<D, R>(&mut acc, w, num_blocks, x),
             // Each arm passes its type as a constant, which the inlined loop specializes on.
@@ -329,9 +352,11 @@ unsafe fn row<D: Dot, const R: usize>(
             BlockType::Q5_0 => blocks_32::<D, R>(BlockType::Q5_0, &mut acc, w, num_blocks, x),
             BlockType::Q5_1 => blocks_32::<D, R>(BlockType::Q5_1, &mut acc, w, num_blocks, x),
         }
-        std::array::from_fn(|r| {
-            hsum(_mm256_add_ps(acc.v[0][r], acc.v[1][r])) + acc.min[0][r] + acc.min[1][r]
-        })
+        let mut out = [0f32; R];
+        for (r, o) in out.iter_mut().enumerate() {
+            *o = hsum(_mm256_add_ps(acc.v[0][r], acc.v[1][r])) + acc.min[0][r] + acc.min[1][r];
+        }
+        out
     }
 }
 
