@@ -35,8 +35,10 @@ __all__ = [
     "ggml_kernel_paths",
     "ggml_matmul",
     "ggml_quantize",
+    "kernel_threads",
     "paged_attention",
     "truncate_at_stop",
+    "use_openmp",
     "validate",
 ]
 
@@ -922,3 +924,12 @@ def ggml_kernel_paths() -> list[str]:
 def ggml_block_types() -> list[tuple[int, str, int, int]]:
     """``(ggml type id, name, values per block, bytes per block)`` of each type the block
     kernels read."""
+
+def use_openmp(gomp_parallel: int) -> bool:
+    """From now on the kernels' parallel jobs run on the calling thread's OpenMP team, through
+    the runtime function ``GOMP_parallel`` at address ``gomp_parallel`` (trusted: torch's
+    loaded libgomp, which ``ferrollm.platforms.host.share_openmp_with_kernels`` finds). False
+    if a runtime was set already; ValueError for address 0."""
+
+def kernel_threads() -> str:
+    """Where the kernels' parallel jobs run: "openmp" (torch's team) or "rayon"."""

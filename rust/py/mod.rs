@@ -58,6 +58,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quant::ggml_block_types, m)?)?;
     m.add_class::<cpu::PyCpuFeatures>()?;
     m.add_function(wrap_pyfunction!(cpu::cpu_features, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu::use_openmp, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu::kernel_threads, m)?)?;
     m.add_class::<sampling::PySampler>()?;
     m.add_class::<sampling::PySampleResult>()?;
     m.add("ValidationError", py.get_type::<errors::ValidationError>())?;

@@ -91,6 +91,24 @@ def resolve_quantization(
     return requested
 
 
+def resolve_kv_dtype(
+    platform: Platform, requested: str, dtype: torch.dtype, quantization: str | None
+) -> torch.dtype:
+    """The KV cache's dtype for ``requested`` (``EngineConfig.kv_cache_dtype``).
+
+    "auto" is the compute dtype, except on CPU with quantized weights: bfloat16 there (as
+    llama.cpp keeps float16 K/V), half the memory and half the bytes attention reads per token
+    of a float32 cache, at a rounding below what the int8 activations already cost (measured
+    in tests/engine/test_quantization.py). The parity mode (float32, no quantization) keeps
+    float32.
+    """
+    if requested != "auto":
+        return resolve_dtype(platform, requested, "kv_cache_dtype")
+    if platform.name == "cpu" and quantization is not None:
+        return torch.bfloat16
+    return dtype
+
+
 @dataclass(frozen=True)
 class KVCachePlan:
     """How large the KV cache is, and the context length it serves."""

@@ -24,6 +24,10 @@ from dataclasses import dataclass
 import torch
 
 from ferrollm import _core
+from ferrollm.platforms.host import share_openmp_with_kernels
+
+# The kernels' jobs run on torch's OpenMP team (see `share_openmp_with_kernels`).
+share_openmp_with_kernels()
 
 _DTYPES = (torch.float32, torch.bfloat16)
 #: int4 / int8 -> the ggml type a dense weight is quantized into.
@@ -214,15 +218,26 @@ class GgmlWeight:
         if len(ks) != 1:
             raise ValueError(f"segments must share K; got {sorted(ks)}")
         self.segments = list(segments)
+        self.k = segments[0].k
+        self.n = sum(s.shape[0] for s in segments)
         self._data = [s.data for s in segments]
         self._types = [s.ggml_type for s in segments]
+        # Checked once here (GgmlBlocks checks its bytes); the tensors live as long as this.
+        self._segments = [(s.data.data_ptr(), s.shape[0], s.ggml_type) for s in segments]
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x [M, K] @ W.T`` -> ``[M, N]`` in ``x``'s dtype (float32 or bfloat16)."""
         if torch.compiler.is_compiling():
             out: torch.Tensor = ggml_matmul(x, self._data, self._types)
             return out
-        return _ggml_matmul(x, self._data, self._types)
+        plain = x.dim() == 2 and x.dtype in _DTYPES and x.is_contiguous()
+        if not (plain and x.shape[1] == self.k and x.device.type == "cpu"):
+            return _ggml_matmul(x, self._data, self._types)  # checks, copies or raises
+        # The eager fast path: a decode step makes ~150 of these calls.
+        out = torch.empty((x.shape[0], self.n), dtype=x.dtype)
+        bf16 = x.dtype == torch.bfloat16
+        _core.ggml_matmul((x.data_ptr(), x.shape[0], self.k), bf16, self._segments, out.data_ptr())
+        return out
 
     def matmul_on(self, x: torch.Tensor, path: str) -> torch.Tensor:
         """`matmul` on kernel path ``path`` (one of `kernel_paths`), for tests and benches."""

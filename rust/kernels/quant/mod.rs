@@ -20,13 +20,12 @@ mod work;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use rayon::prelude::*;
-
 pub use act::QuantizedRows;
 pub use blocks::{dequantize_row, BlockType, ALL_TYPES, GROUP};
 pub use quantize::quantize_row_into;
 
 use super::cpu::CpuFeatures;
+use super::pool;
 use super::simd::Elem;
 use crate::error::{CoreError, CoreResult};
 use work::Work;
@@ -122,7 +121,7 @@ pub struct Segment<'a> {
 
 /// `out = x @ W^T` where `W`'s rows are `segments`' rows in order; `x` is `[m, k]` and `out`
 /// `[m, sum of rows]`, both row-major. `path` must run on this CPU (`Path::runs_on`);
-/// `parallel` spreads the weight rows over rayon's pool.
+/// `parallel` spreads the weight rows over the threads of `pool::run_jobs`.
 pub fn matmul<X: Elem>(
     x: &[X],
     m: usize,
@@ -158,8 +157,8 @@ pub fn matmul<X: Elem>(
         // SAFETY: `path` runs here (checked above); jobs cover disjoint columns.
         unsafe { run_work(path, &work) };
     };
-    if parallel && jobs.len() > 1 {
-        jobs.par_iter().for_each(run);
+    if parallel {
+        pool::run_jobs(jobs.len(), &|i| run(&jobs[i]));
     } else {
         jobs.iter().for_each(run);
     }
@@ -214,13 +213,13 @@ fn invalid(param: &str, message: String) -> CoreError {
     CoreError::invalid(param, "invalid_quantized_input", message)
 }
 
-/// A raw pointer the jobs share; each writes only its own columns.
+/// A raw pointer the jobs share; each writes only its own elements.
 #[derive(Clone, Copy)]
 struct SendPtr<X>(*mut X);
-// SAFETY: the pointee is an `Elem` (plain floats) and the jobs write disjoint elements.
-unsafe impl<X: Elem> Send for SendPtr<X> {}
+// SAFETY: the pointees are plain numbers and the jobs write disjoint elements.
+unsafe impl<X: Copy> Send for SendPtr<X> {}
 // SAFETY: as above.
-unsafe impl<X: Elem> Sync for SendPtr<X> {}
+unsafe impl<X: Copy> Sync for SendPtr<X> {}
 
 impl<X> SendPtr<X> {
     fn get(self) -> *mut X {
@@ -311,16 +310,30 @@ fn quantize_activations<X: Elem>(
     let mut xq = QuantizedRows::new(m, k);
     let groups = k / GROUP;
     let simd = path != Path::Generic;
-    // SAFETY (both): the AVX2 variant runs only where `path`, an AVX2 path, does.
     if parallel && m >= 16 {
-        x.par_chunks(k)
-            .zip(xq.q.par_chunks_mut(k))
-            .zip(xq.d.par_chunks_mut(groups))
-            .zip(xq.s.par_chunks_mut(groups))
-            .for_each(|(((x, q), d), s)| unsafe { quantize_row_dispatch(simd, x, q, d, s) });
+        // Rows in runs of 8, each run one job, through disjoint chunks of the output.
+        const RUN: usize = 8;
+        let (q, d, s) = (
+            SendPtr(xq.q.as_mut_ptr()),
+            SendPtr(xq.d.as_mut_ptr()),
+            SendPtr(xq.s.as_mut_ptr()),
+        );
+        pool::run_jobs(m.div_ceil(RUN), &|j| {
+            for r in j * RUN..((j + 1) * RUN).min(m) {
+                // SAFETY: row `r < m` of each buffer (sized for `m` rows by `new`) is written
+                // by this job alone; the AVX2 variant runs only where `path` does.
+                unsafe {
+                    let q = std::slice::from_raw_parts_mut(q.get().add(r * k), k);
+                    let d = std::slice::from_raw_parts_mut(d.get().add(r * groups), groups);
+                    let s = std::slice::from_raw_parts_mut(s.get().add(r * groups), groups);
+                    quantize_row_dispatch(simd, &x[r * k..][..k], q, d, s);
+                }
+            }
+        });
     } else {
         for r in 0..m {
             let (q, d, s) = xq.row_mut(r);
+            // SAFETY: the AVX2 variant runs only where `path`, an AVX2 path, does.
             unsafe { quantize_row_dispatch(simd, &x[r * k..][..k], q, d, s) };
         }
     }
