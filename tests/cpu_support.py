@@ -1,6 +1,5 @@
 """The host CPU in tests: the torch paths ask ``ferrollm.platforms.cpu_features.cpu_caps()``
-which path to take, so `fake_cpu` (patching it) runs any machine down another CPU's path, and
-`skip_unless_onednn_bf16` skips, naming the features, a path the host cannot run."""
+which path to take, so `fake_cpu` (patching it) runs any machine down another CPU's path."""
 
 from __future__ import annotations
 
@@ -21,10 +20,3 @@ def fake_cpu(monkeypatch: pytest.MonkeyPatch, *names: str) -> CpuCaps:
 
 #: What a CPU without AVX-512 typically has (AMD Zen 2/3): the features of the AVX2 paths.
 AVX2_ONLY = ("avx2", "fma", "f16c")
-
-
-def skip_unless_onednn_bf16() -> None:
-    """Skip, naming the features, where oneDNN's bfloat16 kernels cannot run (AVX2-only)."""
-    caps = cpu_features.cpu_caps()
-    if not caps.onednn_bf16:
-        pytest.skip(f"oneDNN bfloat16 needs {caps.missing_for_onednn_bf16()}, absent here")

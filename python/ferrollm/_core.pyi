@@ -35,7 +35,14 @@ __all__ = [
     "_num_body_walks",
     "_paged_attention",
     "cpu_features",
+    "ggml_block_types",
+    "ggml_dequantize_rows",
+    "ggml_kernel_paths",
+    "ggml_matmul",
+    "ggml_quantize",
+    "kernel_threads",
     "truncate_at_stop",
+    "use_openmp",
     "validate",
 ]
 
@@ -1056,3 +1063,49 @@ def _paged_attention(
     rows)``; every dtype, device, shape and layout the kernel relies on is checked here, then
     K/V are written at ``slot_mapping`` and ``rows`` attended into ``out``. Slots, block ids,
     positions and row bounds are checked too (ValidationError naming the tensor)."""
+
+def ggml_matmul(
+    x: tuple[int, int, int],
+    bf16: bool,
+    segments: Sequence[tuple[int, int, int]],
+    out: int,
+    path: str | None = None,
+    parallel: bool = True,
+) -> None:
+    """Private to ``ferrollm.layers.ggml_linear`` (call ``GgmlWeight.matmul`` or the
+    ``ferrollm::ggml_matmul`` torch op): tensors arrive as data pointers that module checked.
+
+    ``x`` is ``(data_ptr, m, k)``, contiguous float32 (bfloat16 if ``bf16``); each segment
+    ``(data_ptr, rows, ggml_type)`` is ``rows`` contiguous rows of ``k`` values in GGUF blocks
+    of that type; ``out`` is a fresh ``[m, sum of rows]`` tensor of ``x``'s dtype. ``path``
+    names a kernel path (`ggml_kernel_paths`; None: the best under ``FERROLLM_CPU_ISA``).
+    ValidationError naming the field for an unknown type or path, or ``k`` not whole blocks."""
+
+def ggml_dequantize_rows(
+    data: tuple[int, int], ggml_type: int, k: int, ids: tuple[int, int], out: tuple[int, bool]
+) -> None:
+    """Private to ``ferrollm.layers.ggml_linear``: rows ``ids`` (``(data_ptr, len)``, int64) of
+    the block table ``data`` (``(data_ptr, rows)``, rows of ``k`` values) dequantized into
+    ``out`` (``(data_ptr, bf16)``, ``[len, k]``). ValidationError naming ``ids`` for an id
+    outside the table."""
+
+def ggml_quantize(x: tuple[int, int, int], ggml_type: int, out: int) -> None:
+    """Private to ``ferrollm.layers.ggml_linear``: float32 ``x`` (``(data_ptr, rows, k)``)
+    rounded to nearest into blocks of ``ggml_type`` (Q4_1 = 3 or Q8_0 = 8) at ``out``."""
+
+def ggml_kernel_paths() -> list[str]:
+    """The block-kernel paths this CPU runs under ``FERROLLM_CPU_ISA``'s cap, portable first:
+    a subset of "generic", "avx2", "avx_vnni", "avx512_vnni" (the last is the one used)."""
+
+def ggml_block_types() -> list[tuple[int, str, int, int]]:
+    """``(ggml type id, name, values per block, bytes per block)`` of each type the block
+    kernels read."""
+
+def use_openmp(gomp_parallel: int) -> bool:
+    """From now on the kernels' parallel jobs run on the calling thread's OpenMP team, through
+    the runtime function ``GOMP_parallel`` at address ``gomp_parallel`` (trusted: torch's
+    loaded libgomp, which ``ferrollm.platforms.host.share_openmp_with_kernels`` finds). False
+    if a runtime was set already; ValueError for address 0."""
+
+def kernel_threads() -> str:
+    """Where the kernels' parallel jobs run: "openmp" (torch's team) or "rayon"."""

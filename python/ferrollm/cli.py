@@ -44,7 +44,11 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--kv-cache-memory": ("kv_cache_memory", str, "KV-cache budget, e.g. 2GiB"),
     "--dtype": ("dtype", str, "auto, float32, bfloat16 or float16"),
     "--quantization": ("quantization", str, "weights: auto (keep the file's), none, int8, int4"),
-    "--kv-cache-dtype": ("kv_cache_dtype", str, "auto (the compute dtype), float32, bfloat16"),
+    "--kv-cache-dtype": (
+        "kv_cache_dtype",
+        str,
+        "auto (the compute dtype; bfloat16 on CPU with quantized weights), float32, bfloat16",
+    ),
     "--compile": ("compile", str, "compiled decode steps: auto (CPU, not float32), on, off"),
     "--device": ("device", str, "cpu, cuda or npu (default: detected)"),
     "--block-size": ("block_size", int, "tokens per KV-cache block"),

@@ -84,7 +84,8 @@ class EngineConfig:
     #: Weights: "auto" (a quantized GGUF stays quantized), "none", "int8" or "int4".
     #: ``dtype="float32", quantization="none"`` is the exact-parity mode.
     quantization: str = "auto"
-    #: KV-cache dtype: "auto" (the compute dtype), "float32", "bfloat16" or "float16".
+    #: KV-cache dtype: "auto" (the compute dtype; bfloat16 on CPU with quantized weights),
+    #: "float32", "bfloat16" or "float16".
     kv_cache_dtype: str = "auto"
     #: Decode steps through per-batch-size inductor graphs: "auto" (CPU, not float32), "on"
     #: or "off". Graphs are cached on disk (``$FERROLLM_COMPILE_CACHE``, default

@@ -40,7 +40,7 @@ impl Dims {
 
     fn check(&self) -> CoreResult<()> {
         let ok = self.num_kv_heads > 0
-            && self.num_heads % self.num_kv_heads == 0
+            && self.num_heads.is_multiple_of(self.num_kv_heads)
             && self.head_dim > 0
             && self.block_size > 0;
         if ok {

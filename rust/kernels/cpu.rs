@@ -195,7 +195,7 @@ fn detect(name: &str) -> bool {
 /// OS lets a process use the tiles is the library's (oneDNN's) business; this says the CPU has
 /// them, as `/proc/cpuinfo` does.
 #[cfg(target_arch = "x86_64")]
-#[allow(unused_unsafe)] // `__cpuid` is safe from Rust 1.87 on; the crate builds from 1.85
+#[allow(unused_unsafe)] // `__cpuid` is safe from Rust 1.87 on; kept for older toolchains
 fn amx(name: &str) -> bool {
     use std::arch::x86_64::{__cpuid, __cpuid_count};
     // SAFETY: CPUID exists on every x86-64 CPU; leaf 7 is read only if leaf 0 says it exists.

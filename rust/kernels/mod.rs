@@ -1,9 +1,13 @@
 //! CPU compute kernels over tensors the caller owns: paged attention reading the KV cache in
-//! place (`attention`), on the element math in `simd`, at the SIMD width `cpu` detects. Plain Rust over slices; the binding in
-//! `py/attention.rs` turns torch tensors into those slices.
+//! place (`attention`) and matrix products over GGUF-quantized weights read in their own blocks
+//! (`quant`), at the SIMD width `cpu` detects at run time, in parallel on `pool` (the caller's OpenMP
+//! team when handed one, else rayon). Plain Rust over slices; the bindings
+//! in `py/attention.rs` and `py/quant.rs` turn torch tensors into those slices.
 
 pub mod attention;
 pub mod cpu;
+pub mod pool;
+pub mod quant;
 mod simd;
 
 pub use attention::{attend, write_kv, Dims, Rows, StepLayout};

@@ -4,7 +4,7 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::kernels::CpuFeatures;
+use crate::kernels::{pool, CpuFeatures};
 
 /// This process's CPU features after `FERROLLM_CPU_ISA`'s cap.
 #[pyclass(name = "CpuFeatures", module = "ferrollm._core", frozen)]
@@ -55,5 +55,31 @@ pub fn cpu_features() -> PyResult<PyCpuFeatures> {
     match &inner.cap_error {
         Some(e) => Err(PyValueError::new_err(e.clone())),
         None => Ok(PyCpuFeatures { inner }),
+    }
+}
+
+/// See `_core.pyi`: the kernels' parallel jobs run on the calling thread's OpenMP team from
+/// now on, through the runtime's `GOMP_parallel` at `gomp_parallel` (torch's libgomp, found by
+/// `ferrollm.platforms.host`). False if a runtime was already set.
+///
+/// The address is trusted: `ferrollm.platforms.host` takes it from the loaded runtime.
+#[pyfunction]
+pub fn use_openmp(gomp_parallel: usize) -> PyResult<bool> {
+    if gomp_parallel == 0 {
+        return Err(PyValueError::new_err(
+            "`gomp_parallel` must be a function address",
+        ));
+    }
+    // SAFETY: the caller passes libgomp's GOMP_parallel, which stays loaded (torch holds it).
+    Ok(unsafe { pool::use_openmp(gomp_parallel) })
+}
+
+/// See `_core.pyi`: "openmp" or "rayon", where the kernels' parallel jobs run.
+#[pyfunction]
+pub fn kernel_threads() -> &'static str {
+    if pool::on_openmp() {
+        "openmp"
+    } else {
+        "rayon"
     }
 }

@@ -72,7 +72,7 @@ pub fn sample(
 }
 
 fn check_shape(logits: &[f32], vocab: usize) -> CoreResult<usize> {
-    if vocab == 0 || logits.len() % vocab != 0 {
+    if vocab == 0 || !logits.len().is_multiple_of(vocab) {
         return Err(CoreError::invalid(
             "logits",
             "bad_shape",

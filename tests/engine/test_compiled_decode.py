@@ -21,7 +21,7 @@ import pytest
 import torch
 import transformers
 
-from cpu_support import AVX2_ONLY, fake_cpu, skip_unless_onednn_bf16
+from cpu_support import AVX2_ONLY, fake_cpu
 from ferrollm import LLM, SamplingParams
 from ferrollm.config import EngineConfig, EngineConfigError
 from ferrollm.distributed.state import ParallelState
@@ -30,7 +30,7 @@ from ferrollm.executor.compiled_decode import CompiledDecode, bucket_for, build_
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.loader import load_model_source
 from ferrollm.layers.attention import TorchSDPABackend
-from ferrollm.layers.linear import QUANTIZED_MAX_ROWS
+from ferrollm.layers.linear import QUANTIZED_MAX_ROWS, dense_copies_pay
 from ferrollm.layers.paged_attention import PagedKernelBackend
 from ferrollm.models.llama import LlamaForCausalLM
 from tiny_models import write_tiny_gguf
@@ -241,7 +241,7 @@ def test_auto_is_off_in_float32_and_on_needs_the_kernel(model_dir: Path) -> None
     assert bad.value.field == "compile"
 
 
-@pytest.mark.parametrize("cpu", ["onednn-bf16", "avx2-only"])
+@pytest.mark.parametrize("cpu", ["bf16-units", "avx2-only"])
 def test_compiled_quantized_bfloat16_leaves_the_packed_copies_eager(
     model_dir: Path,
     compile_cache: Path,
@@ -249,13 +249,14 @@ def test_compiled_quantized_bfloat16_leaves_the_packed_copies_eager(
     monkeypatch: pytest.MonkeyPatch,
     cpu: str,
 ) -> None:
-    """The default mode's shape: int4 weights, with oneDNN-packed copies for many-row steps.
-    Graphs over packed weights cannot be cached on disk, so only the steps of up to
-    ``QUANTIZED_MAX_ROWS`` rows (the int4 kernels) are compiled; more rows run eagerly. A CPU
-    without oneDNN's bfloat16 kernels (AVX2-only) keeps plain copies, compiled at every row
-    count."""
-    if cpu == "onednn-bf16":
-        skip_unless_onednn_bf16()
+    """The default mode's shape on a CPU with bfloat16 units: Q4_1 blocks, with oneDNN-packed
+    copies for many-row steps. Graphs over packed weights cannot be cached on disk, so only
+    the steps of up to ``QUANTIZED_MAX_ROWS`` rows (the block kernels) are compiled; more rows
+    run eagerly. A CPU without them (AVX2-only) keeps no copy: the block kernels run, compiled,
+    at every row count."""
+    if cpu == "bf16-units":
+        if not dense_copies_pay(torch.bfloat16):
+            pytest.skip("oneDNN bfloat16 copies need avx512_bf16 or amx_bf16, absent here")
     else:
         fake_cpu(monkeypatch, *AVX2_ONLY)
     path = write_tiny_gguf(model_dir, tmp_path / "tiny.gguf", "llama", "Q4_1")
@@ -266,8 +267,8 @@ def test_compiled_quantized_bfloat16_leaves_the_packed_copies_eager(
     assert layer.quantized is not None
     graphs = compiled.engine.runner.compiled
     assert isinstance(graphs, CompiledDecode)
-    packed = cpu == "onednn-bf16"
-    assert (layer.packed is not None) == packed and (layer.weight is None) == packed
+    packed = cpu == "bf16-units"
+    assert (layer.packed is not None) == packed and layer.weight is None
     assert graphs.buckets == ((1, 2, 4) if packed else (1, 2, 4, 8))
     rows = count_compiled_steps(compiled, monkeypatch)
     prompts = [f"{prompt} {i}" for i in range(2) for prompt in PROMPTS]

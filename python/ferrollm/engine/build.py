@@ -20,6 +20,7 @@ from ferrollm.executor.sizing import (
     KVCachePlan,
     plan_kv_cache,
     resolve_dtype,
+    resolve_kv_dtype,
     resolve_quantization,
 )
 from ferrollm.models.llama import LlamaForCausalLM
@@ -82,11 +83,7 @@ def build_runner(
         quantization = resolve_quantization(
             platform, config.quantization, dtype, source.is_quantized
         )
-        kv_dtype = (
-            dtype
-            if config.kv_cache_dtype == "auto"
-            else resolve_dtype(platform, config.kv_cache_dtype, "kv_cache_dtype")
-        )
+        kv_dtype = resolve_kv_dtype(platform, config.kv_cache_dtype, dtype, quantization)
         model = load_model(source, platform.device, dtype, quantization, parallel=parallel)
         spec = KVCacheSpec(
             source.config.num_hidden_layers,

@@ -4,14 +4,14 @@ A decode-only step (every row one new token, no embedding override, no prompt lo
 kept logits) runs the whole model (embedding, every layer, final norm and LM head) as one
 inductor graph instead of ~250 eager ops per layer stack, so no per-layer Python runs and torch's
 OpenMP team enters far fewer parallel regions per token. Attention stays the opaque
-``ferrollm::paged_attention`` custom op; torch's int4/int8 weight-only matmuls stay extern calls.
+``ferrollm::paged_attention`` custom op, and the block matmuls ``ferrollm::ggml_matmul``.
 
 Shapes: rows are padded up to a bucket (``BUCKETS``): padded rows decode token 0 at position 0
 into the scheduler's null block (block 0, never allocated, its contents never read), and their
 logits are dropped. Block tables are padded to the widest a sequence can have. The row count
 and the KV cache's block count stay symbolic in the graphs, every other size is static, so the
 graphs split only where the model's Python does: one row, up to ``QUANTIZED_MAX_ROWS`` rows
-(the packed weight-only kernels) and more (the dense copies): three graphs for the default
+(the block kernels) and more (the dense copies, where kept): up to three graphs for the default
 model, whatever the buckets and the cache size.
 
 Compiled graphs are cached on disk by inductor (its FX-graph and AOT caches) under

@@ -24,8 +24,8 @@ from ferrollm.models.config import ModelConfig, UnsupportedModelError
 if TYPE_CHECKING:  # opening a file (config, tokenizer) needs no torch: `ferrollm.preflight`
     import torch
 
+    from ferrollm.layers.ggml_linear import GgmlBlocks
     from ferrollm.layers.linear import Weight
-    from ferrollm.layers.quant import GroupQuantized
 
 logger = logging.getLogger(__name__)
 
@@ -57,14 +57,15 @@ _LAYER_TENSORS = {
 #: Types stored as plain floats (no quantization to keep).
 _DENSE_TYPES = frozenset(["F32", "F16", "BF16", "F64"])
 #: A tensor's rows: a dense array, or a quantized tensor (whose rows reorder the same way).
-_Rows = TypeVar("_Rows", "np.ndarray[Any, Any]", "GroupQuantized")
+_Rows = TypeVar("_Rows", "np.ndarray[Any, Any]", "GgmlBlocks")
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 #: Tensors with no transformers counterpart: llama.cpp's precomputed llama3 rope factors.
 _IGNORED_TENSORS = frozenset(["rope_freqs.weight"])
 
 
 class GGUFCheckpoint(ModelSource):
-    """A ``.gguf`` file; its tensors are memory-mapped and dequantized one at a time."""
+    """A ``.gguf`` file; its tensors are memory-mapped and dequantized one at a time, or kept
+    in their blocks (``keep_quantized``)."""
 
     def __init__(self, path: Path, file: GGUFFile, **fields: Any) -> None:
         super().__init__(path, **fields)
@@ -103,15 +104,15 @@ class GGUFCheckpoint(ModelSource):
         A slice reads only its bytes of the memory map (`_sliced`): a row range is one
         contiguous run of blocks, a column range a run of blocks in every row.
 
-        Dense: each tensor is dequantized to float32, then cast. ``keep_quantized``: Q4_0,
-        Q4_1 and Q8_0 matrices come as their own blocks (`gguf_quant.decode_blocks`); other
-        quantized types are dequantized and re-quantized to the nearest scheme the kernels run
-        (int4 for up to 4.5 bits per weight, else int8), said once in the log.
+        Dense: each tensor is dequantized to float32, then cast. ``keep_quantized``: matrices
+        in a type the block kernels read (``ggml_linear.block_types``: Q4_0..Q8_0, Q4_K, Q5_K,
+        Q6_K) come as their own blocks, views of the memory map (`_blocks`); other quantized
+        types are dequantized and quantized again into the nearest block type (Q4_1 up to 4.5
+        bits per weight, else Q8_0), said once in the log.
         """
         import torch
 
-        from ferrollm.executor.gguf_quant import GGML_TYPE_NAMES, decode_blocks
-        from ferrollm.layers.quant import quantize_rtn
+        from ferrollm.layers.ggml_linear import block_types, quantize_dense
 
         try:
             from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize
@@ -129,8 +130,8 @@ class GGUFCheckpoint(ModelSource):
                 kind = GGMLQuantizationType(tensor.ggml_type)
                 data, columns = self._sliced(tensor, name, shard, keep_quantized)
                 self.num_bytes_read += data.nbytes
-                if keep_quantized and tensor.ggml_type in GGML_TYPE_NAMES:
-                    yield name, self._unpermuted(tensor, decode_blocks(data, tensor.ggml_type))
+                if keep_quantized and tensor.ggml_type in block_types():
+                    yield name, self._unpermuted(tensor, _blocks(data, tensor.ggml_type))
                     continue
                 array = dequantize(data, kind)
                 if columns is not None:
@@ -142,13 +143,15 @@ class GGUFCheckpoint(ModelSource):
                 if keep_quantized and kind.name not in _DENSE_TYPES and weight.dim() == 2:
                     block, size = GGML_QUANT_SIZES[kind]
                     scheme = "int4" if size * 8 / block <= 4.5 else "int8"
-                    requantized[kind.name] = scheme
-                    yield name, quantize_rtn(weight, scheme)
-                    continue
+                    blocks = quantize_dense(weight, scheme)
+                    if blocks is not None:
+                        requantized[kind.name] = blocks.name
+                        yield name, blocks
+                        continue
                 yield name, weight.to(dtype)
         for kind_name, scheme in requantized.items():
             logger.info(
-                "GGUF %s tensors have no matching kernel: dequantized and re-quantized to %s",
+                "GGUF %s tensors have no block kernel: dequantized and quantized again to %s",
                 kind_name,
                 scheme,
             )
@@ -160,7 +163,7 @@ class GGUFCheckpoint(ModelSource):
         dequantization (None: all) when the slice starts or ends inside a block."""
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-        from ferrollm.executor.gguf_quant import GGML_TYPE_NAMES
+        from ferrollm.layers.ggml_linear import block_types
 
         data = self._file.data(tensor)
         part = shard.slice_of(name)
@@ -176,7 +179,7 @@ class GGUFCheckpoint(ModelSource):
         columns: slice | None = None
         if part.start % block != 0 or part.stop % block != 0:
             columns = slice(part.start - first * block, part.stop - first * block)
-        if columns is not None and keep_quantized and tensor.ggml_type in GGML_TYPE_NAMES:
+        if columns is not None and keep_quantized and tensor.ggml_type in block_types():
             raise shard.refusal(
                 name,
                 f"rank {shard.rank}'s input columns [{part.start}, {part.stop}) cut through "
@@ -197,6 +200,22 @@ class GGUFCheckpoint(ModelSource):
         if ".attn_k." in tensor.name:
             return _reverse_permute(array, round(self.config.num_key_value_heads * share))
         return array
+
+
+def _blocks(data: np.ndarray[Any, Any], ggml_type: int) -> GgmlBlocks:
+    """A quantized matrix's bytes ``[rows, row_bytes]`` as `GgmlBlocks`, without a copy: the
+    tensor views the memory map (read-only; nothing ever writes to it)."""
+    import warnings
+
+    import torch
+
+    from ferrollm.layers.ggml_linear import GgmlBlocks, block_types
+
+    _, values, size = block_types()[ggml_type]
+    with warnings.catch_warnings():  # torch warns that the array is not writable
+        warnings.simplefilter("ignore", UserWarning)
+        rows = torch.from_numpy(data)
+    return GgmlBlocks(rows, ggml_type, data.shape[1] // size * values)
 
 
 def hf_tensor_name(gguf_name: str) -> str | None:
@@ -220,7 +239,7 @@ def _reverse_permute(array: _Rows, num_heads: int) -> _Rows:
     rows = array.shape[0]
     half = rows // num_heads // 2
     order = np.arange(rows).reshape(num_heads, half, 2).swapaxes(2, 1).reshape(-1)
-    if not isinstance(array, np.ndarray):  # a GroupQuantized: reorder its rows with torch
+    if not isinstance(array, np.ndarray):  # GgmlBlocks: reorder its rows with torch
         import torch
 
         return array.rows(torch.from_numpy(order))

@@ -65,19 +65,19 @@ def resolve_quantization(
 ) -> str | None:
     """The linear layers' scheme (``ferrollm.layers.linear.QUANT_MODES``) for the request.
 
-    torch's weight-only int4/int8 kernels are CPU ops vectorized for bfloat16 activations (with
-    float32 ones they are 10-25x slower than a float32 ``linear``), so: "auto" keeps a
-    quantized file quantized ("native") on CPU in bfloat16 and dequantizes it otherwise (said in
-    the log); "int4"/"int8" need exactly that and raise EngineConfigError otherwise.
+    The block kernels (``ferrollm.layers.ggml_linear``) run on any CPU with float32 or bfloat16
+    activations, so: "auto" keeps a quantized file quantized ("native") there and dequantizes
+    it elsewhere (said in the log); "int4"/"int8" need exactly that and raise
+    EngineConfigError otherwise.
     """
     if requested == "none":
         return None
-    usable = platform.name == "cpu" and dtype == torch.bfloat16
+    usable = platform.name == "cpu" and dtype in (torch.float32, torch.bfloat16)
     if requested == "auto":
         if source_is_quantized and not usable:
             logger.info(
-                "quantized checkpoint dequantized: weight-only kernels need bfloat16 compute "
-                "on CPU (here %s on %s)",
+                "quantized checkpoint dequantized: the block kernels run on CPU with float32 "
+                "or bfloat16 activations (here %s on %s)",
                 str(dtype).removeprefix("torch."),
                 platform.name,
             )
@@ -85,10 +85,28 @@ def resolve_quantization(
     if not usable:
         raise EngineConfigError(
             "quantization",
-            f"`quantization` {requested} runs on CPU with dtype bfloat16 (torch's weight-only "
+            f"`quantization` {requested} runs on CPU with dtype float32 or bfloat16 (the block "
             f"kernels); got dtype {str(dtype).removeprefix('torch.')} on {platform.name}",
         )
     return requested
+
+
+def resolve_kv_dtype(
+    platform: Platform, requested: str, dtype: torch.dtype, quantization: str | None
+) -> torch.dtype:
+    """The KV cache's dtype for ``requested`` (``EngineConfig.kv_cache_dtype``).
+
+    "auto" is the compute dtype, except on CPU with quantized weights: bfloat16 there (as
+    llama.cpp keeps float16 K/V), half the memory and half the bytes attention reads per token
+    of a float32 cache, at a rounding below what the int8 activations already cost (measured
+    in tests/engine/test_quantization.py). The parity mode (float32, no quantization) keeps
+    float32.
+    """
+    if requested != "auto":
+        return resolve_dtype(platform, requested, "kv_cache_dtype")
+    if platform.name == "cpu" and quantization is not None:
+        return torch.bfloat16
+    return dtype
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,8 @@ class ModelSource(abc.ABC):
         Names are transformers' (``model.layers.0.self_attn.q_proj.weight``). A tied model
         yields no ``lm_head.weight``: it reuses ``model.embed_tokens.weight``. Each tensor is
         fresh memory the caller may keep or drop; nothing else holds the weights. With
-        ``keep_quantized``, a tensor the file stores quantized comes as a `GroupQuantized`
-        instead (never dequantized whole); formats that only store dense tensors ignore it.
+        ``keep_quantized``, a tensor the file stores quantized comes as `GgmlBlocks` instead
+        (never dequantized whole); formats that only store dense tensors ignore it.
 
         ``shard`` names the slice of each tensor to read (a tensor-parallel rank's share): only
         those bytes are read from the file, and the tensor yielded is the slice. A slice the

@@ -6,9 +6,10 @@ CPU at small batch the per-call overhead of separate projections is a real share
 and torch's weight-only kernels parallelise over output columns, so wider is better.
 
 A layer built with a quantization ``scheme`` holds no float weight: its shards are collected as
-they load (each a dense tensor or a `GroupQuantized` from the file) and packed once all have
-arrived (`QuantizedWeight`). `Embedding` is the same idea for the token table: a quantized table
-is looked up row by row, never dequantized whole.
+they load (each a dense tensor or the file's own blocks, a `GgmlBlocks`) and kept as one
+`GgmlWeight` once all have arrived, each shard in its own block type, multiplied by the Rust
+kernels (``ferrollm.layers.ggml_linear``). `Embedding` is the same idea for the token table: a
+quantized table is looked up row by row, never dequantized whole.
 """
 
 from __future__ import annotations
@@ -19,18 +20,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ferrollm.layers.quant import GroupQuantized, QuantizedWeight, native_scheme, quantize_rtn
+from ferrollm.layers.ggml_linear import GgmlBlocks, GgmlWeight, ggml_lookup, quantize_dense
 from ferrollm.platforms import cpu_features
 
-#: What a checkpoint gives for one tensor: dense, or group-quantized as the file stores it.
-Weight = torch.Tensor | GroupQuantized
+#: What a checkpoint gives for one tensor: dense, or the blocks the file stores it in.
+Weight = torch.Tensor | GgmlBlocks
 #: A layer's quantization: None (dense), "native" (what the file has, else dense), "int4", "int8".
 QUANT_MODES = (None, "native", "int4", "int8")
-#: Rows up to which a quantized layer that also keeps a dense copy runs its packed kernel.
-#: benches/linear.py on the default model's shapes (2-core AVX512-BF16 EPYC, torch 2.15): at
-#: M=1 int4/int8 beat bfloat16 ``linear`` by 1.1-1.6x (3.4x on the LM head); from M=8 up
-#: bfloat16 wins (1.2-2.2x at M=32, 2-4x at M=256), torch's weight-only kernels being tuned for
-#: one row. Batched decode and prefill therefore run on the dense copy where memory allows.
+#: Rows up to which a quantized layer that also keeps a dense copy runs its block kernel (the
+#: copy is kept only where bfloat16 matmuls are fast: `keep_dense`; see
+#: ``LlamaForCausalLM.set_compute_dtype``).
 QUANTIZED_MAX_ROWS = 4
 #: The batch-size hint oneDNN blocks a prepacked weight for (`prepack_dense`); measured good
 #: from 5 to 512 rows.
@@ -68,9 +67,9 @@ class Linear(nn.Module):
         dense = scheme is None
         self.weight = nn.Parameter(torch.empty(self.out_features, in_features)) if dense else None
         self.bias = nn.Parameter(torch.empty(self.out_features)) if bias else None
-        #: The packed weight once a quantized layer has loaded every shard.
-        self.quantized: QuantizedWeight | None = None
-        #: The activations' dtype: the quantized kernels want their scales in it.
+        #: The blocks once a quantized layer has loaded every shard.
+        self.quantized: GgmlWeight | None = None
+        #: The activations' dtype (dense shards and copies are kept in it).
         self.compute_dtype = torch.float32
         #: Keep a dense copy (in the compute dtype) of a quantized weight for calls of more
         #: than ``QUANTIZED_MAX_ROWS`` rows (set before loading; see ``QUANTIZED_MAX_ROWS``).
@@ -114,28 +113,27 @@ class Linear(nn.Module):
             self._finish()
 
     def _finish(self) -> None:
-        """Every shard is here: pack them into one quantized weight (or one dense weight)."""
+        """Every shard is here: keep them as one block weight (or one dense weight)."""
         dtype = self.compute_dtype
         parts = [self._pending.pop(name) for name in self.shard_slices]
-        quantized = [p for p in parts if isinstance(p, GroupQuantized)]
-        if self.scheme == "native" and not quantized:  # a dense tensor in a quantized file
-            dense = torch.cat([dense_tensor(p, dtype) for p in parts])
-            self.weight = nn.Parameter(dense, requires_grad=False)
+        if self.scheme == "native" and not any(isinstance(p, GgmlBlocks) for p in parts):
+            self._keep_dense(torch.cat([dense_tensor(p, dtype) for p in parts]))
+            return  # a dense tensor in a quantized file
+        # A dense shard beside quantized ones: int8 loses least.
+        scheme = "int8" if self.scheme == "native" else str(self.scheme)
+        blocks = [p if isinstance(p, GgmlBlocks) else quantize_dense(p, scheme) for p in parts]
+        if any(b is None for b in blocks):  # K is not whole blocks: no kernel reads it
+            self._keep_dense(torch.cat([dense_tensor(p, dtype) for p in parts]))
             return
-        if self.scheme == "native":
-            schemes = {native_scheme(p) for p in quantized}
-            scheme = "int4" if schemes == {"int4"} else "int8"
-        else:
-            assert self.scheme is not None
-            scheme = self.scheme
-        groups = [p if isinstance(p, GroupQuantized) else quantize_rtn(p, scheme) for p in parts]
-        stacked = _stack(groups, scheme)
-        self.quantized = QuantizedWeight.from_group(stacked, scheme, dtype)
+        self.quantized = GgmlWeight([b for b in blocks if b is not None])
         if self.keep_dense:
-            dense = stacked.dequantize(dtype)
+            dense = self.quantized.dequantize(dtype)
             self.packed = prepack_dense(dense)
             if self.packed is None:
                 self.weight = nn.Parameter(dense, requires_grad=False)
+
+    def _keep_dense(self, dense: torch.Tensor) -> None:
+        self.weight = nn.Parameter(dense, requires_grad=False)
 
 
 class Embedding(nn.Module):
@@ -146,7 +144,7 @@ class Embedding(nn.Module):
         self.num_embeddings = num_embeddings
         self.dim = dim
         self.weight = None if quantized else nn.Parameter(torch.empty(num_embeddings, dim))
-        self.table: GroupQuantized | None = None
+        self.table: GgmlBlocks | None = None
         #: The dtype rows come out in.
         self.compute_dtype = torch.float32
 
@@ -155,7 +153,7 @@ class Embedding(nn.Module):
         check_shape(tensor, (self.num_embeddings, self.dim), "model.embed_tokens.weight")
         if self.weight is not None:
             self.weight.data.copy_(dense_tensor(tensor, self.weight.dtype))
-        elif isinstance(tensor, GroupQuantized):
+        elif isinstance(tensor, GgmlBlocks):
             self.table = tensor
         else:
             self.weight = nn.Parameter(tensor.to(self.compute_dtype), requires_grad=False)
@@ -164,24 +162,16 @@ class Embedding(nn.Module):
         """``ids [T]`` -> ``[T, dim]``."""
         if self.table is None:
             return F.embedding(ids, self.weight)  # type: ignore[arg-type]
-        t = self.table
-        rows = t.q[ids].float()
-        g = t.group_size
-        rows = rows.view(len(ids), -1, g) * t.scale[ids][..., None]
-        if t.zero is not None:
-            rows = rows + t.zero[ids][..., None]
-        return rows.view(len(ids), self.dim).to(self.compute_dtype)
+        return embedding_lookup(self.table, ids, self.compute_dtype)
 
 
-def _stack(groups: list[GroupQuantized], scheme: str) -> GroupQuantized:
-    """One group-quantized tensor of every shard's rows; shards of differing formats are
-    re-quantized to ``scheme`` first."""
-    if len(groups) == 1:
-        return groups[0]
-    formats = {(g.bits, g.group_size, g.zero is None) for g in groups}
-    if len(formats) > 1:
-        groups = [quantize_rtn(g.dequantize(), scheme) for g in groups]
-    return GroupQuantized.cat(groups)
+def dense_copies_pay(dtype: torch.dtype) -> bool:
+    """Whether a dense copy beats the block kernels at many rows: bfloat16 where oneDNN runs
+    its bfloat16 kernels on bfloat16 units (AVX512-BF16, AMX). Elsewhere the int8 dot products
+    of the block kernels win at every row count (``benches/linear.py``), and a float32 copy
+    would cost four bytes per weight."""
+    caps = cpu_features.cpu_caps()
+    return dtype == torch.bfloat16 and caps.onednn_bf16 and caps.bf16_units
 
 
 def prepack_dense(weight: torch.Tensor) -> torch.Tensor | None:
@@ -191,7 +181,7 @@ def prepack_dense(weight: torch.Tensor) -> torch.Tensor | None:
     Same bytes as the plain copy, read faster (``benches/linear.py``, 2-core AVX512-BF16 box,
     ``bf16pk`` against ``bf16``): 1.3-1.8x at M=8 (LM head 4.09 -> 2.23 ms), 1.1-1.4x at M=32,
     about 1.05x at M=256; slightly slower at M=1, which is why quantized layers use it only
-    above ``QUANTIZED_MAX_ROWS`` rows (their packed int4/int8 kernel takes the fewer rows).
+    above ``QUANTIZED_MAX_ROWS`` rows (their block kernel takes the fewer rows).
 
     None too on a CPU without the features oneDNN's bfloat16 kernels need
     (`CpuCaps.onednn_bf16`: an AVX2-only CPU), where torch's reorder would raise: the layer
@@ -217,8 +207,16 @@ def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 
 def dense_tensor(tensor: Weight, dtype: torch.dtype) -> torch.Tensor:
-    """A checkpoint tensor as a dense one in ``dtype`` (dequantizing a `GroupQuantized`)."""
-    return tensor.dequantize(dtype) if isinstance(tensor, GroupQuantized) else tensor.to(dtype)
+    """A checkpoint tensor as a dense one in ``dtype`` (dequantizing `GgmlBlocks`)."""
+    return tensor.dequantize(dtype) if isinstance(tensor, GgmlBlocks) else tensor.to(dtype)
+
+
+def embedding_lookup(table: GgmlBlocks, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``ids`` of a block table in ``dtype``; an op of its own when compiled."""
+    if torch.compiler.is_compiling():
+        out: torch.Tensor = ggml_lookup(ids, table.data, table.ggml_type, table.k, dtype)
+        return out
+    return table.lookup(ids, dtype)
 
 
 def copy_checked(target: torch.Tensor, tensor: torch.Tensor, name: str) -> None:

@@ -18,7 +18,6 @@ import torch
 from ferrollm.distributed.collectives import all_reduce
 from ferrollm.distributed.state import ParallelState
 from ferrollm.layers.linear import Embedding, Linear, Weight
-from ferrollm.layers.quant import GroupQuantized
 
 
 class RowParallelLinear(Linear):
@@ -68,23 +67,11 @@ class VocabParallelEmbedding(Embedding):
 
 
 def pad_rows(tensor: Weight, num_rows: int) -> Weight:
-    """``tensor`` with zero rows appended up to ``num_rows`` (quantized ones too: a zero
-    scale and zero make a zero row)."""
+    """``tensor`` with zero rows appended up to ``num_rows`` (quantized ones too: zero bytes
+    are a zero scale and zero values)."""
     missing = num_rows - tensor.shape[0]
     if missing <= 0:
         return tensor
     if isinstance(tensor, torch.Tensor):
         return torch.cat([tensor, tensor.new_zeros((missing, *tensor.shape[1:]))])
-
-    def pad(t: torch.Tensor) -> torch.Tensor:
-        return torch.cat([t, t.new_zeros((missing, *t.shape[1:]))])
-
-    zero = None if tensor.zero is None else pad(tensor.zero)
-    return GroupQuantized(
-        pad(tensor.q),
-        pad(tensor.scale),
-        zero,
-        tensor.group_size,
-        tensor.bits,
-        tensor.source,
-    )
+    return tensor.pad_rows(num_rows)

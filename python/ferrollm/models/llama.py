@@ -33,7 +33,14 @@ from ferrollm.distributed.collectives import gather_to_driver
 from ferrollm.distributed.shard_plan import ShardPlan
 from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.layers.attention import AttentionContext, PagedAttention
-from ferrollm.layers.linear import Embedding, Linear, Weight, copy_checked, dense_tensor
+from ferrollm.layers.linear import (
+    Embedding,
+    Linear,
+    Weight,
+    copy_checked,
+    dense_copies_pay,
+    dense_tensor,
+)
 from ferrollm.layers.norm import RMSNorm
 from ferrollm.layers.parallel import RowParallelLinear, VocabParallelEmbedding, pad_rows
 from ferrollm.layers.rotary import RotaryEmbedding, apply_rotary
@@ -278,12 +285,13 @@ class LlamaForCausalLM(nn.Module):
         return logits[:, : self.vocab_size] if self.parallel.is_driver else logits
 
     def set_compute_dtype(self, dtype: torch.dtype, dense_copy_budget: int = 0) -> None:
-        """The activations' dtype, which quantized layers pack their scales in; quantized
-        layers also keep a dense copy for many-row calls when all the copies fit in
-        ``dense_copy_budget`` bytes (see ``QUANTIZED_MAX_ROWS``). Call before loading."""
+        """The activations' dtype; quantized layers also keep a dense copy for many-row calls
+        where that pays (`dense_copies_pay`) and all the copies fit in ``dense_copy_budget``
+        bytes (see ``QUANTIZED_MAX_ROWS``). Call before loading."""
         layers = [m for m in self.modules() if isinstance(m, Linear)]
         copies = sum(m.out_features * m.in_features for m in layers if m.scheme is not None)
-        keep_dense = 0 < copies * torch.empty((), dtype=dtype).element_size() <= dense_copy_budget
+        size = copies * torch.empty((), dtype=dtype).element_size()
+        keep_dense = dense_copies_pay(dtype) and 0 < size <= dense_copy_budget
         for module in self.modules():
             if isinstance(module, (Linear, Embedding)):
                 module.compute_dtype = dtype

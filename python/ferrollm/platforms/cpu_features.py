@@ -41,6 +41,9 @@ class CpuCaps:
     names: frozenset[str]
     #: The SIMD tier of the Rust kernels: "avx512", "avx2" or "generic".
     kernel_tier: str
+    #: The block matmuls' code path (``ferrollm.layers.ggml_linear``): "avx512_vnni",
+    #: "avx_vnni", "avx2" or "generic".
+    block_path: str = "generic"
 
     @property
     def bf16_units(self) -> bool:
@@ -65,6 +68,7 @@ class CpuCaps:
             f"cpu: {self.model or 'unknown model'}{capped}: "
             f"{' '.join(sorted(self.names)) or 'no SIMD extensions'}; "
             f"kernels {self.kernel_tier}, "
+            f"quantized matmuls {self.block_path} (int8 dot products), "
             f"bfloat16 units {'yes' if self.bf16_units else 'no'}, "
             f"oneDNN bfloat16 {'yes' if self.onednn_bf16 else 'no'}"
         )
@@ -82,6 +86,7 @@ def cpu_caps() -> CpuCaps:
         cap=features.cap,
         names=frozenset(features.names),
         kernel_tier=features.kernel_tier,
+        block_path=_core.ggml_kernel_paths()[-1],
     )
     logger.info("%s", caps.describe())
     return caps

@@ -18,6 +18,10 @@
   (``malloc_trim``).
 
 Both are no-ops where the runtime is not glibc/libgomp-like (they report False).
+
+`share_openmp_with_kernels()` hands the same OpenMP runtime to the Rust kernels (the block
+matmuls), so their parallel jobs run on the team torch's ops just used instead of on rayon's
+pool, whose threads would wait for the spinning OpenMP workers to yield the cores.
 """
 
 from __future__ import annotations
@@ -62,6 +66,24 @@ def _openmp_runtime() -> ctypes.CDLL | None:
             if hasattr(lib, "omp_pause_resource_all"):
                 return lib
     return None
+
+
+@functools.cache
+def share_openmp_with_kernels() -> bool:
+    """Run the Rust kernels' parallel jobs on the calling thread's OpenMP team from now on;
+    True if the runtime torch loaded exports ``GOMP_parallel`` (libgomp; LLVM's and Intel's
+    runtimes export it too), else they stay on rayon's pool."""
+    import torch  # noqa: F401 (loads the runtime this looks for)
+
+    from ferrollm import _core
+
+    lib = _openmp_runtime()
+    entry = getattr(lib, "GOMP_parallel", None) if lib is not None else None
+    if entry is None:
+        logger.info("kernels' threads: rayon (no OpenMP runtime with GOMP_parallel loaded)")
+        return False
+    address = ctypes.cast(entry, ctypes.c_void_p).value
+    return address is not None and _core.use_openmp(address)
 
 
 @functools.cache

@@ -1,0 +1,258 @@
+"""Weights kept as GGUF blocks, multiplied by the Rust kernels (``rust/kernels/quant``).
+
+A quantized weight ``[N, K]`` is a `GgmlBlocks`: its rows' bytes exactly as the file stores
+them (uint8 ``[N, row_bytes]``, a view of the memory-mapped file where the rows need no
+reordering) and the ggml type. Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K
+are read as they are; a dense checkpoint served with ``--quantization int4|int8`` is quantized
+into Q4_1 or Q8_0 blocks (`quantize_dense`), so it runs on the same kernels.
+
+``ferrollm::ggml_matmul`` is the product as a torch custom op (one opaque node to
+``torch.compile``): the activations (float32 or bfloat16, any CPU) are quantized once per call to
+int8 groups of 32, then integer dot products run over each weight group, on the widest code the
+CPU really has (AVX512-VNNI or AVX-VNNI ``dpbusd``, AVX2 ``maddubs``, else portable Rust), chosen
+at run time under ``FERROLLM_CPU_ISA``'s cap. The result differs from the product of the file's
+dequantized weights only by the activations' rounding: at most half an activation step
+(``max|x_g| / 127`` per group ``g`` of 32 values) times the group's ``sum |w|``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ferrollm import _core
+from ferrollm.platforms.host import share_openmp_with_kernels
+
+# The kernels' jobs run on torch's OpenMP team (see `share_openmp_with_kernels`).
+share_openmp_with_kernels()
+
+_DTYPES = (torch.float32, torch.bfloat16)
+#: int4 / int8 -> the ggml type a dense weight is quantized into.
+SCHEME_TYPES = {"int4": 3, "int8": 8}  # Q4_1 (scale and min per 32), Q8_0
+
+
+@functools.cache
+def block_types() -> dict[int, tuple[str, int, int]]:
+    """ggml type id -> (name, values per block, bytes per block), for the types the kernels
+    read."""
+    return {tid: (name, values, size) for tid, name, values, size in _core.ggml_block_types()}
+
+
+def kernel_paths() -> list[str]:
+    """The kernel paths this CPU runs under ``FERROLLM_CPU_ISA``'s cap, portable first (the
+    last is the one used)."""
+    return list(_core.ggml_kernel_paths())
+
+
+def row_bytes(ggml_type: int, k: int) -> int:
+    """Bytes of one row of ``k`` values; ValueError unless ``k`` is whole blocks."""
+    name, values, size = block_types()[ggml_type]
+    if k <= 0 or k % values:
+        raise ValueError(f"`k` ({k}) must be a positive multiple of {name}'s {values}-value blocks")
+    return k // values * size
+
+
+@dataclass(frozen=True)
+class GgmlBlocks:
+    """A weight ``[N, K]`` as GGUF blocks: ``data`` uint8 ``[N, row_bytes(ggml_type, K)]``."""
+
+    data: torch.Tensor
+    ggml_type: int
+    k: int
+
+    def __post_init__(self) -> None:
+        want = row_bytes(self.ggml_type, self.k)
+        ok = self.data.dtype == torch.uint8 and self.data.dim() == 2
+        if not ok or self.data.shape[1] != want or not self.data.is_contiguous():
+            raise ValueError(
+                f"`data` must be contiguous uint8 [rows, {want}] ({self.name} rows of {self.k} "
+                f"values); got {self.data.dtype} {tuple(self.data.shape)}"
+            )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(N, K)``: output and input features."""
+        return (int(self.data.shape[0]), self.k)
+
+    @property
+    def name(self) -> str:
+        """The ggml type's name ("Q4_1")."""
+        return block_types()[self.ggml_type][0]
+
+    def rows(self, index: torch.Tensor) -> GgmlBlocks:
+        """Only output rows ``index``, in that order (a copy of those rows' bytes)."""
+        return GgmlBlocks(self.data[index].contiguous(), self.ggml_type, self.k)
+
+    def pad_rows(self, num_rows: int) -> GgmlBlocks:
+        """Zero rows appended up to ``num_rows`` (all-zero bytes: zero scales, zero values)."""
+        missing = num_rows - self.data.shape[0]
+        if missing <= 0:
+            return self
+        pad = self.data.new_zeros((missing, self.data.shape[1]))
+        return GgmlBlocks(torch.cat([self.data, pad]), self.ggml_type, self.k)
+
+    def lookup(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``ids`` (int64 ``[T]``) dequantized to ``dtype`` ``[T, K]`` (an embedding)."""
+        if dtype not in _DTYPES:
+            return self.lookup(ids, torch.float32).to(dtype)
+        ids = ids.to(torch.int64).contiguous()
+        out = torch.empty((ids.shape[0], self.k), dtype=dtype)
+        _core.ggml_dequantize_rows(
+            (self.data.data_ptr(), self.data.shape[0]),
+            self.ggml_type,
+            self.k,
+            (ids.data_ptr(), ids.shape[0]),
+            (out.data_ptr(), dtype == torch.bfloat16),
+        )
+        return out
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float weight ``[N, K]`` in ``dtype`` (what the file's blocks decode to)."""
+        return self.lookup(torch.arange(self.data.shape[0]), dtype)
+
+
+def quantize_dense(weight: torch.Tensor, scheme: str) -> GgmlBlocks | None:
+    """``weight [N, K]`` rounded to nearest into Q4_1 (``int4``) or Q8_0 (``int8``) blocks, or
+    None when K is not a multiple of 32 (the layer then stays dense)."""
+    if scheme not in SCHEME_TYPES:
+        raise ValueError(f"unknown quantization scheme {scheme!r}; known: int4, int8")
+    ggml_type = SCHEME_TYPES[scheme]
+    n, k = weight.shape
+    if k % 32:
+        return None
+    w = weight.detach().to(torch.float32).contiguous()
+    out = torch.empty((n, row_bytes(ggml_type, k)), dtype=torch.uint8)
+    _core.ggml_quantize((w.data_ptr(), n, k), ggml_type, out.data_ptr())
+    return GgmlBlocks(out, ggml_type, k)
+
+
+def _ggml_matmul(
+    x: torch.Tensor, weights: list[torch.Tensor], ggml_types: list[int], path: str | None = None
+) -> torch.Tensor:
+    """``x [M, K] @ W.T`` where ``W``'s rows are the rows of ``weights`` (uint8 blocks of
+    ``ggml_types``) in order; ``[M, N]`` in ``x``'s dtype. ``path`` names a kernel path
+    (`kernel_paths`; None: the best)."""
+    x = _check(x, weights, ggml_types)
+    n = sum(int(w.shape[0]) for w in weights)
+    out = torch.empty((x.shape[0], n), dtype=x.dtype)
+    segments = [
+        (w.data_ptr(), int(w.shape[0]), t) for w, t in zip(weights, ggml_types, strict=True)
+    ]
+    _core.ggml_matmul(
+        (x.data_ptr(), x.shape[0], x.shape[1]),
+        x.dtype == torch.bfloat16,
+        segments,
+        out.data_ptr(),
+        path,
+    )
+    return out
+
+
+#: The registered op, for compiled graphs. Eager callers call ``_ggml_matmul`` itself: the
+#: dispatcher costs ~10 us a call, a tenth of a small projection at one row.
+ggml_matmul = torch.library.custom_op("ferrollm::ggml_matmul", mutates_args=(), device_types="cpu")(
+    _ggml_matmul
+)
+
+
+@ggml_matmul.register_fake
+def _ggml_matmul_fake(
+    x: torch.Tensor, weights: list[torch.Tensor], ggml_types: list[int], path: str | None = None
+) -> torch.Tensor:
+    n = sum(int(w.shape[0]) for w in weights)
+    return x.new_empty((x.shape[0], n))
+
+
+def _check(x: torch.Tensor, weights: Sequence[torch.Tensor], types: Sequence[int]) -> torch.Tensor:
+    """What the kernel trusts about the tensors whose pointers it gets (rust/py/quant.rs)."""
+    if x.dim() != 2 or x.dtype not in _DTYPES or x.device.type != "cpu":
+        raise ValueError(
+            f"`x` must be a 2-D float32 or bfloat16 CPU tensor; got {x.dtype} "
+            f"{tuple(x.shape)} on {x.device}"
+        )
+    if len(weights) != len(types):
+        raise ValueError(f"{len(weights)} `weights` but {len(types)} `ggml_types`")
+    k = int(x.shape[1])
+    for i, (w, t) in enumerate(zip(weights, types, strict=True)):
+        if t not in block_types():
+            raise ValueError(f"`ggml_types[{i}]` {t} has no kernel")
+        want = row_bytes(t, k)
+        ok = w.dtype == torch.uint8 and w.dim() == 2 and w.is_contiguous()
+        if not ok or w.shape[1] != want or w.device.type != "cpu":
+            raise ValueError(
+                f"`weights[{i}]` must be contiguous uint8 [rows, {want}] on the CPU; got "
+                f"{w.dtype} {tuple(w.shape)} on {w.device}"
+            )
+    return x.contiguous()
+
+
+def _ggml_lookup(
+    ids: torch.Tensor, data: torch.Tensor, ggml_type: int, k: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """Rows ``ids`` of the block table ``data`` dequantized to ``dtype`` (`GgmlBlocks.lookup`)."""
+    return GgmlBlocks(data, ggml_type, k).lookup(ids, dtype)
+
+
+#: The embedding lookup as an op, for compiled graphs (eager calls `GgmlBlocks.lookup`).
+ggml_lookup = torch.library.custom_op("ferrollm::ggml_lookup", mutates_args=(), device_types="cpu")(
+    _ggml_lookup
+)
+
+
+@ggml_lookup.register_fake
+def _ggml_lookup_fake(
+    ids: torch.Tensor, data: torch.Tensor, ggml_type: int, k: int, dtype: torch.dtype
+) -> torch.Tensor:
+    return torch.empty((ids.shape[0], k), dtype=dtype, device=ids.device)
+
+
+class GgmlWeight:
+    """A layer's weight as segments of GGUF blocks stacked along the output rows (each shard
+    keeps its own type: a Q4_K_M file mixes Q4_K and Q6_K); ``matmul(x)`` is ``x @ W.T``."""
+
+    def __init__(self, segments: Sequence[GgmlBlocks]) -> None:
+        ks = {s.k for s in segments}
+        if len(ks) != 1:
+            raise ValueError(f"segments must share K; got {sorted(ks)}")
+        self.segments = list(segments)
+        self.k = segments[0].k
+        self.n = sum(s.shape[0] for s in segments)
+        self._data = [s.data for s in segments]
+        self._types = [s.ggml_type for s in segments]
+        # Checked once here (GgmlBlocks checks its bytes); the tensors live as long as this.
+        self._segments = [(s.data.data_ptr(), s.shape[0], s.ggml_type) for s in segments]
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [M, K] @ W.T`` -> ``[M, N]`` in ``x``'s dtype (float32 or bfloat16)."""
+        if torch.compiler.is_compiling():
+            out: torch.Tensor = ggml_matmul(x, self._data, self._types)
+            return out
+        plain = x.dim() == 2 and x.dtype in _DTYPES and x.is_contiguous()
+        if not (plain and x.shape[1] == self.k and x.device.type == "cpu"):
+            return _ggml_matmul(x, self._data, self._types)  # checks, copies or raises
+        # The eager fast path: a decode step makes ~150 of these calls.
+        out = torch.empty((x.shape[0], self.n), dtype=x.dtype)
+        bf16 = x.dtype == torch.bfloat16
+        _core.ggml_matmul((x.data_ptr(), x.shape[0], self.k), bf16, self._segments, out.data_ptr())
+        return out
+
+    def matmul_on(self, x: torch.Tensor, path: str) -> torch.Tensor:
+        """`matmul` on kernel path ``path`` (one of `kernel_paths`), for tests and benches."""
+        return _ggml_matmul(x, self._data, self._types, path)
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        """The float weight ``[N, K]`` (a dense copy for many-row steps)."""
+        return torch.cat([s.dequantize(dtype) for s in self.segments])
+
+    @property
+    def scheme(self) -> str:
+        """The segments' types, "+"-joined ("Q4_1", "Q4_K+Q6_K")."""
+        return "+".join(dict.fromkeys(s.name for s in self.segments))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the blocks (views of the file count too: they are read every step)."""
+        return sum(s.data.numel() for s in self.segments)
