@@ -613,6 +613,10 @@ class StepOutput:
     def failed_messages(self) -> list[str]:
         """Why each of ``failed_req_ids`` failed; the message names the field."""
     @property
+    def failed_errors(self) -> list[ValidationError]:
+        """Each of ``failed_req_ids``' error as an exception, with the ``param`` and ``code``
+        of the rule it broke (``str(error)`` is its ``failed_messages`` entry)."""
+    @property
     def held_req_ids(self) -> npt.NDArray[np.uint64]:
         """Requests that advanced in this step with every new token held back: a ``best_of`` >
         ``n`` request's candidates, shown (the best ``n``, ranked by cumulative logprob, as

@@ -100,12 +100,14 @@ pub struct PyStepOutput {
     finished_req_ids: Arr<u64>,
     failed_req_ids: Arr<u64>,
     failed_messages: Py<PyList>,
+    failed_errors: Py<PyList>,
     held_req_ids: Arr<u64>,
 }
 
 impl PyStepOutput {
     pub(crate) fn new(py: Python<'_>, o: StepOutput) -> PyResult<Self> {
         let n = o.num_samples();
+        let failed_messages = o.failed_messages();
         Ok(PyStepOutput {
             top_token_ids: arr_shaped(py, o.top_token_ids, [n, o.num_top_logprobs])?,
             top_logprobs: arr_shaped(py, o.top_logprobs, [n, o.num_top_logprobs])?,
@@ -123,7 +125,14 @@ impl PyStepOutput {
             finish_reasons: arr(py, o.finish_reasons),
             finished_req_ids: arr(py, o.finished_req_ids),
             failed_req_ids: arr(py, o.failed_req_ids),
-            failed_messages: PyList::new(py, o.failed_messages)?.unbind(),
+            failed_messages: PyList::new(py, failed_messages)?.unbind(),
+            failed_errors: PyList::new(
+                py,
+                o.failed_errors
+                    .into_iter()
+                    .map(|e| PyErr::from(e).into_value(py)),
+            )?
+            .unbind(),
             held_req_ids: arr(py, o.held_req_ids),
         })
     }

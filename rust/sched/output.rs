@@ -4,6 +4,7 @@
 //! request ended at `schedule()`), pushed into a later output.
 
 use crate::detok::Detokenizer;
+use crate::error::CoreError;
 use crate::sampling::Sampled;
 use crate::types::TokenId;
 
@@ -55,14 +56,19 @@ pub struct StepOutput {
     /// after their processors): every sequence ended with [`FinishReason::Error`], blocks freed,
     /// state gone. The step's other requests were applied normally.
     pub failed_req_ids: Vec<u64>,
-    /// Why each of `failed_req_ids` failed: the error message, which names the field.
-    pub failed_messages: Vec<String>,
+    /// Why each of `failed_req_ids` failed: the error, with its field, code and message.
+    pub failed_errors: Vec<CoreError>,
     /// Requests that advanced in this step with every new token held back: a `best_of`
     /// request's candidates, shown (the best `n`, ranked) when the last of them finishes.
     pub held_req_ids: Vec<u64>,
 }
 
 impl StepOutput {
+    /// The messages of `failed_errors`, in order.
+    pub fn failed_messages(&self) -> Vec<String> {
+        self.failed_errors.iter().map(ToString::to_string).collect()
+    }
+
     /// Appended tokens (samples) in this output.
     pub fn num_samples(&self) -> usize {
         self.token_ids.len()

@@ -79,6 +79,9 @@ def test_a_row_without_a_finite_logit_fails_its_request_alone() -> None:
     out = s.update_with_logits(plan, logits)
     assert out.failed_req_ids.tolist() == [2]
     assert len(out.failed_messages) == 1 and "no finite value" in out.failed_messages[0]
+    [error] = out.failed_errors
+    assert isinstance(error, ValidationError) and error.code == "no_finite_logit"
+    assert str(error) == out.failed_messages[0]
     assert out.req_ids.tolist() == [1, 3] and out.token_ids.tolist() == [5, 5]
     assert out.finished_req_ids.tolist() == []
     assert FINISH_REASON_NAMES[5] == "error"

@@ -312,6 +312,8 @@ def test_a_failing_request_fails_alone(llm: LLM, reference: Reference, model_dir
     assert isinstance(long, ValueError) and "max_model_len" in str(long)
     assert isinstance(empty, ValueError) and "at least 1 token" in str(empty)
     assert isinstance(dead_row, ValueError) and "no finite value" in str(dead_row)
+    # The failure keeps the rule it broke (it was a bare ValueError without one).
+    assert getattr(dead_row, "code", None) == "no_finite_logit"
     assert llm.engine.scheduler.stats()["num_used_blocks"] == 0
 
 

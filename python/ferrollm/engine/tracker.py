@@ -186,7 +186,8 @@ class RequestTracker:
         """One output per request that changed in the step of ``plan``; finished ones end.
 
         A request that failed alone in the step (``out.failed_req_ids``) gets a
-        `RequestFailure` (a ValueError with the scheduler's message) and is forgotten.
+        `RequestFailure` (the scheduler's `ValidationError`, with its ``param`` and ``code``)
+        and is forgotten.
         """
         if step is not None:
             self._note_scheduled(plan, step.started)
@@ -213,12 +214,10 @@ class RequestTracker:
 
     def _failures(self, out: StepOutput) -> list[RequestFailure]:
         failures = []
-        for internal_id, message in zip(
-            out.failed_req_ids.tolist(), out.failed_messages, strict=True
-        ):
+        for internal_id, error in zip(out.failed_req_ids.tolist(), out.failed_errors, strict=True):
             state = self._states.get(internal_id)
             if state is not None:
-                failures.append(RequestFailure(state.request_id, ValueError(message)))
+                failures.append(RequestFailure(state.request_id, error))
                 self.remove(state.request_id)
         return failures
 

@@ -113,10 +113,10 @@ pub(crate) struct StepEdges {
 
 impl StepEdges {
     /// The requests these edges failed, with why.
-    pub fn failures(&self) -> Vec<(RequestId, String)> {
+    pub fn failures(&self) -> Vec<(RequestId, CoreError)> {
         self.beams
             .iter()
-            .filter_map(|(b, c)| c.as_ref().err().map(|e| (b.req_id, e.to_string())))
+            .filter_map(|(b, c)| c.as_ref().err().map(|e| (b.req_id, e.clone())))
             .collect()
     }
 }

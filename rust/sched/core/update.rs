@@ -152,9 +152,9 @@ impl Scheduler {
     fn apply(&mut self, rec: &PlanRecord, samples: &Samples<'_>, edges: StepEdges) -> StepOutput {
         let mut out = StepOutput::with_width(samples.num_top_logprobs());
         let mut failed = self.failed_requests(rec, samples);
-        for (req_id, message) in edges.failures() {
+        for (req_id, error) in edges.failures() {
             if !failed.iter().any(|(id, _)| *id == req_id) {
-                failed.push((req_id, message));
+                failed.push((req_id, error));
             }
         }
         let mut next = 0;
@@ -169,10 +169,10 @@ impl Scheduler {
         for row in std::mem::take(&mut self.held_rows) {
             out.push_row(&row);
         }
-        for (req_id, message) in failed {
+        for (req_id, error) in failed {
             self.fail_request(req_id);
             out.failed_req_ids.push(req_id.0);
-            out.failed_messages.push(message);
+            out.failed_errors.push(error);
         }
         let done = self.drop_finished();
         let failed_ids = &out.failed_req_ids;
@@ -185,8 +185,12 @@ impl Scheduler {
     }
 
     /// The requests with a sample that failed in this step, each once with its first error.
-    fn failed_requests(&self, rec: &PlanRecord, samples: &Samples<'_>) -> Vec<(RequestId, String)> {
-        let mut failed: Vec<(RequestId, String)> = Vec::new();
+    fn failed_requests(
+        &self,
+        rec: &PlanRecord,
+        samples: &Samples<'_>,
+    ) -> Vec<(RequestId, CoreError)> {
+        let mut failed: Vec<(RequestId, CoreError)> = Vec::new();
         let mut next = 0;
         for (row, &num_samples) in rec.rows.iter().zip(&rec.num_samples) {
             let range = next..next + num_samples as usize;
@@ -196,7 +200,7 @@ impl Scheduler {
             };
             let req_id = self.seq(row.key).req_id;
             if !failed.iter().any(|(id, _)| *id == req_id) {
-                failed.push((req_id, err.to_string()));
+                failed.push((req_id, err.clone()));
             }
         }
         failed

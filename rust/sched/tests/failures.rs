@@ -139,10 +139,18 @@ fn a_row_with_no_finite_logit_fails_its_request_alone() {
     let out = three_with_a_dead_row(&mut s);
     assert_eq!(out.failed_req_ids, vec![2]);
     assert!(
-        out.failed_messages[0].contains("no finite value"),
+        out.failed_messages()[0].contains("no finite value"),
         "{:?}",
-        out.failed_messages
+        out.failed_messages()
     );
+    // The error keeps its rule, not only its text.
+    assert!(matches!(
+        out.failed_errors[0],
+        CoreError::Invalid {
+            code: "no_finite_logit",
+            ..
+        }
+    ));
     assert_eq!(
         (out.req_ids.clone(), out.token_ids.clone()),
         (vec![1, 3], vec![5, 5])
@@ -180,7 +188,7 @@ fn parameters_that_do_not_fit_the_row_fail_their_request_when_the_vocabulary_is_
     logits[VOCAB + 5] = 1.0;
     let out = s.update_with_logits(plan.step_id, &logits, VOCAB).unwrap();
     assert_eq!(out.failed_req_ids, vec![1]);
-    assert!(out.failed_messages[0].contains("`embedding_bias`"));
+    assert!(out.failed_messages()[0].contains("`embedding_bias`"));
     assert_eq!(out.req_ids, vec![2]);
     s.check_invariants().unwrap();
     // Whole-step errors still fail the call and change nothing.

@@ -60,7 +60,7 @@ fn run(
             .map(|_| rng.random_range(-4.0..4.0))
             .collect();
         let out = s.update_with_logits(plan.step_id, &logits, vocab).unwrap();
-        assert!(out.failed_req_ids.is_empty(), "{:?}", out.failed_messages);
+        assert!(out.failed_req_ids.is_empty(), "{:?}", out.failed_messages());
         for i in 0..out.num_samples() {
             let o = &out.text_offsets;
             let piece: String = out
@@ -323,9 +323,9 @@ fn a_failing_grammar_fails_a_beam_search_once() {
     let out = s.update_with_logits(plan.step_id, &logits, vocab).unwrap();
     assert_eq!(out.failed_req_ids, vec![1]);
     assert!(
-        out.failed_messages[0].contains("response_format"),
+        out.failed_messages()[0].contains("response_format"),
         "{:?}",
-        out.failed_messages
+        out.failed_messages()
     );
     assert_eq!(out.req_ids, vec![2], "the other request goes on");
     s.check_invariants().unwrap();

@@ -84,7 +84,7 @@ fn run(s: &mut Scheduler) -> (Vec<(u64, Vec<u32>, u8)>, usize) {
         let logits = plan_logits(s, &plan);
         let out = s.update_with_logits(plan.step_id, &logits, VOCAB).unwrap();
         s.check_invariants().unwrap();
-        assert!(out.failed_req_ids.is_empty(), "{:?}", out.failed_messages);
+        assert!(out.failed_req_ids.is_empty(), "{:?}", out.failed_messages());
         for i in 0..out.num_samples() {
             let id = out.req_ids[i];
             let entry = match outputs.iter_mut().position(|o| o.0 == id) {

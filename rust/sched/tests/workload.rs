@@ -327,7 +327,7 @@ fn random_workload(seed: u64) -> [u64; 9] {
         assert!(
             out.failed_req_ids.is_empty(),
             "seed {seed}: {:?}",
-            out.failed_messages
+            out.failed_messages()
         );
         seen[5] += check_beam_outputs(&out, &beam_n, seed) as u64;
         s.check_invariants()
