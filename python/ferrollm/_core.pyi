@@ -31,18 +31,18 @@ __all__ = [
     "StopMatcher",
     "ValidRequest",
     "ValidationError",
+    "_GgmlWeight",
     "__version__",
+    "_ggml_dequantize_rows",
+    "_ggml_quantize",
     "_num_body_walks",
     "_paged_attention",
+    "_use_openmp",
     "cpu_features",
     "ggml_block_types",
-    "ggml_dequantize_rows",
     "ggml_kernel_paths",
-    "ggml_matmul",
-    "ggml_quantize",
     "kernel_threads",
     "truncate_at_stop",
-    "use_openmp",
     "validate",
 ]
 
@@ -1068,34 +1068,35 @@ def _paged_attention(
     K/V are written at ``slot_mapping`` and ``rows`` attended into ``out``. Slots, block ids,
     positions and row bounds are checked too (ValidationError naming the tensor)."""
 
-def ggml_matmul(
-    x: tuple[int, int, int],
-    bf16: bool,
-    segments: Sequence[tuple[int, int, int]],
-    out: int,
-    path: str | None = None,
-    parallel: bool = True,
-) -> None:
-    """Private to ``ferrollm.layers.ggml_linear`` (call ``GgmlWeight.matmul`` or the
-    ``ferrollm::ggml_matmul`` torch op): tensors arrive as data pointers that module checked.
+@final
+class _GgmlWeight:
+    """Private to ``ferrollm.layers.ggml_linear`` (use its ``GgmlWeight``): a weight ``[N, K]``
+    as segments of GGUF blocks stacked along the output rows. Each segment is ``(table,
+    ggml_type)``, ``table`` a contiguous uint8 CPU tensor ``[rows, bytes per row of K values]``,
+    checked here once and kept alive by this object. ValidationError naming the field for an
+    unknown type, a table of the wrong shape or dtype, or ``k`` not whole blocks."""
 
-    ``x`` is ``(data_ptr, m, k)``, contiguous float32 (bfloat16 if ``bf16``); each segment
-    ``(data_ptr, rows, ggml_type)`` is ``rows`` contiguous rows of ``k`` values in GGUF blocks
-    of that type; ``out`` is a fresh ``[m, sum of rows]`` tensor of ``x``'s dtype. ``path``
-    names a kernel path (`ggml_kernel_paths`; None: the best under ``FERROLLM_CPU_ISA``).
-    ValidationError naming the field for an unknown type or path, or ``k`` not whole blocks."""
+    def __new__(cls, segments: Sequence[tuple[Any, int]], k: int) -> _GgmlWeight: ...
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(N, K)``: output and input features."""
+    def matmul(self, x: Any, path: str | None = None, parallel: bool = True) -> Any:
+        """``x [M, K] @ W.T`` as a new ``[M, N]`` tensor of ``x``'s dtype: ``x`` is a float32 or
+        bfloat16 CPU tensor (copied first if not contiguous). The activations are quantized to
+        int8 groups of 32 once, then integer dot products run over each weight group. ``path``
+        names a kernel path (`ggml_kernel_paths`; None: the best under ``FERROLLM_CPU_ISA``).
+        ValidationError naming ``x`` or ``path`` otherwise."""
 
-def ggml_dequantize_rows(
-    data: tuple[int, int], ggml_type: int, k: int, ids: tuple[int, int], out: tuple[int, bool]
-) -> None:
-    """Private to ``ferrollm.layers.ggml_linear``: rows ``ids`` (``(data_ptr, len)``, int64) of
-    the block table ``data`` (``(data_ptr, rows)``, rows of ``k`` values) dequantized into
-    ``out`` (``(data_ptr, bf16)``, ``[len, k]``). ValidationError naming ``ids`` for an id
-    outside the table."""
+def _ggml_dequantize_rows(table: Any, ggml_type: int, k: int, ids: Any, out: Any) -> None:
+    """Private to ``ferrollm.layers.ggml_linear``: rows ``ids`` (int64 ``[T]``) of the block
+    table ``table`` (contiguous uint8 ``[rows, bytes per row of k values]``) dequantized into
+    ``out`` (contiguous float32 or bfloat16 ``[T, k]``), all CPU tensors. ValidationError naming
+    the tensor for a wrong dtype or shape, or ``ids`` for an id outside the table."""
 
-def ggml_quantize(x: tuple[int, int, int], ggml_type: int, out: int) -> None:
-    """Private to ``ferrollm.layers.ggml_linear``: float32 ``x`` (``(data_ptr, rows, k)``)
-    rounded to nearest into blocks of ``ggml_type`` (Q4_1 = 3 or Q8_0 = 8) at ``out``."""
+def _ggml_quantize(x: Any, ggml_type: int, out: Any) -> None:
+    """Private to ``ferrollm.layers.ggml_linear``: contiguous float32 ``x [rows, k]`` rounded to
+    nearest into blocks of ``ggml_type`` (Q4_1 = 3 or Q8_0 = 8) in ``out``, contiguous uint8
+    ``[rows, bytes per row]``; ValidationError naming the tensor otherwise."""
 
 def ggml_kernel_paths() -> list[str]:
     """The block-kernel paths this CPU runs under ``FERROLLM_CPU_ISA``'s cap, portable first:
@@ -1105,11 +1106,12 @@ def ggml_block_types() -> list[tuple[int, str, int, int]]:
     """``(ggml type id, name, values per block, bytes per block)`` of each type the block
     kernels read."""
 
-def use_openmp(gomp_parallel: int) -> bool:
-    """From now on the kernels' parallel jobs run on the calling thread's OpenMP team, through
-    the runtime function ``GOMP_parallel`` at address ``gomp_parallel`` (trusted: torch's
-    loaded libgomp, which ``ferrollm.platforms.host.share_openmp_with_kernels`` finds). False
-    if a runtime was set already; ValueError for address 0."""
+def _use_openmp(library: str) -> bool:
+    """Private to ``ferrollm.platforms.host.share_openmp_with_kernels``: from now on the
+    kernels' parallel jobs run on the calling thread's OpenMP team, through ``GOMP_parallel``
+    of the runtime at path ``library``, which must already be loaded (torch's libgomp); the
+    symbol is looked up here. False if a runtime was set already or the library has no
+    ``GOMP_parallel``; ValueError if it is not loaded."""
 
 def kernel_threads() -> str:
     """Where the kernels' parallel jobs run: "openmp" (torch's team) or "rayon"."""

@@ -6,44 +6,13 @@
 //! torch op. The GIL is released while it runs.
 
 use half::bf16;
-use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
 
 use super::errors::guard;
-use crate::error::{CoreError, CoreResult};
+use super::tensor::{self, Raw, Tensor};
+use crate::error::CoreResult;
 use crate::kernels::{attend, write_kv, Dims, Elem, Rows, StepLayout};
-
-/// A pointer and its extent, as the Python caller states them.
-#[derive(Clone, Copy)]
-struct Raw {
-    ptr: usize,
-    len: usize,
-}
-
-impl Raw {
-    /// # Safety
-    /// `ptr` must address `len` initialized values of `T`, valid and unaliased-by-writers for
-    /// `'a` (the caller's tensors outlive the call, which holds no GIL-released Python code).
-    unsafe fn slice<'a, T>(self) -> &'a [T] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: guaranteed by the caller, see above.
-        unsafe { std::slice::from_raw_parts(self.ptr as *const T, self.len) }
-    }
-
-    /// # Safety
-    /// As `slice`, and no other live reference reads or writes those values.
-    unsafe fn slice_mut<'a, T>(self) -> &'a mut [T] {
-        if self.len == 0 {
-            return &mut [];
-        }
-        // SAFETY: guaranteed by the caller, see above.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut T, self.len) }
-    }
-}
 
 /// The call's arguments, plain integers so they cross into the GIL-free closure.
 struct Args {
@@ -66,83 +35,7 @@ struct Args {
     parallel: bool,
 }
 
-/// A torch tensor's facts, read once through its Python API.
-struct Tensor {
-    name: &'static str,
-    /// "torch.float32", "torch.bfloat16", "torch.int64", "torch.int32", or "another dtype".
-    dtype: &'static str,
-    cpu: bool,
-    shape: Vec<usize>,
-    strides: Vec<isize>,
-    contiguous: bool,
-    ptr: usize,
-}
-
-/// The dtypes the kernel takes, as torch's own objects (compared by identity: a dtype's text
-/// per tensor per layer cost a few microseconds a call).
-static DTYPES: PyOnceLock<[Py<PyAny>; 4]> = PyOnceLock::new();
-
-fn dtype_name(py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<&'static str> {
-    let known = DTYPES.get_or_try_init(py, || -> PyResult<_> {
-        let torch = py.import("torch")?;
-        let get = |name: &str| torch.getattr(name).map(Bound::unbind);
-        Ok([
-            get("float32")?,
-            get("bfloat16")?,
-            get("int64")?,
-            get("int32")?,
-        ])
-    })?;
-    const FULL: [&str; 4] = [
-        "torch.float32",
-        "torch.bfloat16",
-        "torch.int64",
-        "torch.int32",
-    ];
-    let found = known.iter().position(|d| d.bind(py).is(dtype));
-    Ok(found.map_or("another dtype", |i| FULL[i]))
-}
-
 impl Tensor {
-    fn read(name: &'static str, t: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let py = t.py();
-        Ok(Tensor {
-            name,
-            dtype: dtype_name(py, &t.getattr(intern!(py, "dtype"))?)?,
-            cpu: t.getattr(intern!(py, "is_cpu"))?.extract()?,
-            shape: t.getattr(intern!(py, "shape"))?.extract()?,
-            strides: t.call_method0(intern!(py, "stride"))?.extract()?,
-            contiguous: t.call_method0(intern!(py, "is_contiguous"))?.extract()?,
-            ptr: t.call_method0(intern!(py, "data_ptr"))?.extract()?,
-        })
-    }
-
-    fn bad(&self, rule: impl std::fmt::Display) -> PyErr {
-        let message = format!(
-            "`{}` {rule}; got {} {:?} with strides {:?}{}",
-            self.name,
-            self.dtype,
-            self.shape,
-            self.strides,
-            if self.cpu { "" } else { " off the CPU" }
-        );
-        CoreError::invalid(self.name, "invalid_format", message).into()
-    }
-
-    fn bf16(&self) -> bool {
-        self.dtype == "torch.bfloat16"
-    }
-
-    /// A contiguous CPU tensor of `dtype` and `shape`.
-    fn expect(&self, dtype: &str, shape: &[usize]) -> PyResult<()> {
-        if self.dtype != dtype || self.shape != shape || !self.contiguous || !self.cpu {
-            return Err(self.bad(format_args!(
-                "must be a contiguous {dtype} CPU tensor of shape {shape:?}"
-            )));
-        }
-        Ok(())
-    }
-
     /// A float32 or bfloat16 CPU tensor `[tokens, heads, head_dim]` with heads and dims
     /// adjacent (a token stride of its own is allowed), in `like`'s dtype when given; its
     /// token stride.
@@ -159,27 +52,6 @@ impl Tensor {
         }
         Ok(self.strides[0] as usize)
     }
-}
-
-fn tensors<const N: usize>(
-    names: [&'static str; N],
-    values: &Bound<'_, PyTuple>,
-) -> PyResult<[Tensor; N]> {
-    if values.len() != N {
-        let message = format!(
-            "expected {N} tensors ({}); got {}",
-            names.join(", "),
-            values.len()
-        );
-        return Err(pyo3::exceptions::PyTypeError::new_err(message));
-    }
-    let mut out = Vec::with_capacity(N);
-    for (i, name) in names.into_iter().enumerate() {
-        out.push(Tensor::read(name, &values.get_item(i)?)?);
-    }
-    Ok(out
-        .try_into()
-        .unwrap_or_else(|_| unreachable!("N tensors were read")))
 }
 
 /// Writes the step's K/V into the layer's cache, then attends the listed rows.
@@ -259,8 +131,8 @@ pub fn _paged_attention(
     parallel: bool,
 ) -> PyResult<()> {
     let [q, k, v, out, k_cache, v_cache] =
-        self::tensors(["q", "k", "v", "out", "k_cache", "v_cache"], tensors)?;
-    let [slots, positions, cu, context, tables, rows] = self::tensors(
+        tensor::tensors(["q", "k", "v", "out", "k_cache", "v_cache"], tensors)?;
+    let [slots, positions, cu, context, tables, rows] = tensor::tensors(
         [
             "slot_mapping",
             "positions",

@@ -59,19 +59,41 @@ pub fn cpu_features() -> PyResult<PyCpuFeatures> {
 }
 
 /// See `_core.pyi`: the kernels' parallel jobs run on the calling thread's OpenMP team from
-/// now on, through the runtime's `GOMP_parallel` at `gomp_parallel` (torch's libgomp, found by
-/// `ferrollm.platforms.host`). False if a runtime was already set.
-///
-/// The address is trusted: `ferrollm.platforms.host` takes it from the loaded runtime.
+/// now on, through `GOMP_parallel` of the runtime at `library` (torch's libgomp, which
+/// `ferrollm.platforms.host` finds). The library must already be loaded, and the symbol is
+/// looked up here, so no caller can hand the kernels an address. False if a runtime was already
+/// set or the library exports no `GOMP_parallel`.
 #[pyfunction]
-pub fn use_openmp(gomp_parallel: usize) -> PyResult<bool> {
-    if gomp_parallel == 0 {
-        return Err(PyValueError::new_err(
-            "`gomp_parallel` must be a function address",
-        ));
+pub fn _use_openmp(library: &str) -> PyResult<bool> {
+    let Some(address) = loaded_symbol(library, c"GOMP_parallel")? else {
+        return Ok(false);
+    };
+    // SAFETY: `address` is `GOMP_parallel` of an OpenMP runtime that is loaded, and stays
+    // loaded: the RTLD_NOLOAD handle `loaded_symbol` took is never closed.
+    Ok(unsafe { pool::use_openmp(address) })
+}
+
+/// `symbol`'s address in the already loaded library at `path`; ValueError if it is not loaded.
+#[cfg(unix)]
+fn loaded_symbol(path: &str, symbol: &std::ffi::CStr) -> PyResult<Option<usize>> {
+    let name = std::ffi::CString::new(path)
+        .map_err(|_| PyValueError::new_err("`library` must not contain a NUL byte"))?;
+    // SAFETY: RTLD_NOLOAD only looks up a library already in the process (it runs no
+    // initializer); both strings are NUL-terminated.
+    let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if handle.is_null() {
+        return Err(PyValueError::new_err(format!(
+            "`library` {path:?} is not a library loaded in this process"
+        )));
     }
-    // SAFETY: the caller passes libgomp's GOMP_parallel, which stays loaded (torch holds it).
-    Ok(unsafe { pool::use_openmp(gomp_parallel) })
+    // SAFETY: `handle` is a live handle and `symbol` NUL-terminated.
+    let address = unsafe { libc::dlsym(handle, symbol.as_ptr()) };
+    Ok((!address.is_null()).then_some(address as usize))
+}
+
+#[cfg(not(unix))]
+fn loaded_symbol(_path: &str, _symbol: &std::ffi::CStr) -> PyResult<Option<usize>> {
+    Ok(None)
 }
 
 /// See `_core.pyi`: "openmp" or "rayon", where the kernels' parallel jobs run.

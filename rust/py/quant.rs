@@ -1,43 +1,24 @@
-//! The GGUF-block kernels for Python (`ferrollm.layers.ggml_linear`): torch tensors arrive as
-//! data pointers with their sizes, which that module checks (dtype, device, shape, layout)
-//! before passing them; the kernels check every extent they derive from those sizes. The GIL
-//! is released while they run.
+//! The GGUF-block kernels for Python (`ferrollm.layers.ggml_linear`). Torch tensors come in,
+//! never addresses: `_GgmlWeight` checks its block tables once when it is made and keeps them
+//! alive; each call checks the activations and output it is handed (`super::tensor`). The
+//! kernels check every extent they derive from those sizes. The GIL is released while they run.
 
 use half::bf16;
+use pyo3::intern;
 use pyo3::prelude::*;
 
 use super::errors::guard;
+use super::tensor::{Raw, Tensor};
 use crate::error::{CoreError, CoreResult};
 use crate::kernels::quant::{self, BlockType, Path, Segment};
 use crate::kernels::{CpuFeatures, Elem};
 
-/// # Safety
-/// `ptr` must address `len` initialized `T`s that outlive the call and that nothing writes
-/// meanwhile (mutable: that nothing else reads or writes).
-unsafe fn slice<'a, T>(ptr: usize, len: usize) -> &'a [T] {
-    if len == 0 {
-        return &[];
-    }
-    // SAFETY: the caller's contract.
-    unsafe { std::slice::from_raw_parts(ptr as *const T, len) }
-}
-
-/// # Safety
-/// See `slice`.
-unsafe fn slice_mut<'a, T>(ptr: usize, len: usize) -> &'a mut [T] {
-    if len == 0 {
-        return &mut [];
-    }
-    // SAFETY: the caller's contract.
-    unsafe { std::slice::from_raw_parts_mut(ptr as *mut T, len) }
-}
-
-fn block_type(id: u32) -> CoreResult<BlockType> {
+fn block_type(param: &str, id: u32) -> CoreResult<BlockType> {
     BlockType::from_ggml(id).ok_or_else(|| {
         let msg = format!(
-            "`ggml_type` {id} has no kernel; supported: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K"
+            "`{param}` {id} has no kernel; supported: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K"
         );
-        CoreError::invalid("ggml_type", "invalid_quantized_input", msg)
+        CoreError::invalid(param, "invalid_quantized_input", msg)
     })
 }
 
@@ -46,82 +27,207 @@ fn chosen_path(name: Option<&str>) -> CoreResult<Path> {
     name.map_or(Ok(Path::current()), Path::parse)
 }
 
-/// See `_core.pyi`. Private to `ferrollm.layers.ggml_linear`: the pointers are trusted.
-#[pyfunction]
-#[pyo3(signature = (x, bf16, segments, out, path=None, parallel=true))]
-pub fn ggml_matmul(
-    py: Python<'_>,
-    x: (usize, usize, usize),
-    bf16: bool,
-    segments: Vec<(usize, usize, u32)>,
-    out: usize,
-    path: Option<&str>,
-    parallel: bool,
-) -> PyResult<()> {
-    let (x_ptr, m, k) = x;
-    let path = chosen_path(path)?;
-    let mut segs = Vec::with_capacity(segments.len());
-    for &(ptr, rows, id) in &segments {
-        let ty = block_type(id)?;
-        let len = rows * ty.row_bytes(k, "k")?;
-        // SAFETY: the caller checked each weight tensor holds `rows` rows of `k` values.
-        segs.push(Segment {
-            ty,
-            data: unsafe { slice(ptr, len) },
-            rows,
-        });
-    }
-    let n: usize = segs.iter().map(|s| s.rows).sum();
-    // SAFETY: the caller checked `x` is `[m, k]` and `out` `[m, n]`, both contiguous, of the
-    // dtype `bf16` names, and that `out` is a fresh tensor.
-    let run = || -> CoreResult<()> {
-        fn go<X: Elem>(
-            a: (usize, usize, usize, usize),
-            s: &[Segment<'_>],
-            o: usize,
-            p: Path,
-            par: bool,
-        ) -> CoreResult<()> {
-            let (x, m, k, n) = a;
-            // SAFETY: see above.
-            let (x, out) = unsafe { (slice::<X>(x, m * k), slice_mut::<X>(o, m * n)) };
-            quant::matmul(x, m, k, s, out, p, par)
-        }
-        let a = (x_ptr, m, k, n);
-        if bf16 {
-            go::<half::bf16>(a, &segs, out, path, parallel)
-        } else {
-            go::<f32>(a, &segs, out, path, parallel)
-        }
-    };
-    Ok(py.detach(|| guard("ggml_matmul", run))??)
+/// A block table: a contiguous uint8 CPU tensor `[rows, row_bytes]` for rows of `k` values of
+/// `ty`; its row count.
+fn table_rows(t: &Tensor, ty: BlockType, k: usize) -> PyResult<usize> {
+    let width = ty.row_bytes(k, "k")?;
+    let rows = t.shape.first().copied().unwrap_or(0);
+    t.expect("torch.uint8", &[rows, width])?;
+    Ok(rows)
 }
 
-/// See `_core.pyi`. Rows `ids` of a quantized table, dequantized (an embedding lookup).
+/// A float32 or bfloat16 activation or output tensor: contiguous on the CPU, `shape`.
+fn float_rows(t: &Tensor, like: &str, shape: &[usize]) -> PyResult<()> {
+    if like != "torch.float32" && like != "torch.bfloat16" {
+        return Err(t.bad("must be a float32 or bfloat16 CPU tensor"));
+    }
+    t.expect(like, shape)
+}
+
+/// One segment of a weight: its tensor (kept alive here), its address and extent.
+struct Held {
+    _tensor: Py<PyAny>,
+    data: Raw,
+    rows: usize,
+    ty: BlockType,
+}
+
+/// See `_core.pyi`: a weight `[N, K]` as segments of GGUF blocks stacked along the output rows,
+/// checked once here; `matmul(x)` is `x @ W.T`.
+#[pyclass(name = "_GgmlWeight", module = "ferrollm._core", frozen)]
+pub struct PyGgmlWeight {
+    segments: Vec<Held>,
+    k: usize,
+    n: usize,
+}
+
+#[pymethods]
+impl PyGgmlWeight {
+    #[new]
+    fn new(segments: Vec<(Bound<'_, PyAny>, u32)>, k: usize) -> PyResult<Self> {
+        let mut held = Vec::with_capacity(segments.len());
+        for (i, (tensor, id)) in segments.into_iter().enumerate() {
+            let ty = block_type("ggml_type", id)?;
+            let t = Tensor::read("segments", &tensor)?;
+            let width = ty.row_bytes(k, "k")?;
+            let rows = t.shape.first().copied().unwrap_or(0);
+            if t.expect("torch.uint8", &[rows, width]).is_err() {
+                let message = format!(
+                    "`segments[{i}]` must be a contiguous torch.uint8 CPU tensor [rows, {width}] \
+                     ({} rows of {k} values); got {} {:?}",
+                    ty.name(),
+                    t.dtype,
+                    t.shape
+                );
+                let param = format!("segments[{i}]");
+                return Err(CoreError::invalid(param, "invalid_format", message).into());
+            }
+            held.push(Held {
+                data: Raw {
+                    ptr: t.ptr,
+                    len: rows * ty.row_bytes(k, "k")?,
+                },
+                _tensor: tensor.unbind(),
+                rows,
+                ty,
+            });
+        }
+        if held.is_empty() {
+            let msg = "`segments` must hold at least one block table";
+            return Err(CoreError::invalid("segments", "invalid_format", msg).into());
+        }
+        let n = held.iter().map(|s| s.rows).sum();
+        Ok(PyGgmlWeight {
+            segments: held,
+            k,
+            n,
+        })
+    }
+
+    /// See `_core.pyi`.
+    #[pyo3(signature = (x, path=None, parallel=true))]
+    fn matmul<'py>(
+        &self,
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        path: Option<&str>,
+        parallel: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let path = chosen_path(path)?;
+        let mut x = x;
+        let mut xt = Tensor::read("x", &x)?;
+        if !xt.contiguous && xt.cpu {
+            x = x.call_method0(intern!(py, "contiguous"))?;
+            xt = Tensor::read("x", &x)?;
+        }
+        let m = xt.shape.first().copied().unwrap_or(0);
+        float_rows(&xt, xt.dtype, &[m, self.k])?;
+        let out = x.call_method1(intern!(py, "new_empty"), ((m, self.n),))?;
+        let ot = Tensor::read("out", &out)?;
+        float_rows(&ot, xt.dtype, &[m, self.n])?;
+        let (k, n, bf16) = (self.k, self.n, xt.bf16());
+        let (xr, or) = (
+            Raw {
+                ptr: xt.ptr,
+                len: m * k,
+            },
+            Raw {
+                ptr: ot.ptr,
+                len: m * n,
+            },
+        );
+        let run = || -> CoreResult<()> {
+            // SAFETY: every segment was checked when this weight was made to hold `rows` rows
+            // of `k` values and is kept alive by it; `x` and `out` were checked above to be
+            // contiguous CPU tensors `[m, k]` and `[m, n]` of the same dtype, `out` fresh.
+            let segs: Vec<Segment<'_>> = self
+                .segments
+                .iter()
+                .map(|s| Segment {
+                    ty: s.ty,
+                    data: unsafe { s.data.slice::<u8>() },
+                    rows: s.rows,
+                })
+                .collect();
+            fn go<X: Elem>(
+                x: Raw,
+                out: Raw,
+                m: usize,
+                k: usize,
+                s: &[Segment<'_>],
+                p: Path,
+                par: bool,
+            ) -> CoreResult<()> {
+                // SAFETY: see above.
+                let (x, out) = unsafe { (x.slice::<X>(), out.slice_mut::<X>()) };
+                quant::matmul(x, m, k, s, out, p, par)
+            }
+            if bf16 {
+                go::<half::bf16>(xr, or, m, k, &segs, path, parallel)
+            } else {
+                go::<f32>(xr, or, m, k, &segs, path, parallel)
+            }
+        };
+        py.detach(|| guard("ggml_matmul", run))??;
+        Ok(out)
+    }
+
+    /// `(N, K)`: output and input features.
+    #[getter]
+    fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+}
+
+/// See `_core.pyi`. Rows `ids` of a block table, dequantized (an embedding lookup).
 #[pyfunction]
-pub fn ggml_dequantize_rows(
+pub fn _ggml_dequantize_rows(
     py: Python<'_>,
-    data: (usize, usize),
+    table: &Bound<'_, PyAny>,
     ggml_type: u32,
     k: usize,
-    ids: (usize, usize),
-    out: (usize, bool),
+    ids: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    let ty = block_type(ggml_type)?;
-    let len = data.1 * ty.row_bytes(k, "k")?;
+    let ty = block_type("ggml_type", ggml_type)?;
+    let (tt, it, ot) = (
+        Tensor::read("table", table)?,
+        Tensor::read("ids", ids)?,
+        Tensor::read("out", out)?,
+    );
+    let rows = table_rows(&tt, ty, k)?;
+    let num = it.shape.first().copied().unwrap_or(0);
+    it.expect("torch.int64", &[num])?;
+    float_rows(&ot, ot.dtype, &[num, k])?;
+    let table = Raw {
+        ptr: tt.ptr,
+        len: rows * ty.row_bytes(k, "k")?,
+    };
+    let (ids, out, bf16_out) = (
+        Raw {
+            ptr: it.ptr,
+            len: num,
+        },
+        Raw {
+            ptr: ot.ptr,
+            len: num * k,
+        },
+        ot.bf16(),
+    );
     let run = || -> CoreResult<()> {
-        // SAFETY: the caller checked the table holds `data.1` rows of `k` values, `ids` is
-        // int64 `[ids.1]` and `out` a fresh contiguous `[ids.1, k]` tensor of the named dtype.
-        let (table, ids_s) = unsafe { (slice::<u8>(data.0, len), slice::<i64>(ids.0, ids.1)) };
-        if !out.1 {
+        // SAFETY: checked above: the table holds `rows` rows of `k` values, `ids` is int64
+        // `[num]` and `out` a contiguous `[num, k]` tensor of the dtype `bf16_out` names; the
+        // kernel checks every id against `rows`.
+        let (table, ids_s) = unsafe { (table.slice::<u8>(), ids.slice::<i64>()) };
+        if !bf16_out {
             // SAFETY: as above.
-            let out = unsafe { slice_mut::<f32>(out.0, ids.1 * k) };
+            let out = unsafe { out.slice_mut::<f32>() };
             return quant::dequantize_rows(ty, table, k, ids_s, out);
         }
-        let mut rows = vec![0f32; ids.1 * k];
+        let mut rows = vec![0f32; out.len];
         quant::dequantize_rows(ty, table, k, ids_s, &mut rows)?;
         // SAFETY: as above.
-        let out = unsafe { slice_mut::<bf16>(out.0, ids.1 * k) };
+        let out = unsafe { out.slice_mut::<bf16>() };
         for (o, v) in out.iter_mut().zip(rows) {
             *o = bf16::from_f32(v);
         }
@@ -132,24 +238,38 @@ pub fn ggml_dequantize_rows(
 
 /// See `_core.pyi`. Float32 rows quantized into blocks of `ggml_type` (Q4_1 or Q8_0).
 #[pyfunction]
-pub fn ggml_quantize(
+pub fn _ggml_quantize(
     py: Python<'_>,
-    x: (usize, usize, usize),
+    x: &Bound<'_, PyAny>,
     ggml_type: u32,
-    out: usize,
+    out: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    let ty = block_type(ggml_type)?;
-    let (ptr, rows, k) = x;
+    let ty = block_type("ggml_type", ggml_type)?;
+    let (xt, ot) = (Tensor::read("x", x)?, Tensor::read("out", out)?);
+    let (rows, k) = match xt.shape.as_slice() {
+        [rows, k] => (*rows, *k),
+        _ => return Err(xt.bad("must be a 2-D float32 CPU tensor")),
+    };
+    xt.expect("torch.float32", &[rows, k])?;
     let row_bytes = ty.row_bytes(k, "k")?;
+    ot.expect("torch.uint8", &[rows, row_bytes])?;
+    let (xr, or) = (
+        Raw {
+            ptr: xt.ptr,
+            len: rows * k,
+        },
+        Raw {
+            ptr: ot.ptr,
+            len: rows * row_bytes,
+        },
+    );
     let run = || -> CoreResult<()> {
-        // SAFETY: the caller checked `x` is contiguous float32 `[rows, k]` and `out` a fresh
-        // uint8 `[rows, row_bytes]`.
-        let (x, out) = unsafe {
-            (
-                slice::<f32>(ptr, rows * k),
-                slice_mut::<u8>(out, rows * row_bytes),
-            )
-        };
+        // SAFETY: checked above: `x` is contiguous float32 `[rows, k]`, `out` contiguous uint8
+        // `[rows, row_bytes]`.
+        let (x, out) = unsafe { (xr.slice::<f32>(), or.slice_mut::<u8>()) };
+        if k == 0 {
+            return Ok(());
+        }
         for (xr, or) in x.chunks_exact(k).zip(out.chunks_exact_mut(row_bytes)) {
             quant::quantize_row_into(ty, xr, or)?;
         }

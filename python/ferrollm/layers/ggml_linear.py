@@ -100,13 +100,7 @@ class GgmlBlocks:
             return self.lookup(ids, torch.float32).to(dtype)
         ids = ids.to(torch.int64).contiguous()
         out = torch.empty((ids.shape[0], self.k), dtype=dtype)
-        _core.ggml_dequantize_rows(
-            (self.data.data_ptr(), self.data.shape[0]),
-            self.ggml_type,
-            self.k,
-            (ids.data_ptr(), ids.shape[0]),
-            (out.data_ptr(), dtype == torch.bfloat16),
-        )
+        _core._ggml_dequantize_rows(self.data, self.ggml_type, self.k, ids, out)
         return out
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -125,7 +119,7 @@ def quantize_dense(weight: torch.Tensor, scheme: str) -> GgmlBlocks | None:
         return None
     w = weight.detach().to(torch.float32).contiguous()
     out = torch.empty((n, row_bytes(ggml_type, k)), dtype=torch.uint8)
-    _core.ggml_quantize((w.data_ptr(), n, k), ggml_type, out.data_ptr())
+    _core._ggml_quantize(w, ggml_type, out)
     return GgmlBlocks(out, ggml_type, k)
 
 
@@ -135,19 +129,11 @@ def _ggml_matmul(
     """``x [M, K] @ W.T`` where ``W``'s rows are the rows of ``weights`` (uint8 blocks of
     ``ggml_types``) in order; ``[M, N]`` in ``x``'s dtype. ``path`` names a kernel path
     (`kernel_paths`; None: the best)."""
-    x = _check(x, weights, ggml_types)
-    n = sum(int(w.shape[0]) for w in weights)
-    out = torch.empty((x.shape[0], n), dtype=x.dtype)
-    segments = [
-        (w.data_ptr(), int(w.shape[0]), t) for w, t in zip(weights, ggml_types, strict=True)
-    ]
-    _core.ggml_matmul(
-        (x.data_ptr(), x.shape[0], x.shape[1]),
-        x.dtype == torch.bfloat16,
-        segments,
-        out.data_ptr(),
-        path,
-    )
+    if len(weights) != len(ggml_types):
+        raise ValueError(f"{len(weights)} `weights` but {len(ggml_types)} `ggml_types`")
+    k = int(x.shape[-1]) if x.dim() else 0
+    weight = _core._GgmlWeight(list(zip(weights, ggml_types, strict=True)), k)
+    out: torch.Tensor = weight.matmul(x, path)
     return out
 
 
@@ -164,29 +150,6 @@ def _ggml_matmul_fake(
 ) -> torch.Tensor:
     n = sum(int(w.shape[0]) for w in weights)
     return x.new_empty((x.shape[0], n))
-
-
-def _check(x: torch.Tensor, weights: Sequence[torch.Tensor], types: Sequence[int]) -> torch.Tensor:
-    """What the kernel trusts about the tensors whose pointers it gets (rust/py/quant.rs)."""
-    if x.dim() != 2 or x.dtype not in _DTYPES or x.device.type != "cpu":
-        raise ValueError(
-            f"`x` must be a 2-D float32 or bfloat16 CPU tensor; got {x.dtype} "
-            f"{tuple(x.shape)} on {x.device}"
-        )
-    if len(weights) != len(types):
-        raise ValueError(f"{len(weights)} `weights` but {len(types)} `ggml_types`")
-    k = int(x.shape[1])
-    for i, (w, t) in enumerate(zip(weights, types, strict=True)):
-        if t not in block_types():
-            raise ValueError(f"`ggml_types[{i}]` {t} has no kernel")
-        want = row_bytes(t, k)
-        ok = w.dtype == torch.uint8 and w.dim() == 2 and w.is_contiguous()
-        if not ok or w.shape[1] != want or w.device.type != "cpu":
-            raise ValueError(
-                f"`weights[{i}]` must be contiguous uint8 [rows, {want}] on the CPU; got "
-                f"{w.dtype} {tuple(w.shape)} on {w.device}"
-            )
-    return x.contiguous()
 
 
 def _ggml_lookup(
@@ -222,26 +185,22 @@ class GgmlWeight:
         self.n = sum(s.shape[0] for s in segments)
         self._data = [s.data for s in segments]
         self._types = [s.ggml_type for s in segments]
-        # Checked once here (GgmlBlocks checks its bytes); the tensors live as long as this.
-        self._segments = [(s.data.data_ptr(), s.shape[0], s.ggml_type) for s in segments]
+        # The block tables, checked once and kept alive by the Rust side.
+        self._weight = _core._GgmlWeight([(s.data, s.ggml_type) for s in segments], self.k)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x [M, K] @ W.T`` -> ``[M, N]`` in ``x``'s dtype (float32 or bfloat16)."""
         if torch.compiler.is_compiling():
-            out: torch.Tensor = ggml_matmul(x, self._data, self._types)
-            return out
-        plain = x.dim() == 2 and x.dtype in _DTYPES and x.is_contiguous()
-        if not (plain and x.shape[1] == self.k and x.device.type == "cpu"):
-            return _ggml_matmul(x, self._data, self._types)  # checks, copies or raises
-        # The eager fast path: a decode step makes ~150 of these calls.
-        out = torch.empty((x.shape[0], self.n), dtype=x.dtype)
-        bf16 = x.dtype == torch.bfloat16
-        _core.ggml_matmul((x.data_ptr(), x.shape[0], self.k), bf16, self._segments, out.data_ptr())
+            compiled: torch.Tensor = ggml_matmul(x, self._data, self._types)
+            return compiled
+        # The eager fast path (a decode step makes ~150 of these calls): Rust checks ``x``.
+        out: torch.Tensor = self._weight.matmul(x)
         return out
 
     def matmul_on(self, x: torch.Tensor, path: str) -> torch.Tensor:
         """`matmul` on kernel path ``path`` (one of `kernel_paths`), for tests and benches."""
-        return _ggml_matmul(x, self._data, self._types, path)
+        out: torch.Tensor = self._weight.matmul(x, path)
+        return out
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         """The float weight ``[N, K]`` (a dense copy for many-row steps)."""

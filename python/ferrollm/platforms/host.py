@@ -78,12 +78,10 @@ def share_openmp_with_kernels() -> bool:
     from ferrollm import _core
 
     lib = _openmp_runtime()
-    entry = getattr(lib, "GOMP_parallel", None) if lib is not None else None
-    if entry is None:
+    if lib is None or not hasattr(lib, "GOMP_parallel") or lib._name is None:
         logger.info("kernels' threads: rayon (no OpenMP runtime with GOMP_parallel loaded)")
         return False
-    address = ctypes.cast(entry, ctypes.c_void_p).value
-    return address is not None and _core.use_openmp(address)
+    return _core._use_openmp(lib._name)
 
 
 @functools.cache
