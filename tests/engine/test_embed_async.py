@@ -1,9 +1,10 @@
-"""`AsyncEmbedder` over a fake encoder: packing across requests, cancellation, shutdown, and
-the death of its thread."""
+"""`AsyncEmbedder` over a fake encoder: packing across requests, cancellation, shutdown, the
+death of its thread, and the clock its scheduler runs on (the generation engine's)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import numpy as np
@@ -128,6 +129,46 @@ def test_shutdown_finishes_the_running_step_and_fails_what_waits() -> None:
     assert isinstance(queued, EngineDeadError) and "shut down" in str(queued)
     assert fake.steps == [[1]]
     assert not engine.is_running
+
+
+class _RecordingScheduler:
+    """A scheduler that records the times it is given."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.arrivals: list[float] = []
+        self.nows: list[float] = []
+
+    def add_request(self, request: Any) -> None:
+        self.arrivals.append(request.arrival_time)
+        self.inner.add_request(request)
+
+    def schedule(self, now: float) -> Any:
+        self.nows.append(now)
+        return self.inner.schedule(now)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_the_embedder_schedules_on_the_generation_clock() -> None:
+    # Generation stamps arrivals and plans steps with `time.perf_counter()` (EngineRequest,
+    # LLMEngine.step); the embedder's scheduler must see the same clock, or the arrival
+    # order, priority aging and deadlines of its inputs would mean something else.
+    fake = _GatedEmbedder()
+    fake.gate.set()
+    engine = AsyncEmbedder(fake, max_num_waiting=8)  # type: ignore[arg-type]
+    recorder = _RecordingScheduler(engine._steps.scheduler)
+    engine._steps.scheduler = recorder  # type: ignore[assignment]
+    before = time.perf_counter()
+    try:
+        vectors = asyncio.run(engine.embed([[1], [1, 1]]))
+    finally:
+        engine.shutdown()
+    after = time.perf_counter()
+    np.testing.assert_array_equal(vectors, [[1, 1], [2, 1]])
+    assert len(recorder.arrivals) == 2 and recorder.nows
+    assert before <= recorder.arrivals[0] == recorder.arrivals[1] <= recorder.nows[0] <= after
 
 
 def test_a_thread_death_fails_every_request_and_is_reported_once() -> None:

@@ -3,12 +3,12 @@
 It runs on the same `EngineLoop` as generation (``engine/loop.py``): the loop's thread owns a
 prefill-only Rust scheduler (see ``engine/embed.py``), and only it touches the scheduler.
 Requests hand their inputs over through the loop's inbox (one scheduler request per input, all
-with the request's arrival time); each step the scheduler packs waiting inputs, across
-requests and in arrival order, up to the token budget and the seats; the thread runs the one
-packed forward, and the step's finished requests get their vectors on the event loop, with one
-hand-off per step. A request whose client went away has its waiting inputs aborted. Past
-``max_num_waiting`` queued inputs a request is refused (503). Everything but the counters
-(`stats`) belongs to the one event loop that first used it.
+with the request's arrival time, on generation's clock: ``time.perf_counter()``); each step the
+scheduler packs waiting inputs, across requests and in arrival order, up to the token budget
+and the seats; the thread runs the one packed forward, and the step's finished requests get
+their vectors on the event loop, with one hand-off per step. A request whose client went away
+has its waiting inputs aborted. Past ``max_num_waiting`` queued inputs a request is refused
+(503). Everything but the counters (`stats`) belongs to the one event loop that first used it.
 
 If the thread dies (anything escaping a step), every request in flight or queued fails with
 ``EngineDeadError``, new requests are refused, ``is_running`` turns false (readiness 503) and
@@ -43,7 +43,10 @@ class _Job:
     inputs: Sequence[Sequence[int]]
     future: asyncio.Future[np.ndarray]
     out: np.ndarray
-    arrival: float = field(default_factory=time.time)
+    #: ``time.perf_counter()``, as `EngineRequest.arrival_time`: the clock both schedulers
+    #: plan steps on (``schedule(now)``), so that arrival order, priority aging and deadlines
+    #: mean the same for both engines.
+    arrival: float = field(default_factory=time.perf_counter)
     #: Scheduler request ids of its inputs (set on the thread when they are added).
     req_ids: list[int] = field(default_factory=list)
     num_done: int = 0
@@ -292,7 +295,7 @@ class _EmbedSteps:
 
     def step(self) -> list[_Delivery]:
         """One packed forward; the requests it finished or failed."""
-        plan = self.scheduler.schedule(time.time())
+        plan = self.scheduler.schedule(time.perf_counter())
         c = self.counters
         for req_id in plan.finished_req_ids.tolist():  # aborted before they ran
             self._rows.pop(req_id, None)
