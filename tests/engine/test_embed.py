@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -217,67 +216,6 @@ def test_tokenizer_without_specials_truncates_plainly() -> None:
     tok = EmbedTokenizer((default_embedding_model_path() / "tokenizer.json").read_text())
     assert tok.truncate([1, 2, 3], 5) == [1, 2, 3]
     assert tok.vocab_size == 30522
-
-
-class _GatedEmbedder:
-    """Just what ``AsyncEmbedder`` reads of an ``Embedder``; its first step waits for a gate,
-    so the test can queue requests behind it. Each vector is [input length, step number]; an
-    input starting with token 999 fails its step."""
-
-    dimensions = 2
-    max_num_batched_tokens = 10
-    max_input_tokens = 10
-    max_num_seqs = 4
-
-    def __init__(self) -> None:
-        import threading
-
-        self.gate = threading.Event()
-        self.steps: list[list[int]] = []
-
-    def run_plan(self, plan: Any) -> np.ndarray:
-        if not self.steps:
-            self.gate.wait(10)
-        lengths = np.diff(plan.cu_seqlens_q).tolist()
-        self.steps.append(lengths)
-        if 999 in plan.input_ids[plan.cu_seqlens_q[:-1]]:
-            raise RuntimeError("bad input")
-        return np.array([[n, len(self.steps)] for n in lengths], dtype=np.float32)
-
-
-def test_async_embedder_packs_across_requests_by_the_budget() -> None:
-    import asyncio
-
-    from ferrollm.engine.embed_async import AsyncEmbedder
-
-    fake = _GatedEmbedder()
-    engine = AsyncEmbedder(fake, max_num_waiting=8)  # type: ignore[arg-type]
-
-    async def go() -> list[object]:
-        first = asyncio.ensure_future(engine.embed([[1]]))
-        while engine.stats()["num_running_seqs"] == 0:  # the thread is inside step 1
-            await asyncio.sleep(0.001)
-        rest = [engine.embed([[1] * 3, [1] * 3]), engine.embed([[1] * 5]), engine.embed([[999]])]
-        tasks = [asyncio.ensure_future(r) for r in rest]
-        await asyncio.sleep(0.05)
-        with pytest.raises(QueueFullError, match="queue is full"):
-            await engine.embed([[1]] * 5)  # 4 waiting + 5 > 8
-        fake.gate.set()
-        return await asyncio.gather(first, *tasks, return_exceptions=True)
-
-    from ferrollm._core import QueueFullError
-
-    try:
-        results = asyncio.run(go())
-    finally:
-        engine.shutdown()
-    # Step 2 packs the second request's two inputs (6 tokens) but not the 5-token one.
-    assert fake.steps == [[1], [3, 3], [5, 1]]
-    np.testing.assert_array_equal(results[0], [[1, 1]])
-    np.testing.assert_array_equal(results[1], [[3, 2], [3, 2]])
-    # A failed step fails its requests only: the 5-token input shared the step that failed.
-    assert isinstance(results[2], RuntimeError) and isinstance(results[3], RuntimeError)
-    assert not engine.is_running
 
 
 def test_embed_task_options() -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from ferrollm._core import GrammarCompiler, SamplingParams
 from ferrollm.engine.engine import LLMEngine
-from ferrollm.engine.loop import Delivery, EngineLoop
+from ferrollm.engine.loop import Delivery, EngineLoop, EngineStepper, GenerationLoop
 from ferrollm.engine.outputs import RequestFailure, RequestOutput
 from ferrollm.engine.request import EngineRequest
 from ferrollm.tokenizer import Tokenizer
@@ -51,7 +51,7 @@ class AsyncEngine:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self._loop: EngineLoop | None = None
+        self._loop: GenerationLoop | None = None
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, asyncio.Queue[Delivery]] = {}
         #: Requests whose outputs go to a callback instead of a stream (`attach`).
@@ -232,13 +232,14 @@ class AsyncEngine:
             # On the event loop: `_streams` belongs to it, and this may be another thread.
             self._event_loop.call_soon_threadsafe(self._fail_open_streams)
 
-    def _start(self) -> EngineLoop:
+    def _start(self) -> GenerationLoop:
         if self._closed:
             raise EngineDeadError("the engine was shut down")
         event_loop = asyncio.get_running_loop()
         if self._loop is None:
             self._event_loop = event_loop
-            self._loop = EngineLoop(self.engine, event_loop, self._dispatch, self._died)
+            stepper = EngineStepper(self.engine)
+            self._loop = EngineLoop(stepper, event_loop, self._dispatch, self._died)
             self._loop.start()
         elif event_loop is not self._event_loop:
             raise RuntimeError("an AsyncEngine serves the one event loop that first used it")
