@@ -1,5 +1,6 @@
-//! Criterion benches of request validation: a generate body (the SPEC 2.3 sample), a typical
-//! chat body, and a chat body with a tool, each validated with a prompt-token count.
+//! Criterion benches of request validation: a generate body (the sample
+//! (docs/api/common.md#sample-bodies)), a typical chat body, and a chat body with a tool, each
+//! validated with a prompt-token count.
 
 use _core::validate::{validate, Limits, Raw, Route};
 use criterion::{criterion_group, criterion_main, Criterion};

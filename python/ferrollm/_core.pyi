@@ -253,8 +253,8 @@ class Limits:
         databricks_endpoint_type: str | None = None,
         embedding_dimensions: int = 0,
     ) -> Limits:
-        """Every limit by keyword (the defaults are SPEC's); ValidationError naming a limit out of
-        range."""
+        """Every limit by keyword (the defaults are the documented ones, docs/api/common.md);
+        ValidationError naming a limit out of range."""
     @property
     def max_model_len(self) -> int:
         """MindIE ``maxSeqLen``: prompt plus output tokens per sequence."""
@@ -295,7 +295,7 @@ class Limits:
     @property
     def max_prompt_tokens(self) -> int:
         """``min(max_input_tokens, max_model_len - 1, max_position_embeddings, 1048576)``:
-        the most prompt tokens a request may have (SPEC 1.4.2)."""
+        the most prompt tokens a request may have (docs/api/common.md#prompt-limits)."""
     @property
     def databricks_endpoint_type(self) -> str | None:
         """ "pay_per_token", "provisioned_throughput" or None (both ``n`` and ``error_behavior``

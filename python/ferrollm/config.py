@@ -43,7 +43,8 @@ TEXT_OFFSET_MODES = ("openai", "mindie")
 TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3_json", "mistral", "chatglm3")
 #: Widest beam search by default: every beam is a row of each step, so a CPU keeps it narrow.
 DEFAULT_MAX_BEAM_WIDTH = {"cpu": 8, "accelerator": 16}
-#: The widest beam the API allows at all (SPEC: `n` / `best_of` in [1, 128]).
+#: The widest beam the API allows at all (`n` and `best_of` are at most 128:
+#: docs/api/openai.md#n-best-of-and-beam-search).
 MAX_BEAM_WIDTH = 128
 
 #: dtype names, and the aliases accepted for them.

@@ -18,7 +18,7 @@ from ferrollm.config import (
     positive_int,
 )
 
-#: The default limit on a request body (SPEC 1.14: 413 past it).
+#: The default limit on a request body (docs/api/common.md#request-bodies: 413 past it).
 DEFAULT_MAX_BODY_BYTES = 16 * 1024**2
 #: Paths that need no API key: health, metrics and the OpenAPI document.
 DEFAULT_PUBLIC_PATHS = (
@@ -49,11 +49,13 @@ class ServerConfig:
     full_text: bool = False
     #: Largest request body: bytes or a size like "16MiB"; larger ones get 413 unread.
     max_body_bytes: int | str = DEFAULT_MAX_BODY_BYTES
-    #: Whether a request's ``model`` must equal the served name (404 otherwise, →A-27).
+    #: Whether a request's ``model`` must equal the served name (404 otherwise,
+    #: docs/decisions.md#the-model-name).
     strict_model_name: bool = True
     #: Completions ``text_offset``: "openai" (each choice counts from 0) or "mindie" (choice k
-    #: counts on from where choice k-1's text ended, as MindIE's samples do, →A-52; whole
-    #: responses only: a stream interleaves its choices).
+    #: counts on from where choice k-1's text ended, as MindIE's samples do,
+    #: docs/decisions.md#text-offsets-across-choices; whole responses only: a stream interleaves its
+    #: choices).
     text_offset_mode: str = "openai"
     #: API keys a client must send as ``Authorization: Bearer <key>`` (with those of
     #: ``api_key_file`` and ``FERROLLM_API_KEYS``); none at all = no authentication.

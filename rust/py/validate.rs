@@ -160,7 +160,7 @@ impl PyLimits {
     fn embedding_dimensions(&self) -> u32 {
         self.inner.embedding_dimensions
     }
-    /// The most prompt tokens a request may have (SPEC 1.4.2).
+    /// The most prompt tokens a request may have (docs/api/common.md#prompt-limits).
     #[getter]
     fn max_prompt_tokens(&self) -> u32 {
         max_prompt_tokens(&self.inner)

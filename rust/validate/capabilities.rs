@@ -100,7 +100,8 @@ fn check_switches(route: Route, s: &Switches, caps: &Capabilities) -> CoreResult
             ));
         }
     }
-    // Databricks appends its `suffix` (→A-66), which is built; `/v1` inserts it.
+    // Databricks appends its `suffix` (docs/decisions.md#the-suffix), which is built; `/v1` inserts
+    // it.
     let inserts = route == Route::Completions && s.suffix.as_deref().is_some_and(|x| !x.is_empty());
     if inserts && !caps.suffix_insertion {
         return Err(unsupported(

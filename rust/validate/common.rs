@@ -1,6 +1,6 @@
-//! Field checks shared by the routes: numeric ranges (each route passes its own, SPEC 1.6),
-//! seeds, top-k normalisation, the output cap, and the finishing touches every route applies
-//! to the parameters it built.
+//! Field checks shared by the routes: numeric ranges (each route passes its own,
+//! docs/api/common.md#ranges-by-route), seeds, top-k normalisation, the output cap, and the
+//! finishing touches every route applies to the parameters it built.
 
 use std::fmt;
 
@@ -105,7 +105,7 @@ pub(crate) const TIMEOUT_EXTRA: FloatRange = FloatRange::new(0.0, true, 3600.0, 
 
 /// The `timeout` extra of the `/v1` and Databricks routes: seconds in (0, 3600] (MindIE's
 /// range, fractions allowed), a wall-clock deadline counted from arrival, queue time included
-/// (→A-30). Absent or null = the server's `request_timeout`.
+/// (docs/decisions.md#request-timeouts). Absent or null = the server's `request_timeout`.
 pub(crate) fn timeout_extra(f: Field<'_>) -> CoreResult<Option<f64>> {
     match (f.float()?, f.raw) {
         (Some(x), Some(raw)) if !TIMEOUT_EXTRA.contains(x) => Err(fail(
@@ -139,7 +139,8 @@ pub(crate) fn u32_in(f: Field<'_>, lo: u32, hi: u32) -> CoreResult<Option<u32>> 
     Ok(int_in(f, lo.into(), hi.into())?.map(|i| i as u32))
 }
 
-/// A seed: an exact integer in `[lo, 2^64 - 1]` (`lo` is 1 on routes that reject 0, →A-12).
+/// A seed: an exact integer in `[lo, 2^64 - 1]` (`lo` is 1 on routes that reject 0,
+/// docs/decisions.md#seed-ranges).
 pub(crate) fn seed(f: Field<'_>, lo: u64) -> CoreResult<Option<u64>> {
     Ok(int_in(f, lo.into(), u64::MAX.into())?.map(|i| i as u64))
 }
@@ -181,10 +182,11 @@ pub(crate) fn make_greedy(p: &mut SamplingParams) {
     p.typical_p = 1.0;
 }
 
-/// The route's token-dependent rules, applied last. With `prompt_tokens`: the SPEC 1.4.2
-/// limit (the error names `prompt_field`) and the output cap of SPEC 1.5; without: the cap by
-/// `max_iter_times` alone. `requested` is the client's cap or the route default (None where
-/// the route has none). `min_tokens` is clamped to the cap so that it never exceeds it.
+/// The route's token-dependent rules, applied last. With `prompt_tokens`: the prompt-token limit
+/// (docs/api/common.md#prompt-limits; the error names `prompt_field`) and the output cap
+/// (docs/api/common.md#output-cap); without: the cap by `max_iter_times` alone. `requested` is the
+/// client's cap or the route default (None where the route has none). `min_tokens` is clamped to
+/// the cap so that it never exceeds it.
 pub(crate) fn apply_output_cap(
     p: &mut SamplingParams,
     requested: Option<u64>,
@@ -202,7 +204,7 @@ pub(crate) fn apply_output_cap(
 }
 
 /// `include_stop_str_in_output` is ignored unless `stop` or `stop_token_ids` gives something
-/// to include (SPEC 1.7).
+/// to include (docs/api/common.md#stop-conditions).
 pub(crate) fn settle_include_stop_str(p: &mut SamplingParams) {
     if p.stop.is_empty() && p.stop_token_ids.is_empty() {
         p.include_stop_str_in_output = false;
@@ -210,7 +212,8 @@ pub(crate) fn settle_include_stop_str(p: &mut SamplingParams) {
 }
 
 /// The prompt's text length in characters (code points) must satisfy
-/// `0 < chars <= max_prompt_chars` (SPEC 1.4.1); `f` is the field the text came from.
+/// `0 < chars <= max_prompt_chars` (docs/api/common.md#prompt-limits); `f` is the field the text
+/// came from.
 pub(crate) fn prompt_chars(f: Field<'_>, chars: usize, limits: &Limits) -> CoreResult<()> {
     if chars == 0 {
         return Err(fail(
@@ -230,10 +233,10 @@ pub(crate) fn prompt_chars(f: Field<'_>, chars: usize, limits: &Limits) -> CoreR
     Ok(())
 }
 
-/// A required prompt: a string, or a non-empty list of strings (a batch, →A-26), each
-/// checked by [`prompt_chars`]. With `token_ids` (the `/v1` completions route, as OpenAI and
-/// vLLM) it may also be a list of token ids (one prompt) or a list of such lists (a batch),
-/// each id in the vocabulary.
+/// A required prompt: a string, or a non-empty list of strings (a batch,
+/// docs/decisions.md#prompt-lists), each checked by [`prompt_chars`]. With `token_ids` (the `/v1`
+/// completions route, as OpenAI and vLLM) it may also be a list of token ids (one prompt) or a list
+/// of such lists (a batch), each id in the vocabulary.
 pub(crate) fn prompts(f: Field<'_>, limits: &Limits, token_ids: bool) -> CoreResult<()> {
     let want = if token_ids {
         "a string, a list of strings, a list of token ids or a list of token-id lists"

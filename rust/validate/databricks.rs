@@ -1,5 +1,6 @@
-//! Databricks Foundation Model API tasks (SPEC 6.3 chat, 6.5 completions; 6.7 embeddings is in
-//! `embeddings`), with the Databricks ranges and the endpoint-type rules of →A-63.
+//! Databricks Foundation Model API tasks (docs/api/databricks.md: chat and completions; its
+//! embeddings task is in `embeddings`), with the Databricks ranges and the endpoint-type rules
+//! (docs/decisions.md#endpoint-types).
 
 use crate::error::CoreResult;
 use crate::params::SamplingParams;
@@ -46,8 +47,8 @@ pub(super) fn chat(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
 
 /// Validates a Databricks completions body. With `error_behavior: "truncate"` a prompt over
 /// the token limit is not an error: the server cuts it from the left to
-/// `max_prompt_tokens`, and the cap is computed for the cut prompt (→A-62; see
-/// [`ValidRequest::fit_prompt`]).
+/// `max_prompt_tokens`, and the cap is computed for the cut prompt
+/// (docs/decisions.md#what-truncate-does; see [`ValidRequest::fit_prompt`]).
 pub(super) fn completions(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let o = Obj::root(body)?;
     prompts(o.field("prompt"), limits, false)?;
@@ -84,7 +85,8 @@ pub(super) fn completions(body: &Raw, limits: &Limits) -> CoreResult<ValidReques
 }
 
 /// The sampling fields chat and completions share. Temperature 0 or top_p 0 is greedy
-/// (→A-67), also with `n` > 1. Returns the explicit `max_tokens` (null = no request cap).
+/// (docs/decisions.md#greedy-with-several-completions), also with `n` > 1. Returns the explicit
+/// `max_tokens` (null = no request cap).
 fn sampling(o: &Obj<'_>, limits: &Limits) -> CoreResult<(SamplingParams, Option<u64>)> {
     let max_tokens = int_in(o.field("max_tokens"), 1, i128::MAX)?;
     let max_tokens = max_tokens.map(|m| u64::try_from(m).unwrap_or(u64::MAX));

@@ -1,4 +1,5 @@
-//! Embeddings bodies: OpenAI `/v1/embeddings` and the Databricks embeddings task (SPEC 6.7).
+//! Embeddings bodies: OpenAI `/v1/embeddings` and the Databricks embeddings task
+//! (docs/api/openai.md#embeddings, docs/api/databricks.md#embeddings-task).
 //!
 //! Nothing is generated, so the parameters are the defaults; what is checked is the input's
 //! shape, the route's switches and the limits. `/v1/embeddings` takes `input` as a string, a

@@ -1,16 +1,20 @@
-//! Server and model limits that validation checks requests against (SPEC 1.3, 1.4, 1.5), and
-//! the two pieces of arithmetic every route shares: the prompt-token limit and the output cap.
+//! Server and model limits that validation checks requests against
+//! (docs/serving.md#requests-and-limits, docs/api/common.md#prompt-limits,
+//! docs/api/common.md#output-cap), and the two pieces of arithmetic every route shares: the
+//! prompt-token limit and the output cap.
 
 use crate::error::{CoreError, CoreResult};
 use crate::params::{MAX_LOGPROBS, MAX_N};
 
 use super::codes;
 
-/// The hard token cap of SPEC 1.4.2 ("1MB" of tokens, →A-18).
+/// The hard token cap (docs/api/common.md#prompt-limits; "1MB" of tokens,
+/// docs/decisions.md#character-and-token-caps).
 pub const MAX_PROMPT_TOKENS_CAP: u32 = 1 << 20;
 
 /// A Databricks endpoint's billing type, which decides whether `n` and `error_behavior` are
-/// accepted (SPEC 6.3, 6.5, →A-63).
+/// accepted (docs/api/databricks.md#chat-request, docs/api/databricks.md#error-behavior,
+/// docs/decisions.md#endpoint-types).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum EndpointType {
     /// Pay-per-token: `error_behavior` is accepted, `n` > 1 is not.
@@ -59,7 +63,8 @@ pub struct Limits {
     /// Vocabulary size; 0 = unknown, which turns off the checks that need it (token ids below
     /// the vocabulary, `embedding_bias` length, top-k clamping).
     pub vocab_size: u32,
-    /// Prompt text characters (Unicode code points), at most (4 MiB, →A-18).
+    /// Prompt text characters (Unicode code points), at most (4 MiB,
+    /// docs/decisions.md#character-and-token-caps).
     pub max_prompt_chars: u32,
     /// Characters of all stop strings together, at most.
     pub max_stop_chars: u32,
@@ -71,7 +76,8 @@ pub struct Limits {
     pub max_tools_databricks: u32,
     /// Largest beam width (TRT `beam_width`, and `best_of`/`n` under `use_beam_search`).
     pub max_beam_width: u32,
-    /// Whether the model takes media content parts; false rejects them (SPEC 1.9).
+    /// Whether the model takes media content parts; false rejects them
+    /// (docs/api/common.md#content-parts).
     pub multimodal: bool,
     /// The Databricks endpoint's type; `None` accepts both `n` and `error_behavior`.
     pub databricks_endpoint_type: Option<EndpointType>,
@@ -132,7 +138,7 @@ impl Limits {
     }
 }
 
-/// The most prompt tokens a request may have (SPEC 1.4.2):
+/// The most prompt tokens a request may have (docs/api/common.md#prompt-limits):
 /// `min(max_input_tokens, max_model_len - 1, max_position_embeddings, 1048576)`.
 pub fn max_prompt_tokens(limits: &Limits) -> u32 {
     let mut max = limits
@@ -145,8 +151,9 @@ pub fn max_prompt_tokens(limits: &Limits) -> u32 {
     max
 }
 
-/// Checks a tokenized prompt (after the chat template, for chat) against SPEC 1.4.2: at least
-/// one token and at most [`max_prompt_tokens`]. The error names `prompt`.
+/// Checks a tokenized prompt (after the chat template, for chat) against
+/// docs/api/common.md#prompt-limits: at least one token and at most [`max_prompt_tokens`]. The
+/// error names `prompt`.
 pub fn check_prompt_tokens(num_prompt_tokens: u32, limits: &Limits) -> CoreResult<()> {
     check_prompt_tokens_of("prompt", num_prompt_tokens, limits)
 }
@@ -182,9 +189,9 @@ pub(crate) fn check_prompt_tokens_of(
     Ok(())
 }
 
-/// SPEC 1.5: `min(requested, max_iter_times, max_model_len - prompt_tokens)`, where a missing
-/// `requested` (Databricks null) leaves that term out and a missing prompt count leaves out
-/// the last term. Never below 1 for a prompt that passed [`check_prompt_tokens`].
+/// docs/api/common.md#output-cap: `min(requested, max_iter_times, max_model_len - prompt_tokens)`,
+/// where a missing `requested` (Databricks null) leaves that term out and a missing prompt count
+/// leaves out the last term. Never below 1 for a prompt that passed [`check_prompt_tokens`].
 pub(crate) fn output_cap(requested: Option<u64>, prompt: Option<u32>, limits: &Limits) -> u32 {
     let mut cap = u64::from(limits.max_iter_times);
     if let Some(r) = requested {

@@ -1,5 +1,6 @@
-//! Chat messages and content parts (SPEC 1.9, 4.2, 6.3): roles, content rules, tool calls in
-//! history, and the text that counts toward the prompt's character limit.
+//! Chat messages and content parts (docs/api/common.md#content-parts, docs/api/openai.md#messages,
+//! docs/api/databricks.md#chat-request): roles, content rules, tool calls in history, and the text
+//! that counts toward the prompt's character limit.
 
 use crate::error::CoreResult;
 
@@ -10,7 +11,7 @@ use super::Flavor;
 /// Media part types by the member that carries their location.
 const MEDIA_TYPES: [&str; 3] = ["image_url", "video_url", "audio_url"];
 
-/// Most media parts per chat request (SPEC 1.9).
+/// Most media parts per chat request (docs/api/common.md#content-parts).
 const MAX_CHAT_MEDIA: u32 = 20;
 
 /// What content parts a route accepts.
@@ -57,7 +58,8 @@ pub(crate) struct MediaCount(pub(crate) u32);
 
 /// A string or an array of content parts; returns the number of text characters (code points,
 /// text parts joined). Media parts are checked for shape and counted; on a text-only model
-/// they are rejected with `unsupported_content_type` naming the part's `type` (SPEC 1.9).
+/// they are rejected with `unsupported_content_type` naming the part's `type`
+/// (docs/api/common.md#content-parts).
 pub(crate) fn content(
     f: Field<'_>,
     rules: &PartRules,
@@ -136,7 +138,8 @@ fn media_list(rules: &PartRules) -> String {
     }
 }
 
-/// A media location: a non-empty string, or the OpenAI form `{"url": "..."}` (→A-44).
+/// A media location: a non-empty string, or the OpenAI form `{"url": "..."}`
+/// (docs/decisions.md#media-part-shapes).
 fn media_location(f: Field<'_>) -> CoreResult<()> {
     let url = match f.raw {
         None => return Err(f.missing()),
@@ -222,8 +225,8 @@ fn message(
 }
 
 /// `tool_calls` in history: only on assistant messages; each `{id, type: "function",
-/// function: {name, arguments}}` with `arguments` a JSON string or an object (→A-34).
-/// Returns whether the message has at least one.
+/// function: {name, arguments}}` with `arguments` a JSON string or an object
+/// (docs/decisions.md#tool-call-arguments). Returns whether the message has at least one.
 fn tool_calls(f: Field<'_>, role: &str) -> CoreResult<bool> {
     let Some(calls) = f.list()? else {
         return Ok(false);
@@ -253,7 +256,7 @@ fn tool_calls(f: Field<'_>, role: &str) -> CoreResult<bool> {
 }
 
 /// `tool_call_id`: required (non-empty) on tool messages; on other roles Databricks requires
-/// it empty and MindIE ignores it (→A-43).
+/// it empty and MindIE ignores it (docs/decisions.md#tool-call-ids-on-other-roles).
 fn tool_call_id(f: Field<'_>, role: &str, flavor: Flavor) -> CoreResult<()> {
     if role == "tool" {
         return non_empty_str(f).map(|_| ());

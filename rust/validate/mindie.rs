@@ -1,4 +1,5 @@
-//! MindIE `generate` / `generate_stream` (SPEC 2.1, 3): `{id, text_input, parameters: {...}}`.
+//! MindIE `generate` / `generate_stream` (docs/api/mindie.md#request,
+//! docs/api/mindie.md#generate-response): `{id, text_input, parameters: {...}}`.
 
 use crate::error::CoreResult;
 use crate::params::SamplingParams;
@@ -15,7 +16,7 @@ use super::limits::Limits;
 use super::messages::{content, MediaCount, PartRules, GENERATE_PARTS};
 use super::raw::{Field, Obj, Raw};
 
-/// Default `max_new_tokens` (SPEC 2.1).
+/// Default `max_new_tokens` (docs/api/mindie.md#request).
 const DEFAULT_MAX_NEW_TOKENS: u64 = 20;
 /// Default `timeout` in seconds, and the largest allowed.
 const DEFAULT_TIMEOUT_S: i128 = 600;
@@ -35,7 +36,7 @@ pub(super) fn generate(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> 
     });
     let mut p = sampling(&q, limits)?;
     q.field("details").bool()?;
-    // Fields without effect (→A-28): checked, then ignored.
+    // Fields without effect (docs/decisions.md#fields-without-effect): checked, then ignored.
     int_in(q.field("batch_size"), 1, I32_MAX)?;
     q.field("watermark").bool()?;
     q.field("perf_stat").bool()?;
@@ -86,11 +87,12 @@ fn text_input(f: Field<'_>, limits: &Limits) -> CoreResult<()> {
     prompt_chars(f, chars.ok_or_else(|| f.missing())?, limits)
 }
 
-/// The sampling fields of `parameters`, with the do_sample rule of →A-20: `false` is greedy
-/// (temperature, top_k, top_p and typical_p ignored; repetition_penalty still applies),
-/// `true` samples, and when absent the request samples only if temperature != 1,
-/// 0 < top_k < vocab_size, top_p < 1 or typical_p is given. typical_p is validated and then
-/// ignored, as MindIE's post-processing does not support it (→A-28).
+/// The sampling fields of `parameters`, with the do_sample rule
+/// (docs/decisions.md#when-generate-samples): `false` is greedy (temperature, top_k, top_p and
+/// typical_p ignored; repetition_penalty still applies), `true` samples, and when absent the
+/// request samples only if temperature != 1, 0 < top_k < vocab_size, top_p < 1 or typical_p is
+/// given. typical_p is validated and then ignored, as MindIE's post-processing does not support it
+/// (docs/decisions.md#fields-without-effect).
 fn sampling(q: &Obj<'_>, limits: &Limits) -> CoreResult<SamplingParams> {
     let mut p = SamplingParams {
         repetition_penalty: float_in(q.field("repetition_penalty"), POSITIVE, "")?.unwrap_or(1.0),

@@ -1,10 +1,10 @@
 //! Request validation: one function per API route that checks a decoded request body against
-//! that route's own rules (SPEC 1.6: each route keeps its source's ranges) and builds the
-//! normalised [`SamplingParams`] every later stage shares.
+//! that route's own rules (docs/api/common.md#ranges-by-route: each route keeps its source's
+//! ranges) and builds the normalised [`SamplingParams`] every later stage shares.
 //!
-//! Common rules (SPEC 1.11): JSON null is the same as absent (defaults apply) except for
-//! required fields; unknown fields are ignored; types are strict (integer fields reject
-//! strings, bools and fractions, float fields accept integers, bool fields take only bools).
+//! Common rules (docs/api/common.md#request-bodies): JSON null is the same as absent (defaults
+//! apply) except for required fields; unknown fields are ignored; types are strict (integer fields
+//! reject strings, bools and fractions, float fields accept integers, bool fields take only bools).
 //! Every error is [`CoreError::Invalid`] whose `param` is the field path as the client wrote
 //! it (`parameters.temperature`, `messages[2].content[1].type`, `stop[3]`), whose `code` is
 //! one of [`codes`], and whose message names the field in backticks, states the rule and
@@ -73,7 +73,7 @@ pub mod codes {
     pub const EMPTY: &str = "empty";
     /// Two fields that cannot be used together, or a field the other fields rule out.
     pub const CONFLICT: &str = "conflict";
-    /// A media content part the model or route does not take (SPEC 1.9).
+    /// A media content part the model or route does not take (docs/api/common.md#content-parts).
     pub const UNSUPPORTED_CONTENT_TYPE: &str = "unsupported_content_type";
     /// A string that breaks a format (the generate `id` pattern, a word-list tensor, ...).
     pub const INVALID_FORMAT: &str = "invalid_format";
@@ -81,7 +81,8 @@ pub mod codes {
     pub const INVALID_VALUE: &str = "invalid_value";
     /// More items than allowed (tools, media parts, properties).
     pub const TOO_MANY: &str = "too_many";
-    /// A parameter this deployment does not offer (Databricks endpoint type, →A-63).
+    /// A parameter this deployment does not offer (Databricks endpoint type,
+    /// docs/decisions.md#endpoint-types).
     pub const UNSUPPORTED: &str = "unsupported";
     /// A field the route does not take (`/v1/embeddings` refuses unknown fields).
     pub const UNKNOWN_FIELD: &str = "unknown_field";
@@ -90,21 +91,22 @@ pub mod codes {
 /// An API route whose request body `validate` understands.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Route {
-    /// MindIE `generate` and `generate_stream` (the same body, SPEC 2.1 and 3).
+    /// MindIE `generate` and `generate_stream` (the same body, docs/api/mindie.md#request,
+    /// docs/api/mindie.md#generate-response).
     Generate,
-    /// MindIE `/v1/chat/completions` (SPEC 4).
+    /// MindIE `/v1/chat/completions` (docs/api/openai.md#chat-completions).
     Chat,
-    /// MindIE `/v1/completions` (SPEC 5).
+    /// MindIE `/v1/completions` (docs/api/openai.md#completions).
     Completions,
-    /// Databricks chat task (SPEC 6.3).
+    /// Databricks chat task (docs/api/databricks.md#chat-request).
     DatabricksChat,
-    /// Databricks completions task (SPEC 6.5).
+    /// Databricks completions task (docs/api/databricks.md#completions-request).
     DatabricksCompletions,
-    /// Databricks embeddings task (SPEC 6.7).
+    /// Databricks embeddings task (docs/api/databricks.md#embeddings-task).
     DatabricksEmbeddings,
     /// OpenAI `/v1/embeddings`.
     Embeddings,
-    /// The TensorRT-LLM-style in-process request (SPEC 7.2-7.5), tensors as Python values.
+    /// The TensorRT-LLM-style in-process request (docs/api/trt.md), tensors as Python values.
     Trt,
     /// The Python `SamplingParams(...)` constructor: vLLM-style keyword arguments.
     Offline,
@@ -170,8 +172,8 @@ pub fn validate_request(route: Route, body: &Raw, limits: &Limits) -> CoreResult
     Ok(valid)
 }
 
-/// The Databricks task a body asks for by its shape (→A-64): exactly one of `messages`
-/// (chat), `prompt` (completions) or `input` (embeddings), present and not null.
+/// The Databricks task a body asks for by its shape (docs/decisions.md#choosing-the-task): exactly
+/// one of `messages` (chat), `prompt` (completions) or `input` (embeddings), present and not null.
 pub fn databricks_route(body: &Raw) -> CoreResult<Route> {
     let tasks = [
         ("messages", Route::DatabricksChat),
@@ -217,11 +219,12 @@ fn route_rules(route: Route, body: &Raw, limits: &Limits) -> CoreResult<ValidReq
 /// Validates the whole decoded request body of `route` and returns the normalised parameters.
 ///
 /// With `num_prompt_tokens` (the prompt's token count, after the chat template for chat), it
-/// also applies the SPEC 1.4.2 token limit and the SPEC 1.5 output cap
+/// also applies the token limit (docs/api/common.md#prompt-limits) and the output cap
+/// (docs/api/common.md#output-cap)
 /// `max_tokens = min(requested or the route default, max_iter_times, max_model_len -
-/// prompt_tokens)`; without it, `max_tokens` is capped by `max_iter_times` only. (The TRT
-/// route counts its own `input_ids`; the offline route applies no cap without a count, since
-/// it has no model to cap against.) `limits` must have passed [`Limits::validate`].
+/// prompt_tokens)`; without it, `max_tokens` is capped by `max_iter_times` only. (The TRT route
+/// counts its own `input_ids`; the offline route applies no cap without a count, since it has no
+/// model to cap against.) `limits` must have passed [`Limits::validate`].
 pub fn validate(
     route: Route,
     body: &Raw,

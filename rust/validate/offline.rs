@@ -59,7 +59,7 @@ pub const OFFLINE_FIELDS: [&str; 32] = [
 ];
 
 /// Validates offline keyword arguments. Without a prompt token count `max_tokens` stays as
-/// given (None = until `max_model_len`); with one, the SPEC 1.5 cap applies.
+/// given (None = until `max_model_len`); with one, the cap (docs/api/common.md#output-cap) applies.
 pub(super) fn offline(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let o = Obj::root(body)?;
     let mut p = sampling(&o, limits)?;

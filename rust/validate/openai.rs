@@ -1,4 +1,5 @@
-//! MindIE `/v1/chat/completions` (SPEC 4.1-4.3) and `/v1/completions` (SPEC 5.1-5.2), each
+//! MindIE `/v1/chat/completions` (docs/api/openai.md#chat-completions) and `/v1/completions`
+//! (docs/api/openai.md#completions-request, docs/api/openai.md#n-best-of-and-beam-search), each
 //! with its own ranges, plus the vLLM extras (see the module docs of `validate`).
 
 use crate::error::CoreResult;
@@ -22,14 +23,14 @@ use super::tokens::{min_tokens_at_most, vllm_extras};
 use super::tools::{response_format, tool_choice, tools};
 use super::Flavor;
 
-/// Completions' `top_p` range, `(1e-6, 1]` (→A-15).
+/// Completions' `top_p` range, `(1e-6, 1]` (docs/decisions.md#top-p-ranges).
 const TOP_P_COMPLETIONS: FloatRange = FloatRange::new(1e-6, true, 1.0, false);
 /// Largest completions `logprobs`.
 pub(super) const MAX_COMPLETIONS_LOGPROBS: u32 = 5;
 
 /// What differs between the two `/v1` routes in the fields they share.
 struct V1Rules {
-    /// Smallest seed: 0 on chat, 1 on completions (→A-12).
+    /// Smallest seed: 0 on chat, 1 on completions (docs/decisions.md#seed-ranges).
     min_seed: u64,
     top_p: FloatRange,
     /// Smallest `max_tokens`: 1, or 0 on completions, where 0 with `echo` scores the prompt
@@ -90,7 +91,8 @@ fn prompt_logprobs(o: &Obj<'_>, limits: &Limits) -> CoreResult<Option<u32>> {
 }
 
 /// `n` > 1 (or `best_of` > 1) samples several sequences, which greedy decoding cannot
-/// (SPEC 5.2.4, →A-23): an explicit temperature 0 then conflicts.
+/// (docs/api/openai.md#n-best-of-and-beam-search,
+/// docs/decisions.md#temperature-and-several-sequences): an explicit temperature 0 then conflicts.
 fn needs_sampling(o: &Obj<'_>, several: bool, temperature: Option<f32>) -> CoreResult<()> {
     if several && temperature == Some(0.0) {
         return Err(fail(
@@ -187,7 +189,8 @@ pub(super) fn echo_prompt_logprobs(p: &mut SamplingParams, echo: bool) {
     }
 }
 
-/// `n`, `best_of` and `use_beam_search` with the cross-field rules of SPEC 5.2.
+/// `n`, `best_of` and `use_beam_search` with the cross-field rules
+/// (docs/api/openai.md#n-best-of-and-beam-search).
 fn sequences(
     o: &Obj<'_>,
     p: &mut SamplingParams,
@@ -206,8 +209,9 @@ fn sequences(
                 .field("stop")
                 .bad(codes::CONFLICT, "cannot be used with `use_beam_search`"));
         }
-        // Beam width = best_of if given, else n (→A-24); best_of is not checked against n
-        // (SPEC 5.2.3), so the width grows to n when it is smaller, to return n beams.
+        // Beam width = best_of if given, else n (docs/decisions.md#beam-width); best_of is not
+        // checked against n (docs/api/openai.md#n-best-of-and-beam-search), so the width grows to n
+        // when it is smaller, to return n beams.
         p.best_of = best_of.unwrap_or(p.n).max(p.n);
         p.use_beam_search = true;
         check_beam_width(o, p.best_of, limits)?;
@@ -218,7 +222,8 @@ fn sequences(
     if let Some(b) = best_of {
         let ok = if stream {
             // Streaming sends each sequence as it grows, so there is no choosing: best_of
-            // must equal n; a lone best_of: 1 equals the default n and passes (SPEC 5.2.2).
+            // must equal n; a lone best_of: 1 equals the default n and passes
+            // (docs/api/openai.md#n-best-of-and-beam-search).
             b == p.n && (n.is_some() || b == 1)
         } else {
             b >= p.n

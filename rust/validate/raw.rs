@@ -1,7 +1,7 @@
 //! The request value `validate` reads (`Raw`: a decoded JSON body or a Python object tree), the
-//! field paths that errors name, and typed getters that apply SPEC 1.11 once for every route:
-//! JSON null is the same as absent, types are strict (integer fields take no strings, bools or
-//! fractions; float fields take integers; bool fields take only bools).
+//! field paths that errors name, and typed getters that apply docs/api/common.md#request-bodies
+//! once for every route: JSON null is the same as absent, types are strict (integer fields take no
+//! strings, bools or fractions; float fields take integers; bool fields take only bools).
 
 use std::fmt::{self, Write as _};
 

@@ -1,8 +1,9 @@
 //! `ValidRequest`: what one validation pass over a request body yields. It holds the
 //! normalised [`SamplingParams`] and every route switch a handler needs (stream, echo, suffix,
 //! error_behavior, details, the client id, ...). The rules that need the prompt's token count
-//! (the SPEC 1.4.2 limit and the SPEC 1.5 output cap) are one cheap call on it after
-//! tokenizing, [`ValidRequest::fit_prompt`], with no second pass over the body.
+//! (the prompt-token limit (docs/api/common.md#prompt-limits) and the output cap
+//! (docs/api/common.md#output-cap)) are one cheap call on it after tokenizing,
+//! [`ValidRequest::fit_prompt`], with no second pass over the body.
 
 use crate::error::CoreResult;
 use crate::grammar::GrammarSpec;
@@ -14,7 +15,8 @@ use super::raw::{Obj, Raw};
 use super::structured::structured_output;
 use super::Route;
 
-/// How the output cap of SPEC 1.5 applies once the prompt's token count is known.
+/// How the output cap (docs/api/common.md#output-cap) applies once the prompt's token count is
+/// known.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum OutputCap {
     /// The route's rule: `requested` is the client's cap or the route default (None where the
@@ -114,9 +116,9 @@ impl ValidRequest {
     }
 
     /// The parameters for a prompt of `num_prompt_tokens` tokens (after the chat template, for
-    /// chat): the SPEC 1.4.2 limit and the SPEC 1.5 output cap. `index` is the prompt's place
-    /// in a batch, named in errors (`prompt[2]`). Without a count the parameters are returned
-    /// as they are.
+    /// chat): the prompt-token limit (docs/api/common.md#prompt-limits) and the output cap
+    /// (docs/api/common.md#output-cap). `index` is the prompt's place in a batch, named in errors
+    /// (`prompt[2]`). Without a count the parameters are returned as they are.
     pub fn with_prompt_tokens(
         &self,
         num_prompt_tokens: Option<u32>,
@@ -143,8 +145,8 @@ impl ValidRequest {
     }
 
     /// Fits a tokenized prompt of `num_tokens` tokens: with `truncate` set, a prompt over the
-    /// limit keeps its last [`max_prompt_tokens`] tokens (→A-62); then
-    /// [`ValidRequest::with_prompt_tokens`]. Returns how many leading tokens to drop and the
+    /// limit keeps its last [`max_prompt_tokens`] tokens (docs/decisions.md#what-truncate-does);
+    /// then [`ValidRequest::with_prompt_tokens`]. Returns how many leading tokens to drop and the
     /// parameters.
     pub fn fit_prompt(
         &self,
@@ -159,7 +161,8 @@ impl ValidRequest {
     }
 
     /// How many of a prompt's `num_tokens` tokens the engine gets: all of them, or under
-    /// `error_behavior: "truncate"` at most [`max_prompt_tokens`] (the last ones, →A-62).
+    /// `error_behavior: "truncate"` at most [`max_prompt_tokens`] (the last ones,
+    /// docs/decisions.md#what-truncate-does).
     fn kept_tokens(&self, num_tokens: u32, limits: &Limits) -> u32 {
         match self.switches.truncate {
             true => num_tokens.min(max_prompt_tokens(limits)),
@@ -182,8 +185,8 @@ impl ValidRequest {
     }
 }
 
-/// A request of a route whose output cap follows SPEC 1.5 (`requested`: the client's cap or
-/// the route default; a prompt-limit error names `prompt_field`).
+/// A request of a route whose output cap follows docs/api/common.md#output-cap (`requested`: the
+/// client's cap or the route default; a prompt-limit error names `prompt_field`).
 pub(crate) fn routed(
     route: Route,
     body: &Raw,

@@ -1,5 +1,5 @@
-//! Stop strings and stop token ids (SPEC 1.7), shared by the OpenAI-style, Databricks and
-//! offline routes.
+//! Stop strings and stop token ids (docs/api/common.md#stop-conditions), shared by the
+//! OpenAI-style, Databricks and offline routes.
 
 use crate::error::CoreResult;
 use crate::types::TokenId;

@@ -33,7 +33,7 @@ pub(crate) fn structured_output(route: Route, o: &Obj<'_>) -> CoreResult<Option<
         }
     };
     // Only where the API has it: on another route it is an unknown field, ignored as every
-    // unknown field is (SPEC 1.11), never read and then dropped.
+    // unknown field is (docs/api/common.md#request-bodies), never read and then dropped.
     if matches!(
         route,
         Route::Chat | Route::Completions | Route::DatabricksChat

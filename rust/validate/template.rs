@@ -1,7 +1,7 @@
 //! What a chat template and a text-only prompt see of a validated body: content parts joined
-//! into text (→A-46), and tool-call arguments as objects (what Hugging Face templates expect),
-//! whichever form the client sent. One rule for every route that joins text (MindIE's
-//! `text_input` parts too).
+//! into text (docs/decisions.md#content-parts-on-a-text-only-model), and tool-call arguments as
+//! objects (what Hugging Face templates expect), whichever form the client sent. One rule for every
+//! route that joins text (MindIE's `text_input` parts too).
 
 use super::json::parse_value;
 use super::raw::Raw;

@@ -1,5 +1,5 @@
-//! `tools`, `tool_choice` and `response_format` of the chat routes (SPEC 4.3, 6.3, →A-35,
-//!
+//! `tools`, `tool_choice` and `response_format` of the chat routes (docs/api/openai.md#tools,
+//! docs/api/databricks.md#chat-request, docs/decisions.md#tools-and-messages).
 
 use rustc_hash::FxHashSet;
 
@@ -70,8 +70,8 @@ fn lookup_name(tool: &Raw) -> &str {
     }
 }
 
-/// MindIE rules (→A-36): `type` "object", `properties` an object of objects, `required` a
-/// list of strings, `additionalProperties` a bool when present.
+/// MindIE rules (docs/decisions.md#function-parameters): `type` "object", `properties` an object of
+/// objects, `required` a list of strings, `additionalProperties` a bool when present.
 fn mindie_parameters(params: &Obj<'_>) -> CoreResult<()> {
     let ty = params.field("type");
     match ty.str()? {
@@ -97,8 +97,8 @@ fn mindie_parameters(params: &Obj<'_>) -> CoreResult<()> {
     Ok(())
 }
 
-/// Databricks rules (→A-36): a JSON Schema object whose `properties`, when present, is an
-/// object of at most 15 keys.
+/// Databricks rules (docs/decisions.md#function-parameters): a JSON Schema object whose
+/// `properties`, when present, is an object of at most 15 keys.
 fn databricks_parameters(params: &Obj<'_>) -> CoreResult<()> {
     let field = params.field("properties");
     if let Some(props) = field.obj()? {
@@ -115,7 +115,8 @@ fn databricks_parameters(params: &Obj<'_>) -> CoreResult<()> {
 }
 
 /// `tool_choice`: "none", "auto", "required" or `{type: "function", function: {name}}`
-/// naming a function of `tools`; "required" and a named choice need tools (→A-38).
+/// naming a function of `tools`; "required" and a named choice need tools
+/// (docs/decisions.md#the-default-tool-choice).
 pub(crate) fn tool_choice(f: Field<'_>, names: &[&str]) -> CoreResult<()> {
     let needs_tools = match f.raw {
         None => false,
@@ -159,7 +160,7 @@ fn named_choice(f: Field<'_>, names: &[&str]) -> CoreResult<()> {
 
 /// `response_format`: `{type: "text" | "json_object" | "json_schema"}`, the last with
 /// `json_schema: {name, schema, description?, strict?}`. Whether the deployment can enforce
-/// the JSON forms (→A-69) is the server's call.
+/// the JSON forms (docs/decisions.md#enforcing-response-formats) is the server's call.
 pub(crate) fn response_format(f: Field<'_>) -> CoreResult<()> {
     let Some(obj) = f.obj()? else {
         return Ok(());

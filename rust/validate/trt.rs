@@ -1,12 +1,13 @@
-//! The TensorRT-LLM-style in-process request (SPEC 7.2-7.5, 7.8). Tensors arrive as Python
+//! The TensorRT-LLM-style in-process request (docs/api/trt.md). Tensors arrive as Python
 //! values after the wrapper flattened them: a `[1]` or `[1, 1]` tensor may be a scalar or a
-//! one-element (nested) list (→A-70). The pybind names `max_new_tokens`, `length_penalty` and
-//! `is_streaming` are accepted as aliases of the tensor names (→A-76).
+//! one-element (nested) list (docs/decisions.md#tensor-shapes). The pybind names `max_new_tokens`,
+//! `length_penalty` and `is_streaming` are accepted as aliases of the tensor names
+//! (docs/decisions.md#pybind-names).
 //!
 //! Semantics follow TRT-LLM, not the HTTP APIs: absent `runtime_top_k` and `runtime_top_p`
-//! are both 0, which is greedy (→A-74); `runtime_top_p` 0 with a top-k is plain top-k;
-//! `random_seed` defaults to 0; `end_id` defaults to -1, so EOS ends a sequence only when
-//! `end_id` names it (→A-71).
+//! are both 0, which is greedy (docs/decisions.md#absent-top-k-and-top-p); `runtime_top_p` 0 with a
+//! top-k is plain top-k; `random_seed` defaults to 0; `end_id` defaults to -1, so EOS ends a
+//! sequence only when `end_id` names it (docs/decisions.md#the-end-id-default).
 
 use crate::error::CoreResult;
 use crate::params::{EarlyStopping, SamplingParams};
@@ -24,9 +25,9 @@ use super::request::{read_switches, OutputCap, ValidRequest};
 use super::tokens::{embedding_bias, token_id, token_ids};
 use super::Route;
 
-/// `len_penalty` (alias `length_penalty`) and `early_stopping` (SPEC 7.3), which act only
-/// with `beam_width` > 1; beam search does not sample, so `runtime_top_k` / `runtime_top_p`
-/// must then stay off.
+/// `len_penalty` (alias `length_penalty`) and `early_stopping` (docs/api/trt.md#sampling), which
+/// act only with `beam_width` > 1; beam search does not sample, so `runtime_top_k` /
+/// `runtime_top_p` must then stay off.
 fn beam_options(o: &Obj<'_>, p: &mut SamplingParams) -> CoreResult<()> {
     let length = scalar(aliased(o, "len_penalty", "length_penalty")?)?;
     // TRT's default length penalty is 0: beams are ranked by their cumulative logprob.
@@ -116,8 +117,8 @@ pub(super) fn trt(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     ValidRequest::new(Route::Trt, p, switches, OutputCap::Applied, limits)
 }
 
-/// The sampling scalars, and whether TRT's decoding-mode rule makes them greedy (SPEC 7.4:
-/// top-k 0 and top-p 0; or temperature 0).
+/// The sampling scalars, and whether TRT's decoding-mode rule makes them greedy
+/// (docs/api/trt.md#sampling: top-k 0 and top-p 0; or temperature 0).
 fn sampling(o: &Obj<'_>, limits: &Limits) -> CoreResult<(SamplingParams, bool)> {
     let float = |key: &'static str, range, default: f32| -> CoreResult<f32> {
         Ok(float_in(scalar(o.field(key))?, range, "")?.unwrap_or(default))
@@ -143,7 +144,8 @@ fn sampling(o: &Obj<'_>, limits: &Limits) -> CoreResult<(SamplingParams, bool)> 
 }
 
 /// `end_id`: -1 (the default: no EOS) or a token id. EOS handling is explicit on this route,
-/// so `ignore_eos` is set and a given `end_id` becomes the stop token (→A-71).
+/// so `ignore_eos` is set and a given `end_id` becomes the stop token
+/// (docs/decisions.md#the-end-id-default).
 fn end_id(o: &Obj<'_>, p: &mut SamplingParams, limits: &Limits) -> CoreResult<()> {
     let f = scalar(o.field("end_id"))?;
     p.ignore_eos = true;
@@ -209,9 +211,9 @@ fn refuse_lora(o: &Obj<'_>) -> CoreResult<()> {
     Ok(())
 }
 
-/// P-tuning (SPEC 7.3): `prompt_embedding_table` `[rows, hidden]` with `prompt_vocab_size`
-/// (default: its row count, at most that). Returns the number of virtual token ids
-/// (`vocab_size..vocab_size + prompt_vocab_size`) `input_ids` may use; 0 without a table.
+/// P-tuning (docs/api/trt.md#prompt-tuning): `prompt_embedding_table` `[rows, hidden]` with
+/// `prompt_vocab_size` (default: its row count, at most that). Returns the number of virtual token
+/// ids (`vocab_size..vocab_size + prompt_vocab_size`) `input_ids` may use; 0 without a table.
 fn prompt_tuning(o: &Obj<'_>) -> CoreResult<u32> {
     let size = scalar(o.field("prompt_vocab_size"))?;
     let size_value = u32_in(size, 1, I32_MAX as u32)?;
@@ -327,8 +329,8 @@ fn is_batched(rows: &[Raw]) -> bool {
 }
 
 /// A `[2, L]` word list (or the batched `[batch, 2, L]`): row 0 the words' token ids concatenated and padded,
-/// row 1 each word's cumulative end offset, padded with -1 (SPEC 7.5). Offsets must be
-/// strictly increasing, within row 0, and -1 only at the end.
+/// row 1 each word's cumulative end offset, padded with -1 (docs/api/trt.md#word-lists). Offsets
+/// must be strictly increasing, within row 0, and -1 only at the end.
 fn word_list(f: Field<'_>, limits: &Limits) -> CoreResult<Vec<Vec<TokenId>>> {
     let Some(rows) = f.list()? else {
         return Ok(Vec::new());
@@ -346,7 +348,7 @@ fn word_list(f: Field<'_>, limits: &Limits) -> CoreResult<Vec<Vec<TokenId>>> {
         fail(
             f.path,
             codes::INVALID_FORMAT,
-            format_args!("{rule} (SPEC 7.5 word-list format)"),
+            format_args!("{rule} (docs/api/trt.md#word-lists)"),
         )
     };
     let [Raw::List(ids), Raw::List(offsets)] = rows else {

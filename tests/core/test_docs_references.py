@@ -14,8 +14,6 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 CODE_DIRS = ("python", "rust", "tests", "benches")
 CODE_SUFFIXES = (".py", ".pyi", ".rs")
@@ -31,7 +29,6 @@ MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 #: The code citations are rewritten by a script run once the branches touching the code have
 #: merged; until then they still cite the digest.
-PENDING = pytest.mark.skip(reason="enabled once cite_rewrite runs")
 
 
 def code_files() -> Iterator[Path]:
@@ -81,7 +78,6 @@ def unresolved(target: Path, anchor: str) -> str | None:
     return None
 
 
-@PENDING
 def test_no_citation_of_the_digest_remains() -> None:
     found = [
         f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
@@ -93,7 +89,6 @@ def test_no_citation_of_the_digest_remains() -> None:
     assert not found, "\n".join(found)
 
 
-@PENDING
 def test_docs_references_in_code_resolve() -> None:
     bad = []
     num_refs = 0

@@ -1,4 +1,4 @@
-"""`InferenceRequest` (SPEC 7.2-7.5, 7.8): tensor-likes in, documented shapes and dtypes out,
+"""`InferenceRequest` (docs/api/trt.md): tensor-likes in, documented shapes and dtypes out,
 and every check made by the one Rust validation path, naming the tensor (no torch here)."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def test_absent_tensors_are_dropped() -> None:
     assert set(tensors()) == {"input_ids", "request_output_len"}
 
 
-# --- SPEC 7.5: the word-list format --------------------------------------------------------
+# --- docs/api/trt.md#word-lists: the word-list format ---------------------------------------------
 
 
 def word_list_params(value: Any) -> list[list[int]]:

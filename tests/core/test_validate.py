@@ -46,7 +46,7 @@ def check(route: str, body: Any, expected: Any, **kwargs: Any) -> SamplingParams
     return params
 
 
-# The SPEC sample request bodies, verbatim (2.3, 4.8, 5.7, 6.8).
+# The vendor documents' sample request bodies, verbatim (docs/api/common.md#sample-bodies).
 GENERATE_SAMPLE = """{
     "id":"a123",
     "text_input": "My name is Olivier and I",

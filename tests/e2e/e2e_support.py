@@ -256,8 +256,9 @@ class Oracle:
 
 
 def sse_payloads(raw: bytes) -> list[str]:
-    """The ``data:`` payloads of an SSE body, checking the framing of SPEC 1.2: every event is
-    exactly ``data: <one line>`` followed by a blank line, and nothing else is in the body."""
+    """The ``data:`` payloads of an SSE body, checking the framing (docs/api/common.md#streaming):
+    every event is exactly ``data: <one line>`` followed by a blank line, and nothing else is in the
+    body."""
     text = raw.decode()
     assert text.endswith("\n\n"), f"the stream does not end with a blank line: {text[-80:]!r}"
     payloads = []

@@ -1,5 +1,5 @@
-"""Databricks ``POST /serving-endpoints/{name}/invocations`` over raw HTTP (SPEC 6): chat and
-completions by body shape, streamed (ending with ``[DONE]``) and not."""
+"""Databricks ``POST /serving-endpoints/{name}/invocations`` over raw HTTP (docs/api/databricks.md):
+chat and completions by body shape, streamed (ending with ``[DONE]``) and not."""
 
 from __future__ import annotations
 

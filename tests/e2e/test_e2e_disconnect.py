@@ -1,4 +1,5 @@
-"""A client that goes away has its request aborted and its KV blocks freed (SPEC 1.2).
+"""A client that goes away has its request aborted and its KV blocks freed
+(docs/api/common.md#disconnects).
 
 A long request (1500 tokens, ignore_eos) holds KV blocks; once the client closes the connection
 (a stream read for a few events, or a non-streaming request whose client times out), the

@@ -1,6 +1,7 @@
 """MindIE ``fullTextEnabled`` on (a second server, ``--full-text``): generate_stream frames and
 ``/v1`` chat deltas carry the cumulative text, and the final chat chunk adds ``full_text``;
-completions and Databricks streams stay incremental, non-streaming bodies are unchanged (→A-33).
+completions and Databricks streams stay incremental, non-streaming bodies are unchanged
+(docs/decisions.md#where-full-text-applies).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""MindIE ``/v2/models/{model}/generate[_stream]`` over raw HTTP (SPEC 2-3), fullTextEnabled off.
+"""MindIE ``/v2/models/{model}/generate[_stream]`` over raw HTTP (docs/api/mindie.md),
+fullTextEnabled off.
 
 Bodies and SSE framing are checked byte for byte where the spec fixes them: ``data: `` events of
 one JSON line, no ``[DONE]``, ``finish_reason`` inside ``details`` on the last frame only,
@@ -47,7 +48,8 @@ def stream_frames(server: Server, body: dict[str, Any]) -> list[dict[str, Any]]:
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/event-stream")
     payloads = sse_payloads(response.content)
-    assert "[DONE]" not in payloads  # generate_stream has no sentinel (→A-2)
+    # generate_stream has no sentinel (docs/decisions.md#the-end-of-stream-sentinel)
+    assert "[DONE]" not in payloads
     return [json.loads(p) for p in payloads]
 
 
@@ -112,7 +114,8 @@ def test_generate_without_id_gets_endpoint_common(server: Server) -> None:
         response = server.http.post(f"/v2/models/{MODEL}/generate", json=generate_body("Hi", 1))
         assert response.status_code == 200, response.text
         ids.append(response.json()["id"])
-        # details: false still reports how the request ended (→A-29).
+        # details: false still reports how the request ended
+        # (docs/decisions.md#details-when-not-asked-for).
         assert set(response.json()["details"]) >= {"finish_reason", "generated_tokens"}
     assert all(re.fullmatch(r"endpoint_common_\d+", i) for i in ids)
     assert ids[0] != ids[1]
@@ -150,7 +153,8 @@ def test_generate_stream_ends_with_eos_token(server: Server, oracle: Oracle) -> 
     final = frames[-1]
     assert final["details"]["finish_reason"] == "eos_token"
     assert final["details"]["generated_tokens"] == len(expected.token_ids)  # EOS counted
-    assert final["text_output"] == ""  # the EOS text is not emitted (→A-10)
+    # the EOS text is not emitted (docs/decisions.md#eos-text-in-the-last-frame)
+    assert final["text_output"] == ""
     joined = "".join(f["text_output"] for f in frames)
     assert joined == expected.text and "<|im_end|>" not in joined
     whole = server.http.post(

@@ -8,8 +8,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .e2e_support import MODEL, Server
 
-#: Series the server exports (SPEC: running/waiting, KV blocks, prefix cache, preemptions,
-#: token counters, TTFT, inter-token, end-to-end and queue-time histograms).
+#: Series the server exports (docs/serving.md#health-and-metrics: running/waiting, KV blocks, prefix
+#: cache, preemptions, token counters, TTFT, inter-token, end-to-end and queue-time histograms).
 SERIES = {
     "ferrollm_num_requests_running": "gauge",
     "ferrollm_num_requests_waiting": "gauge",

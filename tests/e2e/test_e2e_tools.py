@@ -2,8 +2,8 @@
 (SmolLM2, whose chat template ignores ``tools``: the server offers them in a system prompt in
 the Hermes format it detects). ``tool_choice`` "required" and a named function return parsed
 calls whose arguments validate (``jsonschema`` is the oracle); streamed and whole responses
-agree; SPEC's multi-turn round trip (history with ``tool_calls`` and a ``tool`` message) is
-answered."""
+agree; MindIE's multi-turn round trip (docs/api/common.md#sample-bodies; history with ``tool_calls``
+and a ``tool`` message) is answered."""
 
 from __future__ import annotations
 

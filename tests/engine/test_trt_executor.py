@@ -1,6 +1,6 @@
-"""The TRT-style `Executor` (SPEC 7.1, 7.7): response tensors and their shapes, streaming,
-fake-streamed beams, cancel, the callback form, errors as ``err_msg``, raw logits equal to
-transformers' (float32), and p-tuning prompt tables."""
+"""The TRT-style `Executor` (docs/api/trt.md#executor, docs/api/trt.md#responses): response tensors
+and their shapes, streaming, fake-streamed beams, cancel, the callback form, errors as ``err_msg``,
+raw logits equal to transformers' (float32), and p-tuning prompt tables."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Every field of the TRT-style request acts (SPEC 7.3, 7.4): a request with it and one
-without differ as the field says. Greedy unless the test samples; a tiny random model."""
+"""Every field of the TRT-style request acts (docs/api/trt.md#tensors-in, docs/api/trt.md#sampling):
+a request with it and one without differ as the field says. Greedy unless the test samples; a tiny
+random model."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def greedy(executor: Executor) -> list[int]:
 def test_absent_top_k_and_top_p_are_greedy_whatever_the_temperature(
     executor: Executor, greedy: list[int]
 ) -> None:
-    # TRT's 0 / 0.0 mean off, which together is greedy (SPEC 7.4).
+    # TRT's 0 / 0.0 mean off, which together is greedy (docs/api/trt.md#sampling).
     assert tokens(executor, n=40, temperature=5.0, random_seed=3) == greedy
     assert tokens(executor, n=40, runtime_top_k=0, runtime_top_p=0.0, temperature=5.0) == greedy
 

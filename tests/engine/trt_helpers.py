@@ -47,7 +47,8 @@ def error(executor: Executor, prompt: list[int] | None = None, n: int = 4, **ten
 
 
 def sampling(**extra: Any) -> dict[str, Any]:
-    """Full-distribution sampling (the HTTP mapping's top-k 0, top-p 1.0, →A-74)."""
+    """Full-distribution sampling (the HTTP mapping's top-k 0, top-p 1.0,
+    docs/decisions.md#absent-top-k-and-top-p)."""
     return {"runtime_top_k": 0, "runtime_top_p": 1.0, **extra}
 
 

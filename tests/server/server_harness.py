@@ -161,8 +161,8 @@ async def _make_client(app: App) -> httpx.AsyncClient:
 
 
 def sse_events(response: httpx.Response) -> list[str]:
-    """The payloads of an SSE body, checking the framing exactly (SPEC 1.2): every event is
-    ``data: <one line>`` and a blank line, nothing else."""
+    """The payloads of an SSE body, checking the framing exactly (docs/api/common.md#streaming):
+    every event is ``data: <one line>`` and a blank line, nothing else."""
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/event-stream")
     body = response.text

@@ -1,7 +1,7 @@
-"""Beam search over HTTP (SPEC 5.2-5.5): ``/v1/completions`` ``use_beam_search`` returns the
-``n`` best hypotheses as choices, best first, each with its logprobs; streamed, it is MindIE's
-"fake streaming": one event holding the whole response, then ``[DONE]``. The oracle is the same
-search run straight through the engine (its equality with transformers is tested in
+"""Beam search over HTTP (docs/api/openai.md#beam-search): ``/v1/completions`` ``use_beam_search``
+returns the ``n`` best hypotheses as choices, best first, each with its logprobs; streamed, it is
+MindIE's "fake streaming": one event holding the whole response, then ``[DONE]``. The oracle is the
+same search run straight through the engine (its equality with transformers is tested in
 tests/engine/test_beam_search.py).
 """
 
@@ -17,7 +17,8 @@ PROMPT = "who are you"
 
 
 def body(**fields: Any) -> dict[str, Any]:
-    """SPEC 5.7's beam-search sample, with this server's model name."""
+    """The completions beam-search sample (docs/api/common.md#sample-bodies), with this server's
+    model name."""
     return {
         "model": MODEL,
         "prompt": PROMPT,

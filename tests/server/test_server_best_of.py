@@ -1,9 +1,9 @@
-"""``best_of`` > ``n`` over HTTP (SPEC 5.2, 5.3): ``/v1/completions`` generates ``best_of``
-seeded candidates and returns the ``n`` with the highest cumulative logprob, best first, as
-indices 0..n-1; usage counts the returned choices only. The oracle is the same request with
-``n = best_of`` and logprobs, straight through the engine. Chat and Databricks have no
-``best_of`` field (unknown fields are ignored there, SPEC 1.11); streaming needs best_of == n
-(see test_server_rejections).
+"""``best_of`` > ``n`` over HTTP (docs/api/openai.md#n-best-of-and-beam-search): ``/v1/completions``
+generates ``best_of`` seeded candidates and returns the ``n`` with the highest cumulative logprob,
+best first, as indices 0..n-1; usage counts the returned choices only. The oracle is the same
+request with ``n = best_of`` and logprobs, straight through the engine. Chat and Databricks have no
+``best_of`` field (unknown fields are ignored there, docs/api/common.md#request-bodies); streaming
+needs best_of == n (see test_server_rejections).
 """
 
 from __future__ import annotations
@@ -56,10 +56,12 @@ def test_completions_best_of_returns_the_best_n(server: Server, n: int) -> None:
     assert all(c["logprobs"] is None for c in choices), "logprobs were not asked for"
     usage = got["usage"]
     prompt_tokens = len(server.tokenizer.encode(PROMPT))
-    # Only the returned choices count, not the best_of candidates (SPEC 5.3).
+    # Only the returned choices count, not the best_of candidates
+    # (docs/api/openai.md#n-best-of-and-beam-search).
     assert usage["completion_tokens"] == n * NUM_TOKENS
     assert usage["total_tokens"] == prompt_tokens + n * NUM_TOKENS
-    # One entry per step of the longest candidate (→A-51), though none was shown before the end.
+    # One entry per step of the longest candidate (docs/decisions.md#per-step-usage-arrays), though
+    # none was shown before the end.
     assert len(usage["batch_size"]) == len(usage["queue_wait_time"]) == NUM_TOKENS
     assert usage["batch_size"][1:] == [BEST_OF] * (NUM_TOKENS - 1)
 

@@ -1,6 +1,7 @@
-"""A client that goes away aborts its request (SPEC 1.2): the app is called directly with a
-hand-written ASGI ``receive``/``send`` pair whose ``receive`` reports ``http.disconnect`` once
-the first body chunk has gone out (or, for a whole response, once the engine has the request).
+"""A client that goes away aborts its request (docs/api/common.md#disconnects): the app is called
+directly with a hand-written ASGI ``receive``/``send`` pair whose ``receive`` reports
+``http.disconnect`` once the first body chunk has gone out (or, for a whole response, once the
+engine has the request).
 
 Each engine step is slowed to SLOW_STEP_S for these tests, so that the request could not have
 run to its end within the DEADLINE_S the abort is given: finishing early means it was aborted.
@@ -160,8 +161,9 @@ def test_disconnect_aborts(slow_engine: Server, route: str, stream: bool) -> Non
 
 
 def test_timeout_ends_the_request(slow_engine: Server) -> None:
-    """MindIE ``parameters.timeout`` (→A-30): a stream ends with a ``stop_sequence`` frame with
-    empty text and ``err_msg``; the whole-response route answers 504."""
+    """MindIE ``parameters.timeout`` (docs/decisions.md#request-timeouts): a stream ends with a
+    ``stop_sequence`` frame with empty text and ``err_msg``; the whole-response route answers
+    504."""
     server = slow_engine
     body = {"text_input": "Hello", "parameters": {"max_new_tokens": MAX_TOKENS, "timeout": 1}}
     frames = sse_json(server.post(ROUTE_PATHS["generate_stream"], body), done=False)

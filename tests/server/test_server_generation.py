@@ -1,6 +1,7 @@
 """What the routes generate, over HTTP: stop strings across token boundaries, stop token ids,
 ``include_stop_str_in_output``, length, usage counts, ``n`` > 1, logprobs in both OpenAI shapes,
-and seeded reproducibility (SPEC 1.7, 4.7, 5.3-5.6).
+and seeded reproducibility (docs/api/common.md#stop-conditions, docs/api/openai.md#chat-logprobs,
+docs/api/openai.md#completions).
 
 Where exact text matters, generation is greedy and restricted (``allowed_token_ids``) to the
 tokens whose text is plain ASCII letters, digits and spaces: each such token has its own text,
@@ -183,7 +184,8 @@ def test_n_choices_seeded(server: Server, route: str) -> None:
     assert usage["total_tokens"] == usage["prompt_tokens"] + 12
     if route == "completions":
         assert usage["prompt_tokens"] == len(server.tokenizer.encode(PROMPT))
-        assert len(usage["batch_size"]) == 6  # per step of the longest sequence (→A-51)
+        # per step of the longest sequence (docs/decisions.md#per-step-usage-arrays)
+        assert len(usage["batch_size"]) == 6
         # The prompt's prefill is one sequence; both samples decode together after it.
         assert usage["batch_size"] == [1, 2, 2, 2, 2, 2]
     second = server.post(ROUTE_PATHS[route], body).json()
@@ -261,8 +263,9 @@ def test_completions_logprobs(server: Server, k: int) -> None:
 
 
 def test_completions_logprobs_offsets_per_choice(server: Server) -> None:
-    """With n = 2, each choice's ``text_offset`` starts at 0 (→A-52); streamed, the offsets keep
-    counting across a choice's chunks."""
+    """With n = 2, each choice's ``text_offset`` starts at 0
+    (docs/decisions.md#text-offsets-across-choices); streamed, the offsets keep counting across a
+    choice's chunks."""
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 1.0, "seed": 5,
             "n": 2, "logprobs": 1, "ignore_eos": True}  # fmt: skip
     whole = server.post(ROUTE_PATHS["completions"], body).json()
@@ -313,7 +316,7 @@ def test_chat_logprobs(server: Server, top: int) -> None:
 @pytest.mark.parametrize("stream", [False, True])
 def test_eos_counts_and_is_not_text(server: Server, route: str, stream: bool) -> None:
     """EOS (forced with ``logit_bias``) ends with "stop", no text, and counts as a generated
-    token (SPEC 1.8)."""
+    token (docs/api/common.md#text-and-special-tokens)."""
     eos = server.engine.engine.model_config.eos_token_ids[0]
     body = (cmpl if route == "completions" else chat)(
         server, logit_bias={str(eos): 100}, ignore_eos=False, stream=stream
@@ -337,8 +340,8 @@ def test_eos_counts_and_is_not_text(server: Server, route: str, stream: bool) ->
 
 
 def test_prompt_batch(server: Server) -> None:
-    """A list of prompts (→A-26): one choice per prompt in order, usage summed; streamed, each
-    choice finishes on its own and the deltas add up."""
+    """A list of prompts (docs/decisions.md#prompt-lists): one choice per prompt in order, usage
+    summed; streamed, each choice finishes on its own and the deltas add up."""
     prompts = ["Hello", PROMPT]
     body = cmpl(server, prompt=prompts, max_tokens=4)
     whole = server.post(ROUTE_PATHS["completions"], body).json()
@@ -367,7 +370,8 @@ def test_prompt_batch(server: Server) -> None:
 
 
 def test_databricks_truncate_cuts_the_prompt_from_the_left(server: Server) -> None:
-    """``error_behavior: "truncate"`` keeps the last max-prompt tokens (→A-62); "error" is 400."""
+    """``error_behavior: "truncate"`` keeps the last max-prompt tokens
+    (docs/decisions.md#what-truncate-does); "error" is 400."""
     limit = server.ctx.limits.max_prompt_tokens
     prompt = " ".join(["fox"] * (2 * limit))
     assert len(server.tokenizer.encode(prompt)) > limit

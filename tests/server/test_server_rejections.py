@@ -1,6 +1,6 @@
 """Every rejection rule family on every route, over HTTP: status, the route's error body
-(exact keys, SPEC 1.14), the field named (``param`` on ``/v1``; the message everywhere), and
-that the server still serves a normal request afterwards.
+(exact keys, docs/api/common.md#error-bodies), the field named (``param`` on ``/v1``; the message
+everywhere), and that the server still serves a normal request afterwards.
 
 The Rust validator's own tables (tests/core/test_validate.py) cover each rule's edges; these
 cover the HTTP side: that each family reaches the client as the right status and body.
@@ -417,7 +417,8 @@ def test_unknown_path_and_wrong_method(
 
 
 def test_chat_seed_zero_is_allowed(server: Server) -> None:
-    """Seed 0 is excluded on completions and generate but allowed on chat (→A-12)."""
+    """Seed 0 is excluded on completions and generate but allowed on chat
+    (docs/decisions.md#seed-ranges)."""
     response = server.post(ROUTE_PATHS["chat"], {**CHAT, "seed": 0, "max_tokens": 2})
     assert response.status_code == 200, response.text
 

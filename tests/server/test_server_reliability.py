@@ -55,7 +55,8 @@ def _post(
 
 
 def assert_error_shape(route: str, response: httpx.Response, status: int, kind: str) -> str:
-    """The route's own error body (SPEC 1.14) with ``kind`` as its type/code; the message."""
+    """The route's own error body (docs/api/common.md#error-bodies) with ``kind`` as its type/code;
+    the message."""
     assert response.status_code == status, response.text
     body = response.json()
     if route in ("chat", "completions"):
@@ -208,11 +209,13 @@ def test_a_deadline_ends_a_stream_with_the_routes_timeout_frame(server: Server, 
     body = {**BODIES[route], "stream": True, "max_tokens": 240, "ignore_eos": True}
     response = _post(server, client, route, body)
     events = sse_json(response, done=True)
-    if route == "databricks":  # chunks without err_msg, then an error event (SPEC 1.13)
+    # chunks without err_msg, then an error event (docs/api/common.md#errors-after-a-stream-began)
+    if route == "databricks":
         assert events[-1].get("error_code") == "DEADLINE_EXCEEDED", events[-3:]
         assert "timed out" in events[-1]["message"]
         events = events[:-1]
-        # no chunk claims a normal end: the error event is the stream's end (SPEC 6.5)
+        # no chunk claims a normal end: the error event is the stream's end
+        # (docs/api/databricks.md#error-behavior)
         reasons = [c["finish_reason"] for e in events for c in e.get("choices", [])]
         assert set(reasons) == {None} and not any("err_msg" in e for e in events), events[-2:]
     else:
@@ -247,7 +250,8 @@ def test_a_deadline_ends_a_databricks_chat_stream_with_an_error_event(server: Se
 def test_a_deadline_under_error_behavior_truncate_returns_the_partial_text_as_length(
     server: Server, stream: bool
 ) -> None:
-    """SPEC 6.5 / A-62: on timeout, "truncate" returns the text so far, finish "length"."""
+    """docs/api/databricks.md#error-behavior, docs/decisions.md#what-truncate-does: on timeout,
+    "truncate" returns the text so far, finish "length"."""
     _, client = _app(server, request_timeout=0.001)  # shorter than a step (no ignore_eos)
     body = {"prompt": "Hello", "max_tokens": 240, "error_behavior": "truncate", "stream": stream}
     response = _post(server, client, "databricks", body)

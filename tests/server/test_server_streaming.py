@@ -1,4 +1,4 @@
-"""Streaming over HTTP: SSE framing and chunk shapes per route (SPEC 1.2, 2.2, 4.5, 5.5, 6.4),
+"""Streaming over HTTP: SSE framing and chunk shapes per route (docs/api/common.md#streaming),
 deltas that add up to the non-streamed text, ``fullTextEnabled``, MindIE ids and the 409 for a
 duplicate in-flight id."""
 
@@ -43,7 +43,8 @@ def with_params(**parameters: Any) -> dict[str, Any]:
 
 def check_chat_chunks(chunks: list[dict[str, Any]], *, mindie: bool) -> None:
     """The chat chunk shape: one id and ``created`` throughout, role in every delta, usage
-    and a finish reason on the last chunk only, no timing extensions (SPEC 4.5)."""
+    and a finish reason on the last chunk only, no timing extensions
+    (docs/api/openai.md#chat-stream)."""
     assert chunks
     first = chunks[0]
     if mindie:
@@ -89,7 +90,8 @@ def test_chat_stream(server: Server) -> None:
 
 
 def test_chat_whole_response(server: Server) -> None:
-    """The non-streamed chat carries MindIE's timing extensions (SPEC 4.4, →A-50)."""
+    """The non-streamed chat carries MindIE's timing extensions (docs/api/openai.md#chat-response,
+    docs/decisions.md#chat-timing-fields)."""
     response = server.post(ROUTE_PATHS["chat"], CHAT)
     assert response.headers["content-type"] == "application/json"
     body = response.json()
@@ -140,7 +142,8 @@ def test_completions_stream(server: Server) -> None:
 def test_databricks_chat_stream(server: Server) -> None:
     path = ROUTE_PATHS["databricks"]
     whole = server.post(path, DBX_CHAT).json()
-    assert set(whole) == CHUNK_KEYS | {"usage"}  # no MindIE extensions (SPEC 6.1)
+    # no MindIE extensions (docs/api/databricks.md#endpoint-and-task)
+    assert set(whole) == CHUNK_KEYS | {"usage"}
     assert whole["object"] == "chat.completion"
     chunks = sse_json(server.post(path, stream(DBX_CHAT)), done=True)
     check_chat_chunks(chunks, mindie=False)
@@ -169,8 +172,9 @@ def test_databricks_completions_stream(server: Server) -> None:
 
 
 def check_frames(frames: list[dict[str, Any]], *, details: bool, response_id: str) -> None:
-    """generate_stream frames (SPEC 2.2): timings on the right frames, details per →A-29,
-    finish_reason only on the last frame, generated_tokens rising one per frame."""
+    """generate_stream frames (docs/api/mindie.md#timing-fields): timings on the right frames,
+    details per docs/decisions.md#details-when-not-asked-for, finish_reason only on the last frame,
+    generated_tokens rising one per frame."""
     assert frames
     for i, frame in enumerate(frames):
         last = i == len(frames) - 1
@@ -317,7 +321,7 @@ def test_duplicate_client_id_in_flight_is_409(server: Server) -> None:
     assert again.status_code == 200, again.text
 
 
-# --- fullTextEnabled (SPEC 1.3, 2.2, 4.5; →A-33)
+# --- fullTextEnabled (docs/api/mindie.md#full-text, docs/decisions.md#where-full-text-applies)
 
 
 def test_full_text_generate_stream_is_cumulative(server: Server) -> None:

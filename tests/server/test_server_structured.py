@@ -78,7 +78,7 @@ def test_streamed_and_whole_constrained_outputs_agree(server: Server) -> None:
 
 
 def test_completions_json_object_and_databricks_chat(server: Server) -> None:
-    for seed in range(1, 5):  # completions seeds start at 1 (SPEC 5)
+    for seed in range(1, 5):  # completions seeds start at 1 (docs/api/openai.md#completions)
         body = completion(response_format={"type": "json_object"}, seed=seed)
         choice = server.post(ROUTE_PATHS["completions"], body).json()["choices"][0]
         if choice["finish_reason"] == "stop":

@@ -2,9 +2,9 @@
 ``tools``, earlier ``tool_calls`` and tool results itself), which left alone writes noise: with
 ``tool_choice`` "required" or a named function every finished answer is calls whose arguments
 validate against the function's schema (``jsonschema`` is the oracle); streamed and whole
-responses agree; "auto" leaves text free but never lets a malformed call through; the SPEC
-round trip works; Databricks' shape (content null) and its 32-tool limit; conflicts and a
-server without a parser are 400s naming the field."""
+responses agree; "auto" leaves text free but never lets a malformed call through; MindIE's
+multi-turn round trip (docs/api/common.md#sample-bodies) works; Databricks' shape (content null) and
+its 32-tool limit; conflicts and a server without a parser are 400s naming the field."""
 
 from __future__ import annotations
 
@@ -116,7 +116,8 @@ def test_required_answers_are_calls_that_validate(hermes: Server) -> None:
         if choice["finish_reason"] == "length":
             continue
         assert choice["finish_reason"] == "tool_calls", choice
-        assert choice["message"]["content"] == ""  # the MindIE route's "" (→A-37)
+        # the MindIE route's "" (docs/decisions.md#content-beside-tool-calls)
+        assert choice["message"]["content"] == ""
         check_calls(choice["message"], set(SCHEMAS))
         finished += 1
     assert finished >= 5

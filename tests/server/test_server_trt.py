@@ -1,6 +1,6 @@
-"""An `Executor` shares the server's engine (SPEC 7.1, 7.9): the same request through the
-TRT-style API and through ``/v1/completions`` with equivalent parameters gives the same
-tokens, greedy and seeded, while both run on one engine thread."""
+"""An `Executor` shares the server's engine (docs/api/trt.md#executor, docs/api/trt.md#sampling):
+the same request through the TRT-style API and through ``/v1/completions`` with equivalent
+parameters gives the same tokens, greedy and seeded, while both run on one engine thread."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ferrollm.trt import Executor, InferenceRequest
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 MAX_TOKENS = 10
 
-#: (completions body, equivalent TRT tensors) per SPEC 7.9.
+#: (completions body, equivalent TRT tensors) per docs/api/trt.md#sampling.
 CASES = {
     "greedy": ({"temperature": 0}, {}),
     "seeded": (
@@ -47,7 +47,7 @@ def test_executor_and_completions_give_the_same_tokens(
         "model": MODEL,
         "prompt": PROMPT,
         "max_tokens": MAX_TOKENS,
-        "ignore_eos": True,  # TRT's end_id -1 (→A-71)
+        "ignore_eos": True,  # TRT's end_id -1 (docs/decisions.md#the-end-id-default)
         **http,
     }
     response = executor.generate(InferenceRequest(PROMPT, MAX_TOKENS, **trt), timeout=60)

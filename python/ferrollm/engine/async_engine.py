@@ -37,7 +37,8 @@ class EngineDeadError(RuntimeError):
 
 
 class ClientIdInUse(ValueError):
-    """A client's own request id (MindIE's ``id``) is already running (SPEC 1.12: 409)."""
+    """A client's own request id (MindIE's ``id``) is already running
+    (docs/api/mindie.md#client-ids: 409)."""
 
     param = "id"
     code = "conflict"

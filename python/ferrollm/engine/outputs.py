@@ -6,14 +6,14 @@ Outputs are snapshots: the engine thread keeps appending to a sequence while ano
 reads an older output, so an output shares the append-only buffers but remembers their lengths,
 and its cumulative ``token_ids``/``text``/``logprobs`` never change after it is made.
 
-A request with ``best_of`` > ``n`` (SPEC 5.3) runs ``best_of`` candidates and returns the ``n``
-with the highest cumulative logprob, best first, as indices 0..n-1: the scheduler holds the
-candidates back and ranks them (``rust/sched/behaviour/best_of.rs``). Until the request
-finishes, its outputs hold no sequence (they mark the step, for timing); the step that ends it
-brings the ``n`` best whole (after an abort or timeout, the best ``n`` of what exists). Their
-``cumulative_logprob`` is the sum of the sampled tokens' logprobs, which the scheduler computes
-for these requests even without ``logprobs`` (as vLLM's ``cumulative_logprob``, in the engine's
-``logprobs_mode``: the raw model distribution by default, the one sampled from when
+A request with ``best_of`` > ``n`` (docs/api/openai.md#n-best-of-and-beam-search) runs ``best_of``
+candidates and returns the ``n`` with the highest cumulative logprob, best first, as indices 0..n-1:
+the scheduler holds the candidates back and ranks them (``rust/sched/behaviour/best_of.rs``). Until
+the request finishes, its outputs hold no sequence (they mark the step, for timing); the step that
+ends it brings the ``n`` best whole (after an abort or timeout, the best ``n`` of what exists).
+Their ``cumulative_logprob`` is the sum of the sampled tokens' logprobs, which the scheduler
+computes for these requests even without ``logprobs`` (as vLLM's ``cumulative_logprob``, in the
+engine's ``logprobs_mode``: the raw model distribution by default, the one sampled from when
 "processed"); logprob entries still reach the caller only if it asked for them.
 """
 

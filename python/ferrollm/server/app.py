@@ -3,7 +3,7 @@ per-request plumbing (bounded body, error bodies, disconnect = abort).
 
 Each request runs as a task beside a watcher of ``receive``: when the client disconnects the
 watcher cancels the task, which closes the request's output stream, which aborts the request
-at the engine's next step and frees its KV blocks (SPEC 1.2).
+at the engine's next step and frees its KV blocks (docs/api/common.md#disconnects).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ ROUTES = (
 
 
 def error_style(path: str) -> ErrorStyle:
-    """Which API's error body a path gets (SPEC 1.14)."""
+    """Which API's error body a path gets (docs/api/common.md#error-bodies)."""
     if path.startswith("/v2/"):
         return ErrorStyle.MINDIE
     if path.startswith("/serving-endpoints/"):

@@ -123,11 +123,13 @@ class ServerContext:
         return self.generator.tokenizer
 
     def next_id(self) -> str:
-        """A fresh response id, MindIE's ``endpoint_common_<n>`` (→A-59)."""
+        """A fresh response id, MindIE's ``endpoint_common_<n>``
+        (docs/decisions.md#response-ids)."""
         return f"endpoint_common_{next(self._counter)}"
 
     def check_model(self, name: str | None, param: str = "model") -> None:
-        """404 ``model_not_found`` unless ``name`` is the served model (→A-27)."""
+        """404 ``model_not_found`` unless ``name`` is the served model
+        (docs/decisions.md#the-model-name)."""
         if self.config.strict_model_name and name != self.model_name:
             raise ApiError(
                 404,

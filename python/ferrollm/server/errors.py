@@ -1,9 +1,10 @@
 """Errors, mapped once: any exception -> `ApiError` (status, field, rule) -> each API's body.
 
-SPEC 1.14: the ``/v1`` routes answer ``{"error": {"message", "type", "param", "code"}}``, the
-MindIE ``/v2`` routes ``{"error", "error_type"}`` and Databricks ``{"error_code", "message"}``.
-Validation failures are 400 naming the field; an unexpected exception is a 500 whose details
-go to the log, never to the client.
+docs/api/common.md#error-bodies: the ``/v1`` routes answer
+``{"error": {"message", "type", "param", "code"}}``, the MindIE ``/v2`` routes
+``{"error", "error_type"}`` and Databricks ``{"error_code", "message"}``. Validation failures are
+400 naming the field; an unexpected exception is a 500 whose details go to the log, never to the
+client.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Running one request for a handler: the engine's outputs, timed, with metrics observed.
 
-`Timing` turns each step's times into MindIE's fields (SPEC 2.2, 3, 4.4, 5.4): ``prefill_time``
-(ms, arrival to first token), one ``decode_time`` per later step (ms, since the previous
-token), and per step the engine batch size and the queue wait (µs: arrival to first
+`Timing` turns each step's times into MindIE's fields (docs/api/mindie.md#timing-fields):
+``prefill_time`` (ms, arrival to first token), one ``decode_time`` per later step (ms, since the
+previous token), and per step the engine batch size and the queue wait (µs: arrival to first
 scheduling for the first token, then the gap between a token and the start of the step that
 computed the next one).
 """

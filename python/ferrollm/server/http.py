@@ -19,12 +19,12 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-#: The SSE end-of-stream sentinel of the OpenAI-style routes (SPEC 1.2).
+#: The SSE end-of-stream sentinel of the OpenAI-style routes (docs/api/common.md#streaming).
 SSE_DONE = b"data: [DONE]\n\n"
 
 
 def sse_event(payload: bytes) -> bytes:
-    """One SSE event: ``data: <one-line JSON>`` and a blank line (SPEC 1.2)."""
+    """One SSE event: ``data: <one-line JSON>`` and a blank line (docs/api/common.md#streaming)."""
     return b"data: " + payload + b"\n\n"
 
 

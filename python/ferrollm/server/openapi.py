@@ -54,12 +54,12 @@ def openapi_document(routes: Sequence[Route]) -> bytes:
             del ok["content"]
         operation["responses"]["200"] = ok
         operation["responses"]["4XX"] = {
-            "description": "Bad request (the error body of the route's API, SPEC 1.14)",
+            "description": "Bad request (its API's error body: docs/api/common.md#error-bodies)",
             "content": {"application/json": {"schema": by_type[_error_type(route.path)]}},
         }
         error = {"application/json": {"schema": by_type[_error_type(route.path)]}}
         unavailable: dict[str, Any] = {
-            "description": "Overloaded, shutting down or not ready (SPEC 1.14)",
+            "description": "Overloaded, draining or not ready (docs/api/common.md#status-codes)",
             "headers": {"Retry-After": {"schema": {"type": "string"}}},
         }
         operation["responses"]["503"] = unavailable

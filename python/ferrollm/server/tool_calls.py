@@ -1,4 +1,4 @@
-"""Tool calling on the chat routes (SPEC 4.3-4.6, 6.3): the prompt (tools through the chat
+"""Tool calling on the chat routes (docs/api/openai.md#tools): the prompt (tools through the chat
 template, or offered in a system prompt when the template ignores them; earlier calls and
 results written into the history), the grammar that holds the output to ``tool_choice``
 (compiled off the event loop, like structured output's), and the calls read back out of each
@@ -88,7 +88,8 @@ def response_message(
     render: Renderer, plan: ToolPlan | None, c: CompletionOutput, outcome: Outcome
 ) -> tuple[ResponseMessage, str | None]:
     """Sequence ``c``'s message and finish reason: its calls when it made any (with the
-    content ``render``'s API gives a message of only calls; →A-37), else its text."""
+    content ``render``'s API gives a message of only calls;
+    docs/decisions.md#content-beside-tool-calls), else its text."""
     reason = render.finish_reason(outcome)
     if plan is None:
         return ResponseMessage(c.text, tool_calls=render.no_tool_calls), reason

@@ -118,7 +118,7 @@ class ToolStream:
     def result(self) -> tuple[str, list[ToolCall]] | None:
         """The finished text's content and calls; None when a call did not parse (a call cut
         off, an unknown function, arguments that are not a JSON object), in which case the
-        response is the plain text (SPEC 4.6)."""
+        response is the plain text (docs/api/openai.md#tools)."""
         calls = []
         for (call_id, _), snap in zip(self._sent, self._snapshot.calls, strict=False):
             if not snap.done or snap.name not in self._names or not _is_object(snap.arguments):

@@ -1,4 +1,4 @@
-"""The TensorRT-LLM-style in-process request API (SPEC 7): `InferenceRequest` in, named
+"""The TensorRT-LLM-style in-process request API (docs/api/trt.md): `InferenceRequest` in, named
 tensors out through an `Executor` that shares the engine with the HTTP server.
 
 `InferenceRequest` and `InferenceResponse` need only numpy; `Executor` (torch) is imported on

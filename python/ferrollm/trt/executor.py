@@ -1,6 +1,6 @@
 """`Executor`: the in-flight-batching manager of the TensorRT-LLM-style API (GptManager's
-mould, SPEC 7.1): ``enqueue`` an `InferenceRequest`, get its uint64 id, and receive named
-output tensors through ``send_response_callback(request_id, tensors, is_final, err_msg)``,
+mould, docs/api/trt.md#executor): ``enqueue`` an `InferenceRequest`, get its uint64 id, and receive
+named output tensors through ``send_response_callback(request_id, tensors, is_final, err_msg)``,
 ``await_responses`` or a per-request iterator.
 
 The Executor is a client of an `AsyncEngine`: its requests go to the same engine thread, in
@@ -44,7 +44,7 @@ from ferrollm.trt.response import (
 
 logger = logging.getLogger("ferrollm.trt")
 
-#: ``send_response_callback(request_id, tensors, is_final, err_msg)`` (SPEC 7.1).
+#: ``send_response_callback(request_id, tensors, is_final, err_msg)`` (docs/api/trt.md#executor).
 SendResponseCallback = Callable[[int, Mapping[str, Any], bool, str], None]
 
 UINT64_MAX = (1 << 64) - 1

@@ -1,15 +1,15 @@
 """`InferenceRequest`: the TensorRT-LLM-style request, a map from tensor name to tensor
-(SPEC 7.2, 7.3, 7.8).
+(docs/api/trt.md#tensors-in, docs/api/trt.md#inferencerequest).
 
 Each tensor may be given as a numpy array, a torch tensor, a (nested) list or a scalar. The
 request keeps what it was given; ``to_tensor_map()`` validates it (the Rust
 ``validate("trt", ...)``, the one validation path, whose errors name the tensor) and returns
 every tensor in its documented shape and dtype: ``request_output_len`` ``[1, 1]``,
-``input_ids`` ``[1, N]``, the scalars ``[1]`` (→A-70), word lists ``[2, L]`` (or
-``[batch, 2, L]``), ``embedding_bias`` ``[1, vocab]``, ``prompt_embedding_table``
+``input_ids`` ``[1, N]``, the scalars ``[1]`` (docs/decisions.md#tensor-shapes), word lists
+``[2, L]`` (or ``[batch, 2, L]``), ``embedding_bias`` ``[1, vocab]``, ``prompt_embedding_table``
 ``[rows, hidden]`` (float16 stays float16, other floats become float32: a row can then equal
 a float32 embedding exactly). The pybind names ``max_new_tokens``, ``length_penalty`` and
-``is_streaming`` are accepted as keyword aliases (→A-76).
+``is_streaming`` are accepted as keyword aliases (docs/decisions.md#pybind-names).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ ARRAYS: dict[str, tuple[type[np.generic], int | None]] = {
 #: String tensors of one value (the TensorRT-LLM backend's guided decoding: the guide's type,
 #: "json", "json_schema", "regex" or "lark", and the guide itself).
 STRINGS = ("guided_decoding_guide_type", "guided_decoding_guide")
-#: The pybind class's names for three tensors (→A-76).
+#: The pybind class's names for three tensors (docs/decisions.md#pybind-names).
 ALIASES = {
     "max_new_tokens": "request_output_len",
     "length_penalty": "len_penalty",

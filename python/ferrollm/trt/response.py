@@ -1,8 +1,9 @@
-"""`InferenceResponse`: the named output tensors of SPEC 7.7, built from the engine's
-`RequestOutput`s.
+"""`InferenceResponse`: the named output tensors (docs/api/trt.md#responses), built from the
+engine's `RequestOutput`s.
 
-* ``output_ids`` ``[beam_width, num_output_tokens]`` int32: generated tokens only (→A-72);
-  beams that ended early are padded with ``pad_id`` (``end_id`` when ``pad_id`` is not set);
+* ``output_ids`` ``[beam_width, num_output_tokens]`` int32: generated tokens only
+  (docs/decisions.md#what-output-ids-hold); beams that ended early are padded with ``pad_id``
+  (``end_id`` when ``pad_id`` is not set);
 * ``sequence_length`` ``[beam_width]`` int32: the valid tokens of each beam;
 * ``output_log_probs`` ``[1, beam_width, num_output_tokens]`` and ``cum_log_probs``
   ``[1, beam_width]`` float32, with ``return_log_probs``;
@@ -12,7 +13,8 @@
 
 Streaming sends one token per response (``sequence_length`` 1), ``is_final`` on the last, and
 the context logits with the first; beam search sends one final response with the full beams
-(→A-75). A failure is a final response with ``err_msg`` and no tensors.
+(docs/decisions.md#streaming-beam-search). A failure is a final response with ``err_msg`` and no
+tensors.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-//! MindIE `/v1/chat/completions` (SPEC 4.1-4.3), including the shared stop rules (1.7) and
-//! the vLLM extras.
+//! MindIE `/v1/chat/completions` (docs/api/openai.md#chat-completions), including the shared stop
+//! rules (docs/api/common.md#stop-conditions) and the vLLM extras.
 
 use super::{assert_err, limits, merge, ok, ok_with, parse, run_cases, with, Case};
 use crate::validate::codes::*;
@@ -128,7 +128,8 @@ const MESSAGES: &[Case] = &[
     ("messages", r#"[{"role": "user", "content": ""}]"#, Some(("messages[0].content", EMPTY))),
     ("messages", r#"[{"role": "user", "content": 5}]"#, Some(("messages[0].content", WRONG_TYPE))),
     ("messages", r#"[{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]"#, None),
-    // MindIE has no system-position rule (the template decides, →A-42).
+    // MindIE has no system-position rule (the template decides,
+    // docs/decisions.md#system-message-position).
     ("messages", r#"[{"role": "user", "content": "a"}, {"role": "system", "content": "s"}, {"role": "system", "content": "t"}]"#, None),
     ("messages", r#"[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": "/x.png"}]}]"#,
         Some(("messages[0].content[1].type", UNSUPPORTED_CONTENT_TYPE))),
@@ -155,7 +156,8 @@ const MESSAGES: &[Case] = &[
         Some(("messages[0].tool_calls[0].function.arguments", WRONG_TYPE))),
     ("messages", r#"[{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "", "arguments": "{}"}}]}]"#,
         Some(("messages[0].tool_calls[0].function.name", EMPTY))),
-    // tool messages need tool_call_id; MindIE ignores it elsewhere (→A-43)
+    // tool messages need tool_call_id; MindIE ignores it elsewhere
+    // (docs/decisions.md#tool-call-ids-on-other-roles)
     ("messages", r#"[{"role": "tool", "content": "r", "tool_call_id": "c1"}]"#, None),
     ("messages", r#"[{"role": "tool", "content": "r"}]"#, Some(("messages[0].tool_call_id", MISSING))),
     ("messages", r#"[{"role": "tool", "content": "r", "tool_call_id": ""}]"#, Some(("messages[0].tool_call_id", EMPTY))),
@@ -188,7 +190,7 @@ const TOOLS: &[Case] = &[
     ("tools", r#"[{"type": "function", "function": {"name": "f", "description": {"a": 1}}}]"#, Some(("tools[0].function.description", WRONG_TYPE))),
     ("tools", r#"[{"type": "function", "function": {"name": "f", "strict": "yes"}}]"#, Some(("tools[0].function.strict", WRONG_TYPE))),
     ("tools", r#"[{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]"#, Some(("tools[1].function.name", CONFLICT))),
-    // MindIE `parameters` rules (→A-36)
+    // MindIE `parameters` rules (docs/decisions.md#function-parameters)
     ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {"properties": {}, "required": []}}}]"#, Some(("tools[0].function.parameters.type", MISSING))),
     ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "array", "properties": {}, "required": []}}}]"#, Some(("tools[0].function.parameters.type", INVALID_VALUE))),
     ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": []}}}]"#, Some(("tools[0].function.parameters.properties", MISSING))),
@@ -205,7 +207,8 @@ fn tools_and_tool_choice() {
 
 #[rustfmt::skip]
 const NO_TOOLS: &[Case] = &[
-    // "required" or a named choice without tools (→A-38); "none" and "auto" are fine.
+    // "required" or a named choice without tools (docs/decisions.md#the-default-tool-choice);
+    // "none" and "auto" are fine.
     ("tool_choice", r#""none""#, None),
     ("tool_choice", r#""auto""#, None),
     ("tool_choice", r#""required""#, Some(("tool_choice", CONFLICT))),
@@ -216,7 +219,7 @@ const NO_TOOLS: &[Case] = &[
 #[test]
 fn tool_choice_without_tools_and_no_count_limit() {
     run_cases(Route::Chat, BASE, NO_TOOLS);
-    // No tool-count limit on MindIE (→A-41).
+    // No tool-count limit on MindIE (docs/decisions.md#how-many-tools).
     let tool = |i| format!(r#"{{"type": "function", "function": {{"name": "f{i}"}}}}"#);
     let many = format!("[{}]", (0..40).map(tool).collect::<Vec<_>>().join(","));
     let body = with(&parse(BASE), "tools", parse(&many));

@@ -1,4 +1,5 @@
-//! MindIE `/v1/completions` (SPEC 5.1, 5.2).
+//! MindIE `/v1/completions` (docs/api/openai.md#completions-request,
+//! docs/api/openai.md#n-best-of-and-beam-search).
 
 use super::{assert_err, limits, merge, ok_with, run_cases, Case};
 use crate::validate::codes::*;
@@ -71,7 +72,8 @@ fn field_table() {
     run_cases(Route::Completions, BASE, FIELDS);
 }
 
-/// The SPEC 5.2 cross-field rules, as (extra fields, expected error or None).
+/// The cross-field rules (docs/api/openai.md#n-best-of-and-beam-search), as (extra fields, expected
+/// error or None).
 #[rustfmt::skip]
 const CROSS: &[(&str, Option<(&str, &str)>)] = &[
     // 1. beam search excludes a non-empty stop
@@ -132,13 +134,20 @@ fn sequences_and_beam_width() {
     let p = run("{}");
     assert_eq!((p.n, p.best_of, p.use_beam_search), (1, 1, false));
     let p = run(r#"{"n": 3}"#);
-    assert_eq!((p.n, p.best_of), (3, 3), "best_of defaults to n (→A-22)");
+    assert_eq!(
+        (p.n, p.best_of),
+        (3, 3),
+        "best_of defaults to n (docs/decisions.md#choosing-the-best-of-several-samples)"
+    );
     let p = run(r#"{"n": 2, "best_of": 5}"#);
     assert_eq!((p.n, p.best_of), (2, 5));
     let p = run(r#"{"use_beam_search": true, "n": 2, "best_of": 4}"#);
     assert_eq!((p.n, p.best_of, p.use_beam_search), (2, 4, true));
     let p = run(r#"{"use_beam_search": true, "n": 3}"#);
-    assert_eq!(p.best_of, 3, "beam width is n without best_of (→A-24)");
+    assert_eq!(
+        p.best_of, 3,
+        "beam width is n without best_of (docs/decisions.md#beam-width)"
+    );
     let p = run(r#"{"use_beam_search": true, "n": 3, "best_of": 2}"#);
     assert_eq!(p.best_of, 3, "the width is never below n");
     let narrow = Limits {

@@ -1,4 +1,4 @@
-//! Databricks chat, completions and embeddings (SPEC 6.3, 6.5, 6.7).
+//! Databricks chat, completions and embeddings (docs/api/databricks.md).
 
 use super::{assert_err, limits, merge, ok_with, parse, run_cases, with, Case};
 use crate::validate::codes::*;
@@ -110,7 +110,8 @@ fn chat_normalisation() {
         (p.temperature, p.top_p, p.top_k, p.logprobs),
         (1.0, 1.0, 0, None)
     );
-    // temperature 0 and top_p 0 are greedy, also with n > 1 (→A-67)
+    // temperature 0 and top_p 0 are greedy, also with n > 1
+    // (docs/decisions.md#greedy-with-several-completions)
     for extra in [r#"{"temperature": 0, "n": 3}"#, r#"{"top_p": 0, "n": 2}"#] {
         let p = run(extra);
         assert!(p.is_greedy() && p.top_p == 1.0, "{extra}");

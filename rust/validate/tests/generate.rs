@@ -1,4 +1,4 @@
-//! MindIE generate / generate_stream (SPEC 2.1).
+//! MindIE generate / generate_stream (docs/api/mindie.md#request).
 
 use super::{assert_err, limits, ok, ok_with, parse, run_cases, with, Case};
 use crate::validate::codes::*;
@@ -125,7 +125,7 @@ fn defaults() {
     assert_eq!((p.n, p.best_of), (1, 1));
     assert_eq!(p.seed, None);
     assert_eq!(p.repetition_penalty, 1.0);
-    // No sampling parameter and no do_sample: greedy (→A-20).
+    // No sampling parameter and no do_sample: greedy (docs/decisions.md#when-generate-samples).
     assert!(p.is_greedy());
 }
 

@@ -1,6 +1,7 @@
 //! Table-driven tests of request validation: for every route, each rule's accepted boundary
 //! values and rejected ones (asserting the param path and code), defaults, normalisations,
-//! the output-cap arithmetic, and the SPEC sample bodies.
+//! the output-cap arithmetic, and the vendor documents' sample bodies
+//! (docs/api/common.md#sample-bodies).
 
 mod chat;
 mod completions;

@@ -1,4 +1,4 @@
-//! `Raw`, field paths and the typed getters (SPEC 1.11).
+//! `Raw`, field paths and the typed getters (docs/api/common.md#request-bodies).
 
 use super::parse;
 use crate::validate::codes::*;

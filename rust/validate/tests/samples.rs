@@ -1,4 +1,5 @@
-//! The SPEC sample request bodies (2.3, 4.8, 5.7, 6.8) are accepted, with their meaning.
+//! The vendor documents' sample request bodies (docs/api/common.md#sample-bodies) are accepted,
+//! with their meaning.
 
 use super::spec_bodies::*;
 use super::{assert_err, limits, ok, ok_with, parse};
@@ -26,7 +27,7 @@ fn generate_samples() {
     );
     assert_eq!(
         p.typical_p, 1.0,
-        "typical_p is validated, then ignored (→A-28)"
+        "typical_p is validated, then ignored (docs/decisions.md#fields-without-effect)"
     );
     let body = parse(GENERATE_MULTIMODAL);
     assert_eq!(

@@ -1,7 +1,7 @@
-//! The SPEC sample request bodies (2.3, 4.8, 5.7, 6.8), verbatim, are accepted with the
-//! documented meaning.
+//! The vendor documents' sample request bodies (docs/api/common.md#sample-bodies), verbatim, are
+//! accepted with the documented meaning.
 
-/// SPEC.md line 339.
+/// MindIE generate_stream's text-only sample (docs/api/common.md#sample-bodies).
 pub(super) const GENERATE_TEXT: &str = r#"{
     "id":"a123",
     "text_input": "My name is Olivier and I",
@@ -23,7 +23,7 @@ pub(super) const GENERATE_TEXT: &str = r#"{
     }
 }"#;
 
-/// SPEC.md line 364.
+/// MindIE generate_stream's multimodal sample (docs/api/common.md#sample-bodies).
 pub(super) const GENERATE_MULTIMODAL: &str = r#"{
     "id":"a123",
     "text_input": [
@@ -51,7 +51,7 @@ pub(super) const GENERATE_MULTIMODAL: &str = r#"{
     }
 }"#;
 
-/// SPEC.md line 633.
+/// MindIE chat's single-turn text sample (docs/api/common.md#sample-bodies).
 pub(super) const CHAT_SINGLE: &str = r#"{
     "model": "gpt-3.5-turbo",
     "messages": [{
@@ -74,7 +74,7 @@ pub(super) const CHAT_SINGLE: &str = r#"{
     "max_tokens": 20
 }"#;
 
-/// SPEC.md line 659.
+/// MindIE chat's multimodal sample (docs/api/common.md#sample-bodies).
 pub(super) const CHAT_MULTIMODAL: &str = r#"{
     "model": "gpt-3.5-turbo",
     "messages": [{
@@ -100,7 +100,7 @@ pub(super) const CHAT_MULTIMODAL: &str = r#"{
     "max_tokens": 20
 }"#;
 
-/// SPEC.md line 688.
+/// MindIE chat's first multi-turn tool request (docs/api/common.md#sample-bodies).
 pub(super) const CHAT_TOOLS_1: &str = r#"{
     "model": "gpt-3.5-turbo",
     "messages": [{
@@ -150,7 +150,7 @@ pub(super) const CHAT_TOOLS_1: &str = r#"{
     "tool_choice": "auto"
 }"#;
 
-/// SPEC.md line 741.
+/// MindIE chat's second multi-turn tool request, the round trip (docs/api/common.md#sample-bodies).
 pub(super) const CHAT_TOOLS_2: &str = r#"{
     "model": "llama_65b",
     "messages": [
@@ -212,7 +212,7 @@ pub(super) const CHAT_TOOLS_2: &str = r#"{
     "tool_choice": "auto"
 }"#;
 
-/// SPEC.md line 1077.
+/// MindIE completions' streamed beam-search sample (docs/api/common.md#sample-bodies).
 pub(super) const COMPLETIONS_BEAM_STREAM: &str = r#"{
     "model": "Qwen2.5-7B-Instruct",
     "prompt": "who are you",
@@ -225,7 +225,7 @@ pub(super) const COMPLETIONS_BEAM_STREAM: &str = r#"{
     "stream": true,
     "logprobs": 2}"#;
 
-/// SPEC.md line 1093.
+/// MindIE completions' sampling sample (docs/api/common.md#sample-bodies).
 pub(super) const COMPLETIONS_SAMPLING: &str = r#"{
     "model": "llama",
     "prompt": "who are you",
@@ -237,7 +237,7 @@ pub(super) const COMPLETIONS_SAMPLING: &str = r#"{
     "stream": false,
     "logprobs": 2}"#;
 
-/// SPEC.md line 1412.
+/// The illustrative Databricks chat request (docs/api/common.md#sample-bodies).
 pub(super) const DATABRICKS_CHAT: &str = r#"{
   "messages": [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -251,8 +251,8 @@ pub(super) const DATABRICKS_CHAT: &str = r#"{
   "top_logprobs": 2
 }"#;
 
-/// SPEC.md line 1452.
+/// The illustrative Databricks completions request (docs/api/common.md#sample-bodies).
 pub(super) const DATABRICKS_COMPLETIONS: &str = r#"{"prompt": ["Once upon a time", "The capital of France is"], "max_tokens": 8, "temperature": 0, "suffix": "", "echo": false}"#;
 
-/// SPEC.md line 1465.
+/// The illustrative Databricks embeddings request (docs/api/common.md#sample-bodies).
 pub(super) const DATABRICKS_EMBEDDINGS: &str = r#"{"input": ["first chunk", "second chunk"], "instruction": "Represent this sentence for searching relevant passages:"}"#;

@@ -1,4 +1,4 @@
-//! The TensorRT-LLM-style request (SPEC 7.2-7.5, →A-70..A-76).
+//! The TensorRT-LLM-style request (docs/api/trt.md, docs/decisions.md#tensorrt-llm).
 
 use super::{assert_err, limits, merge, ok_with, parse, run_cases, with, Case};
 use crate::validate::codes::*;
@@ -142,7 +142,7 @@ fn field_table() {
 #[test]
 fn decoding_modes() {
     let run = |extra: &str| ok_with(Route::Trt, &merge(BASE, extra), None, &limits());
-    // Absent top-k and top-p are TRT's 0 / 0.0: greedy (→A-74).
+    // Absent top-k and top-p are TRT's 0 / 0.0: greedy (docs/decisions.md#absent-top-k-and-top-p).
     assert!(run("{}").is_greedy());
     assert!(run(r#"{"runtime_top_k": 0, "runtime_top_p": 0.0, "temperature": 0.8}"#).is_greedy());
     let p = run(r#"{"runtime_top_k": 5}"#);
@@ -171,7 +171,7 @@ fn field_mapping() {
     assert_eq!(p.seed, Some(0), "TRT's default random seed");
     assert!(
         p.ignore_eos && p.stop_token_ids.is_empty(),
-        "end_id -1: EOS never ends (→A-71)"
+        "end_id -1: EOS never ends (docs/decisions.md#the-end-id-default)"
     );
     assert_eq!((p.max_tokens, p.logprobs), (Some(16), None));
     let p = run(
@@ -191,7 +191,11 @@ fn field_mapping() {
     let p = run(
         r#"{"max_new_tokens": 4, "request_output_len": null, "is_streaming": true, "beam_width": 3, "length_penalty": 2, "early_stopping": 5}"#,
     );
-    assert_eq!(p.max_tokens, Some(4), "aliases (→A-76)");
+    assert_eq!(
+        p.max_tokens,
+        Some(4),
+        "aliases (docs/decisions.md#pybind-names)"
+    );
     assert_eq!(
         (
             p.use_beam_search,

@@ -1,4 +1,5 @@
-"""Databricks Foundation Model ``/serving-endpoints/{name}/invocations`` bodies (SPEC 6).
+"""Databricks Foundation Model ``/serving-endpoints/{name}/invocations`` bodies
+(docs/api/databricks.md).
 
 The chat task answers with the OpenAI chat shapes (`ferrollm.server.protocol.openai`); what
 differs is declared here: the requests, the completions response without MindIE's extras, and
@@ -15,7 +16,7 @@ from ferrollm.server.protocol.openai import ChatMessage, CompletionLogprobs, Too
 
 
 class DatabricksChatRequest(Struct, kw_only=True):
-    """Chat task (SPEC 6.3)."""
+    """Chat task (docs/api/databricks.md#chat-request)."""
 
     messages: list[ChatMessage]
     max_tokens: int | None = None
@@ -33,7 +34,7 @@ class DatabricksChatRequest(Struct, kw_only=True):
 
 
 class DatabricksCompletionRequest(Struct, kw_only=True):
-    """Completions task (SPEC 6.5)."""
+    """Completions task (docs/api/databricks.md#completions-request)."""
 
     prompt: str | list[str]
     max_tokens: int | None = None
@@ -53,7 +54,7 @@ class DatabricksCompletionRequest(Struct, kw_only=True):
 
 
 class DatabricksEmbeddingRequest(Struct, kw_only=True):
-    """Embeddings task (SPEC 6.7)."""
+    """Embeddings task (docs/api/databricks.md#embeddings-task)."""
 
     input: str | list[str]
     instruction: str | None = None
@@ -68,7 +69,8 @@ class DatabricksCompletionChoice(Struct):
 
 
 class DatabricksCompletion(Struct, kw_only=True):
-    """Completions task response, or one streamed event (SPEC 6.6)."""
+    """Completions task response, or one streamed event
+    (docs/api/databricks.md#completions-response)."""
 
     id: str
     object: str = "text_completion"

@@ -1,7 +1,7 @@
 """Embeddings bodies: OpenAI ``POST /v1/embeddings`` and the Databricks embeddings task's
-response (SPEC 6.7). Requests are validated by the Rust validator (``validate("embeddings",
-...)``, ``rust/validate/embeddings.rs``); these Structs encode responses and document both
-routes in OpenAPI."""
+response (docs/api/openai.md#embeddings, docs/api/databricks.md#embeddings-task). Requests are
+validated by the Rust validator (``validate("embeddings", ...)``, ``rust/validate/embeddings.rs``);
+these Structs encode responses and document both routes in OpenAPI."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ class EmbeddingResponse(Struct, kw_only=True):
 
 
 class DatabricksEmbeddingResponse(Struct, kw_only=True):
-    """The Databricks embeddings task's response (SPEC 6.7: an ``id``, no ``created``)."""
+    """The Databricks embeddings task's response (docs/api/databricks.md#embeddings-task: an ``id``,
+    no ``created``)."""
 
     id: str
     data: list[EmbeddingData]

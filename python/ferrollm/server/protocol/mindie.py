@@ -1,4 +1,4 @@
-"""MindIE ``/v2/models/{model}/generate`` and ``generate_stream`` bodies (SPEC 2 and 3)."""
+"""MindIE ``/v2/models/{model}/generate`` and ``generate_stream`` bodies (docs/api/mindie.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from msgspec import UNSET, Struct, UnsetType
 
 
 class GenerateParameters(Struct, kw_only=True):
-    """``parameters`` (SPEC 2.1); ranges were checked by the Rust validator."""
+    """``parameters`` (docs/api/mindie.md#request); ranges were checked by the Rust validator."""
 
     details: bool | None = None
     do_sample: bool | None = None
@@ -35,7 +35,8 @@ class GenerateRequest(Struct, kw_only=True):
 
 
 class Details(Struct, kw_only=True):
-    """``details``: ``finish_reason`` only on the last frame (→A-9); times in µs."""
+    """``details``: ``finish_reason`` only on the last frame
+    (docs/decisions.md#where-generate-puts-its-finish-reason); times in µs."""
 
     finish_reason: str | UnsetType = UNSET
     generated_tokens: int
@@ -46,8 +47,9 @@ class Details(Struct, kw_only=True):
 
 
 class GenerateStreamFrame(Struct, kw_only=True):
-    """One ``generate_stream`` event (SPEC 2.2): ``prefill_time`` (ms) on the first frame only,
-    ``decode_time`` (ms) on the others; ``err_msg`` only when an error ended the request."""
+    """One ``generate_stream`` event (docs/api/mindie.md#timing-fields): ``prefill_time`` (ms) on
+    the first frame only, ``decode_time`` (ms) on the others; ``err_msg`` only when an error ended
+    the request."""
 
     id: str
     model_name: str
@@ -60,7 +62,8 @@ class GenerateStreamFrame(Struct, kw_only=True):
 
 
 class GenerateResponse(Struct, kw_only=True):
-    """The ``generate`` response (SPEC 3): the whole text, per-decode-step times in ms."""
+    """The ``generate`` response (docs/api/mindie.md#generate-response): the whole text,
+    per-decode-step times in ms."""
 
     id: str
     model_name: str

@@ -1,9 +1,10 @@
-"""``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` bodies (SPEC 4 and 5).
+"""``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` bodies
+(docs/api/openai.md#chat-completions, docs/api/openai.md#completions).
 
 Request Structs document the request shapes in ``/openapi.json``; handlers never build them:
 they read the Rust validator's ``ValidRequest`` (one pass over the body, every range and
-cross-field rule checked). Unknown fields are ignored (SPEC 1.11). Response Structs encode the
-documented shapes: a field typed ``... | UnsetType`` is left out unless set.
+cross-field rule checked). Unknown fields are ignored (docs/api/common.md#request-bodies). Response
+Structs encode the documented shapes: a field typed ``... | UnsetType`` is left out unless set.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ ContentPart = dict[str, Any]
 
 class FunctionCall(Struct):
     name: str
-    #: A JSON-encoded string; an object is accepted and re-serialised (→A-34).
+    #: A JSON-encoded string; an object is accepted and re-serialised
+    #: (docs/decisions.md#tool-call-arguments).
     arguments: str | dict[str, Any]
 
 
@@ -83,7 +85,7 @@ class _SamplingFields(Struct, kw_only=True):
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
-    """``POST /v1/chat/completions`` (SPEC 4.1)."""
+    """``POST /v1/chat/completions`` (docs/api/openai.md#chat-request)."""
 
     messages: list[ChatMessage]
     tools: list[Tool] | None = None
@@ -94,9 +96,9 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
-    """``POST /v1/completions`` (SPEC 5.1); ``prompt`` may be a list of prompts (→A-26), a
-    list of token ids, or a list of token-id lists (as OpenAI and vLLM). ``max_tokens: 0``
-    with ``echo`` scores the prompt without generating."""
+    """``POST /v1/completions`` (docs/api/openai.md#completions-request); ``prompt`` may be a list
+    of prompts (docs/decisions.md#prompt-lists), a list of token ids, or a list of token-id lists
+    (as OpenAI and vLLM). ``max_tokens: 0`` with ``echo`` scores the prompt without generating."""
 
     prompt: str | list[str | int | list[int]]
     best_of: int | None = None
@@ -126,7 +128,8 @@ class ChatTokenLogprob(Struct):
 
 
 class ChatLogprobs(Struct):
-    """Chat logprobs, OpenAI shape (SPEC 4.7): one entry per generated token."""
+    """Chat logprobs, OpenAI shape (docs/api/openai.md#chat-logprobs): one entry per generated
+    token."""
 
     content: list[ChatTokenLogprob]
 
@@ -134,8 +137,8 @@ class ChatLogprobs(Struct):
 class ResponseMessage(Struct):
     content: str | None
     role: str = "assistant"
-    #: The calls the model made (SPEC 4.4: null on the MindIE route when there are none; left
-    #: out on Databricks then).
+    #: The calls the model made (docs/api/openai.md#chat-response: null on the MindIE route when
+    #: there are none; left out on Databricks then).
     tool_calls: list[ToolCall] | UnsetType | None = UNSET
 
 
@@ -148,7 +151,8 @@ class ChatChoice(Struct):
 
 
 class ChatCompletion(Struct, kw_only=True):
-    """Non-streaming chat response (SPEC 4.4) with MindIE's timing extensions."""
+    """Non-streaming chat response (docs/api/openai.md#chat-response) with MindIE's timing
+    extensions."""
 
     id: str
     object: str = "chat.completion"
@@ -156,7 +160,8 @@ class ChatCompletion(Struct, kw_only=True):
     model: str
     choices: list[ChatChoice]
     usage: Usage
-    #: MindIE extensions (ms, →A-50); left out on the Databricks route.
+    #: MindIE extensions (ms, docs/decisions.md#chat-timing-fields); left out on the Databricks
+    #: route.
     prefill_time: float | UnsetType | None = UNSET
     decode_time_arr: list[float] | UnsetType = UNSET
     #: vLLM's ``prompt_logprobs``, when the request asked for them.
@@ -171,7 +176,8 @@ class DeltaFunction(Struct):
 
 
 class DeltaToolCall(Struct):
-    """A streamed piece of call ``index`` (→A-40): id, type and name in its first chunk."""
+    """A streamed piece of call ``index`` (docs/decisions.md#streamed-tool-calls): id, type and name
+    in its first chunk."""
 
     index: int
     function: DeltaFunction
@@ -194,7 +200,8 @@ class ChatChunkChoice(Struct):
 
 
 class ChatCompletionChunk(Struct, kw_only=True):
-    """One streamed chat chunk (SPEC 4.5): ``usage`` and ``full_text`` only on the final one."""
+    """One streamed chat chunk (docs/api/openai.md#chat-stream): ``usage`` and ``full_text`` only on
+    the final one."""
 
     id: str
     object: str = "chat.completion.chunk"
@@ -207,8 +214,9 @@ class ChatCompletionChunk(Struct, kw_only=True):
 
 
 class CompletionLogprobs(Struct):
-    """Completions logprobs (SPEC 5.6). With ``echo`` the prompt's tokens come first, the
-    first of them with a null logprob and null alternatives (nothing comes before it)."""
+    """Completions logprobs (docs/api/openai.md#completions-logprobs). With ``echo`` the prompt's
+    tokens come first, the first of them with a null logprob and null alternatives (nothing comes
+    before it)."""
 
     text_offset: list[int]
     token_logprobs: list[float | None]
@@ -239,7 +247,8 @@ class CompletionChoice(Struct):
 
 
 class CompletionUsage(Struct):
-    """Usage with MindIE's per-step arrays (SPEC 5.4, →A-51)."""
+    """Usage with MindIE's per-step arrays (docs/api/openai.md#completions-response,
+    docs/decisions.md#per-step-usage-arrays)."""
 
     prompt_tokens: int
     completion_tokens: int

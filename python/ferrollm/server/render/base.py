@@ -47,7 +47,8 @@ class Renderer(ABC):
         """A response id for a ``kind`` ("chat" or "completion") response."""
 
     def finish_reason(self, outcome: Outcome) -> str | None:
-        """The response's finish reason (SPEC 1.13): an early end is "stop"."""
+        """The response's finish reason (docs/api/common.md#finish-reasons): an early end is
+        "stop"."""
         if outcome.reason is None:
             return None
         return "length" if outcome.reason == "length" else "stop"

@@ -1,7 +1,8 @@
-"""The Databricks Foundation Model API's chat and completions tasks (SPEC 6): OpenAI-style
-ids, its own completion shape and plain usage, ``suffix`` appended (→A-66), a deadline decided
-by ``error_behavior`` (SPEC 6.5: "truncate" returns the partial text as "length", "error" ends
-a stream with a DEADLINE_EXCEEDED event), errors as events in its error shape, and a message
+"""The Databricks Foundation Model API's chat and completions tasks (docs/api/databricks.md):
+OpenAI-style ids, its own completion shape and plain usage, ``suffix`` appended
+(docs/decisions.md#the-suffix), a deadline decided by ``error_behavior``
+(docs/api/databricks.md#error-behavior: "truncate" returns the partial text as "length", "error"
+ends a stream with a DEADLINE_EXCEEDED event), errors as events in its error shape, and a message
 that is only tool calls with null content."""
 
 from __future__ import annotations

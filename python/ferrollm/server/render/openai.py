@@ -1,6 +1,7 @@
-"""The ``/v1`` routes (OpenAI/vLLM with MindIE's extensions, SPEC 4-5): MindIE ids
-(``endpoint_common_<n>``), timing fields, ``fullTextEnabled``, an early end said by ``err_msg``
-on the last chunk, and a stream an error cut short ending with a "stop" chunk carrying it."""
+"""The ``/v1`` routes (OpenAI/vLLM with MindIE's extensions, docs/api/openai.md#chat-completions,
+docs/api/openai.md#completions): MindIE ids (``endpoint_common_<n>``), timing fields,
+``fullTextEnabled``, an early end said by ``err_msg`` on the last chunk, and a stream an error cut
+short ending with a "stop" chunk carrying it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Chat: ``POST /v1/chat/completions`` (SPEC 4) and the Databricks chat task (SPEC 6.3-6.4).
+"""Chat: ``POST /v1/chat/completions`` (docs/api/openai.md#chat-completions) and the Databricks chat
+task (docs/api/databricks.md#chat-request, docs/api/databricks.md#chat-response).
 
 Both render the messages with the model's chat template and stream ``chat.completion.chunk``
 events; what differs between the APIs (MindIE's timing fields and ``fullTextEnabled`` on
@@ -116,7 +117,8 @@ def _response(chat: _Chat, out: RequestOutput, timing: Timing) -> ChatCompletion
 
 async def _events(chat: _Chat, stream: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
     """The chunks of a streamed chat, then ``[DONE]``; an early end and an error after the
-    stream began are said the way the request's API says them (SPEC 1.13)."""
+    stream began are said the way the request's API says them
+    (docs/api/common.md#errors-after-a-stream-began)."""
     done: set[int] = set()
     calls = None if chat.tools is None else StreamedCalls(chat.render, chat.tools)
     try:

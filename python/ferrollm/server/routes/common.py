@@ -16,7 +16,8 @@ from ferrollm.server.render.outcome import Outcome, first_abnormal
 
 T = TypeVar("T")
 
-#: Routes whose body names the ``model`` (checked against the served one, →A-27).
+#: Routes whose body names the ``model`` (checked against the served one,
+#: docs/decisions.md#the-model-name).
 _MODEL_ROUTES = ("chat", "completions", "embeddings")
 #: Routes an embedding server serves (the others need the generation engine).
 _EMBED_ROUTES = ("embeddings", "databricks_embeddings")
@@ -87,8 +88,9 @@ def usage_counts(num_prompt_tokens: int, outputs: Sequence[Any]) -> tuple[int, i
 
 
 def check_deadline(outputs: Sequence[Any], params: SamplingParams, *, truncate: bool) -> None:
-    """A whole (non-streamed) response whose request ran past its deadline is a 504 (SPEC
-    1.14), unless Databricks ``error_behavior: "truncate"`` asked for the partial text."""
+    """A whole (non-streamed) response whose request ran past its deadline is a 504
+    (docs/api/common.md#deadlines), unless Databricks ``error_behavior: "truncate"`` asked for the
+    partial text."""
     timed_out = first_abnormal(
         Outcome.of(c, params) for c in outputs if c.finish_reason == "timeout"
     )

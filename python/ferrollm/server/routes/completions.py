@@ -1,10 +1,11 @@
-"""Completions: ``POST /v1/completions`` (SPEC 5) and the Databricks completions task (SPEC 6.5).
+"""Completions: ``POST /v1/completions`` (docs/api/openai.md#completions) and the Databricks
+completions task (docs/api/databricks.md#completions-request).
 
-A prompt list is a batch (→A-26): one engine request per prompt, run together, choices
-ordered ``index = prompt_index * n + k``. The ``/v1`` route reports MindIE's per-step
-``batch_size``/``queue_wait_time`` usage arrays and ``stop_reason``; Databricks adds ``echo``,
-``suffix`` (appended, →A-66) and ``error_behavior: "truncate"`` (the prompt is cut from the left
-to fit, →A-62).
+A prompt list is a batch (docs/decisions.md#prompt-lists): one engine request per prompt, run
+together, choices ordered ``index = prompt_index * n + k``. The ``/v1`` route reports MindIE's
+per-step ``batch_size``/``queue_wait_time`` usage arrays and ``stop_reason``; Databricks adds
+``echo``, ``suffix`` (appended, docs/decisions.md#the-suffix) and ``error_behavior: "truncate"``
+(the prompt is cut from the left to fit, docs/decisions.md#what-truncate-does).
 
 On ``/v1`` a prompt may also be token ids (one list, or a list of lists), which ``echo`` shows
 decoded. ``echo`` with ``logprobs`` (both routes) returns the prompt's tokens and logprobs
@@ -154,9 +155,9 @@ async def _finals(stream: AsyncIterator[tuple[int, RequestOutput]]) -> dict[int,
 async def _fake_stream(
     batch: _Batch, stream: AsyncIterator[tuple[int, RequestOutput]]
 ) -> AsyncIterator[bytes]:
-    """Beam search streamed MindIE's way (SPEC 5.5, "fake streaming"): nothing is final before
-    the search ends, so one event holds the whole ``text_completion`` (every choice, its
-    logprobs and finish reason, and usage), then ``[DONE]``."""
+    """Beam search streamed MindIE's way (docs/api/openai.md#beam-search, "fake streaming"): nothing
+    is final before the search ends, so one event holds the whole ``text_completion`` (every choice,
+    its logprobs and finish reason, and usage), then ``[DONE]``."""
     try:
         yield sse_event(msgspec.json.encode(_response(batch, await _finals(stream))))
     except Exception as e:
@@ -324,6 +325,7 @@ def _finish(batch: _Batch, chunk: Any, finals: dict[int, RequestOutput]) -> None
 
 
 def _error_event(batch: _Batch, error: ApiError) -> bytes:
-    """The event that ends a stream an error cut short (SPEC 1.13)."""
+    """The event that ends a stream an error cut short
+    (docs/api/common.md#errors-after-a-stream-began)."""
     stop = CompletionChoice(0, "", None, "stop", None)
     return batch.render.error_event(error, lambda: _stream_chunk(batch, [stop]))

@@ -1,6 +1,6 @@
-"""Databricks ``POST /serving-endpoints/{name}/invocations`` (SPEC 6): the task comes from the
-body's shape (``messages``: chat, ``prompt``: completions, ``input``: embeddings, →A-64),
-read by the validator in the body's one walk."""
+"""Databricks ``POST /serving-endpoints/{name}/invocations`` (docs/api/databricks.md): the task
+comes from the body's shape (``messages``: chat, ``prompt``: completions, ``input``: embeddings,
+docs/decisions.md#choosing-the-task), read by the validator in the body's one walk."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Embeddings: OpenAI ``POST /v1/embeddings`` and the Databricks embeddings task (SPEC 6.7).
+"""Embeddings: OpenAI ``POST /v1/embeddings`` and the Databricks embeddings task
+(docs/api/openai.md#embeddings, docs/api/databricks.md#embeddings-task).
 
 Both validate the body through the Rust validator like every other route (``accept``:
 ``rust/validate/embeddings.rs``, errors naming the field), tokenize (text inputs get the

@@ -1,5 +1,6 @@
-"""Logprobs in each API's shape: OpenAI chat (SPEC 4.7) and completions (SPEC 5.6), and the
-prompt's: completions ``echo`` and vLLM's ``prompt_logprobs``."""
+"""Logprobs in each API's shape: OpenAI chat (docs/api/openai.md#chat-logprobs) and completions
+(docs/api/openai.md#completions-logprobs), and the prompt's: completions ``echo`` and vLLM's
+``prompt_logprobs``."""
 
 from __future__ import annotations
 
@@ -38,10 +39,11 @@ def completion_logprobs(
     entries: Sequence[TokenLogprob], offset: int
 ) -> tuple[CompletionLogprobs, int]:
     """Completions logprobs for ``entries``, whose text starts at character ``offset`` (per
-    choice from 0, →A-52); also the offset after them (for the next chunk of a stream).
+    choice from 0, docs/decisions.md#text-offsets-across-choices); also the offset after them (for
+    the next chunk of a stream).
 
     ``top_logprobs[i]`` holds the top alternatives plus the chosen token when it is not among
-    them, so k or k+1 entries (SPEC 5.6).
+    them, so k or k+1 entries (docs/api/openai.md#completions-logprobs).
     """
     tokens: list[str] = []
     offsets: list[int] = []
@@ -71,7 +73,8 @@ def prompt_completion_logprobs(
 ) -> tuple[CompletionLogprobs, int]:
     """The prompt's tokens in completions logprobs (``echo``), offsets from 0: the first token
     has a null logprob and null alternatives; the others their ``k`` best alternatives plus
-    themselves (SPEC 5.6). Also the offset after them, where the completion's tokens start."""
+    themselves (docs/api/openai.md#completions-logprobs). Also the offset after them, where the
+    completion's tokens start."""
     tokens: list[str] = []
     offsets: list[int] = []
     token_logprobs: list[float | None] = []

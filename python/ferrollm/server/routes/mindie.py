@@ -1,9 +1,12 @@
-"""MindIE ``POST /v2/models/{model}/generate_stream`` (SPEC 2) and ``generate`` (SPEC 3).
+"""MindIE ``POST /v2/models/{model}/generate_stream`` (docs/api/mindie.md) and ``generate``
+(docs/api/mindie.md#generate-response).
 
-``finish_reason`` lives in ``details`` (→A-9): ``eos_token`` for a normal end, ``length`` at a
-length limit, and ``stop_sequence`` with ``err_msg`` when a timeout or an error ended the
-request (→A-5, A-30). With ``details: false`` only the final frame has ``details`` (→A-29).
-The stream ends after the final frame: no ``[DONE]`` (→A-2).
+``finish_reason`` lives in ``details`` (docs/decisions.md#where-generate-puts-its-finish-reason):
+``eos_token`` for a normal end, ``length`` at a length limit, and ``stop_sequence`` with ``err_msg``
+when a timeout or an error ended the request (docs/decisions.md#abnormal-ends-on-generate,
+docs/decisions.md#request-timeouts). With ``details: false`` only the final frame has ``details``
+(docs/decisions.md#details-when-not-asked-for). The stream ends after the final frame: no ``[DONE]``
+(docs/decisions.md#the-end-of-stream-sentinel).
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ async def generate_once(ctx: ServerContext, request: Request) -> Response:
 
 
 async def versions_unsupported(ctx: ServerContext, request: Request) -> Response:
-    """``/v2/models/{model}/versions/{version}/...``: not supported (→A-4)."""
+    """``/v2/models/{model}/versions/{version}/...``: not supported
+    (docs/decisions.md#model-version-paths)."""
     raise ApiError(404, "model versions are not supported", code="not_found")
 
 
@@ -135,7 +139,8 @@ def _response(gen: _Generate, out: RequestOutput) -> GenerateResponse:
     if outcome.timed_out:
         raise ApiError(504, outcome.message or "request timed out", code="timeout")
     details = _details(gen, len(c.token_ids), c.finish_reason or "stop")
-    # For the whole request: the wait before its first scheduling (SPEC 3).
+    # For the whole request: the wait before its first scheduling
+    # (docs/api/mindie.md#generate-response).
     details.queue_wait_time = gen.timing.queue_waits_us[0] if gen.timing.queue_waits_us else 0
     return GenerateResponse(
         id=gen.response_id,
