@@ -1076,7 +1076,8 @@ class _GgmlWeight:
     checked here once and kept alive by this object. ValidationError naming the field for an
     unknown type, a table of the wrong shape or dtype, or ``k`` not whole blocks."""
 
-    def __new__(cls, segments: Sequence[tuple[Any, int]], k: int) -> _GgmlWeight: ...
+    def __new__(cls, segments: Sequence[tuple[Any, int]], k: int) -> _GgmlWeight:
+        """Checks each ``(table, ggml_type)`` for rows of ``k`` values and keeps the tables."""
     @property
     def shape(self) -> tuple[int, int]:
         """``(N, K)``: output and input features."""
