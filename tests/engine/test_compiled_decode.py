@@ -215,6 +215,38 @@ def test_a_second_start_loads_the_graphs_from_the_disk_cache(
     assert any(tmp_path.iterdir())  # the cache lives where it was told to
 
 
+_CACHE_DIR = """
+from ferrollm.executor.compiled_decode import compile_cache_dir
+print(compile_cache_dir())
+"""
+
+
+def test_graphs_compiled_under_an_isa_cap_live_apart_from_the_uncapped_ones(
+    tmp_path: Path,
+) -> None:
+    """A graph cached by a process capped at AVX2 (``make test-avx2``) and loaded by one that
+    is not corrupted the second one's heap: each set of capabilities gets its own directory,
+    on any CPU (the cap differs even where the hardware has no more than AVX2)."""
+
+    def cache_dir(caps: dict[str, str]) -> Path:
+        env = {**os.environ, "FERROLLM_COMPILE_CACHE": str(tmp_path), **caps}
+        for name in ("FERROLLM_CPU_ISA", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+            if name not in caps:
+                env.pop(name, None)
+        done = subprocess.run(
+            [sys.executable, "-c", _CACHE_DIR], env=env, capture_output=True, text=True, check=True
+        )
+        return Path(done.stdout.strip().splitlines()[-1])
+
+    native = cache_dir({})
+    capped = cache_dir(
+        {"FERROLLM_CPU_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    )
+    assert native.parent == capped.parent == tmp_path
+    assert native != capped
+    assert "avx2" in capped.name
+
+
 def test_compile_option_is_checked() -> None:
     with pytest.raises(EngineConfigError, match="`compile` must be one of auto, on, off") as bad:
         EngineConfig(compile="yes")

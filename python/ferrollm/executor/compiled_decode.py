@@ -60,11 +60,31 @@ MAX_COMPILED_ROWS = 32
 DEFAULT_CACHE_DIR = Path("~/.cache/ferrollm/inductor")
 
 
+#: The user's own inductor cache directory, read before `_configure_caches` points it at ours.
+_USER_INDUCTOR_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+
 def compile_cache_dir() -> Path:
     """The on-disk compile cache: ``$FERROLLM_COMPILE_CACHE``, else ``$TORCHINDUCTOR_CACHE_DIR``,
-    else ``~/.cache/ferrollm/inductor``."""
-    value = os.environ.get("FERROLLM_COMPILE_CACHE") or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    return Path(value).expanduser() if value else DEFAULT_CACHE_DIR.expanduser()
+    else ``~/.cache/ferrollm/inductor``; then one subdirectory per set of CPU capabilities in
+    force (`isa_tag`). Graphs compiled under an ISA cap (``make test-avx2``) and loaded by a
+    process without it corrupted that process's heap: inductor's own key did not tell them
+    apart."""
+    value = os.environ.get("FERROLLM_COMPILE_CACHE") or _USER_INDUCTOR_DIR
+    base = Path(value).expanduser() if value else DEFAULT_CACHE_DIR.expanduser()
+    return base / isa_tag()
+
+
+def isa_tag() -> str:
+    """The CPU capabilities compiled code depends on, as a directory name: ATen's vector ISA,
+    ferrollm's cap (``FERROLLM_CPU_ISA``) and oneDNN's (``ONEDNN_MAX_CPU_ISA``), e.g.
+    ``cpu-avx512-native``."""
+    from ferrollm import _core
+
+    aten = torch.backends.cpu.get_cpu_capability().lower()
+    tag = f"cpu-{aten}-{_core.cpu_features().cap}"
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    return f"{tag}-onednn-{onednn.lower()}" if onednn else tag
 
 
 def bucket_for(rows: int) -> int | None:
