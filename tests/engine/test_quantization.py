@@ -35,7 +35,13 @@ from ferrollm.executor.kv_cache import KVCacheSpec
 from ferrollm.executor.loader import load_model_source
 from ferrollm.executor.runner import teacher_forced_scores
 from ferrollm.executor.sizing import resolve_kv_dtype, resolve_quantization
-from ferrollm.layers.ggml_linear import GgmlBlocks, GgmlWeight, kernel_paths, quantize_dense
+from ferrollm.layers.ggml_linear import (
+    DEQUANTIZE_MIN_ROWS,
+    GgmlBlocks,
+    GgmlWeight,
+    kernel_paths,
+    quantize_dense,
+)
 from ferrollm.layers.linear import Linear, dense_copies_pay
 from ferrollm.models import registry
 from ferrollm.platforms import get_platform
@@ -149,6 +155,20 @@ def test_segments_of_different_types_fill_their_own_columns() -> None:
     out = GgmlWeight(parts).matmul(x)
     assert out.shape == (4, 37)
     assert ((out.double() - x.double() @ w.double().t()).abs() <= activation_bound(x, w)).all()
+
+
+def test_many_float32_rows_run_on_the_dequantized_weight() -> None:
+    """From ``DEQUANTIZE_MIN_ROWS`` rows a float32 product is the exact product of the
+    dequantized weight (no activation rounding); below, the block kernel's bound holds."""
+    blocks = blocks_of("Q4_1", random_blocks("Q4_1", 24, 64))
+    w = blocks.dequantize()
+    weight = GgmlWeight([blocks])
+    for m in (DEQUANTIZE_MIN_ROWS - 1, DEQUANTIZE_MIN_ROWS):
+        x = torch.randn(m, 64, generator=torch.Generator().manual_seed(m))
+        error = (weight.matmul(x).double() - x.double() @ w.double().t()).abs()
+        assert (error <= activation_bound(x, w)).all()
+        # The block kernel's int8-rounded activations are off by far more than float32 sums.
+        assert bool(error.max() < 1e-4) == (m >= DEQUANTIZE_MIN_ROWS)
 
 
 def test_bad_inputs_are_refused_naming_the_field() -> None:
