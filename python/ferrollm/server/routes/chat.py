@@ -1,5 +1,5 @@
 """Chat: ``POST /v1/chat/completions`` (docs/api/openai.md#chat-completions) and the Databricks chat
-task (docs/api/databricks.md#chat-request, docs/api/databricks.md#chat-response).
+task (its request and response: the Databricks API reference listed in docs/README.md).
 
 Both render the messages with the model's chat template and stream ``chat.completion.chunk``
 events; what differs between the APIs (MindIE's timing fields and ``fullTextEnabled`` on

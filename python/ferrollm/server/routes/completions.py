@@ -1,5 +1,5 @@
 """Completions: ``POST /v1/completions`` (docs/api/openai.md#completions) and the Databricks
-completions task (docs/api/databricks.md#completions-request).
+completions task (its request: the Databricks API reference listed in docs/README.md).
 
 A prompt list is a batch (docs/decisions.md#prompt-lists): one engine request per prompt, run
 together, choices ordered ``index = prompt_index * n + k``. The ``/v1`` route reports MindIE's
