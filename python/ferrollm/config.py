@@ -20,6 +20,7 @@ from ferrollm.devices import DEVICE_NAMES
 # Re-exported: every module reads its options' rules from here.
 from ferrollm.options import (
     EngineConfigError,
+    one_of,
     parse_bytes,
     positive_int,
     read_options_file,
@@ -222,10 +223,8 @@ def _check_fields(config: EngineConfig) -> None:
             "max_beam_width",
             f"`max_beam_width` must be at most {MAX_BEAM_WIDTH}; got {config.max_beam_width}",
         )
-    if config.device is not None and config.device not in DEVICE_NAMES:
-        raise EngineConfigError(
-            "device", f"`device` must be one of {', '.join(DEVICE_NAMES)}; got {config.device!r}"
-        )
+    if config.device is not None:
+        one_of("device", config.device, DEVICE_NAMES)
     if not isinstance(config.enable_prefix_caching, bool):
         raise EngineConfigError(
             "enable_prefix_caching",
@@ -236,27 +235,10 @@ def _check_fields(config: EngineConfig) -> None:
         raise EngineConfigError(
             "priority_aging_s", f"`priority_aging_s` must be a positive number; got {aging!r}"
         )
-    if config.quantization not in QUANTIZATION_NAMES:
-        raise EngineConfigError(
-            "quantization",
-            f"`quantization` must be one of {', '.join(QUANTIZATION_NAMES)}; "
-            f"got {config.quantization!r}",
-        )
-    if config.compile not in COMPILE_NAMES:
-        raise EngineConfigError(
-            "compile",
-            f"`compile` must be one of {', '.join(COMPILE_NAMES)}; got {config.compile!r}",
-        )
-    if config.logprobs_mode not in LOGPROBS_MODES:
-        raise EngineConfigError(
-            "logprobs_mode",
-            f"`logprobs_mode` must be one of {', '.join(LOGPROBS_MODES)}; "
-            f"got {config.logprobs_mode!r}",
-        )
-    if config.task not in TASKS:
-        raise EngineConfigError(
-            "task", f"`task` must be one of {', '.join(TASKS)}; got {config.task!r}"
-        )
+    one_of("quantization", config.quantization, QUANTIZATION_NAMES)
+    one_of("compile", config.compile, COMPILE_NAMES)
+    one_of("logprobs_mode", config.logprobs_mode, LOGPROBS_MODES)
+    one_of("task", config.task, TASKS)
     if config.task == "embed":
         _check_embed_options(config)
     if config.pooling is not None and (
@@ -357,6 +339,7 @@ def _check_embed_options(config: EngineConfig) -> None:
 __all__ = [
     "EngineConfig",
     "EngineConfigError",
+    "one_of",
     "parse_bytes",
     "positive_int",
     "read_options_file",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from typing import Any
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(|b|[kmgt]i?b?)\s*$", re.IGNORECASE)
@@ -56,6 +57,13 @@ def _bad_size(value: object) -> EngineConfigError:
 def positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise EngineConfigError(name, f"`{name}` must be a positive integer; got {value!r}")
+
+
+def one_of(name: str, value: object, choices: Sequence[object]) -> None:
+    """EngineConfigError naming option ``name`` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        listed = ", ".join(str(c) for c in choices)
+        raise EngineConfigError(name, f"`{name}` must be one of {listed}; got {value!r}")
 
 
 def read_options_file(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from ferrollm.config import (
     TOOL_CALL_PARSERS,
     EngineConfig,
     EngineConfigError,
+    one_of,
     parse_bytes,
     positive_int,
 )
@@ -108,18 +109,8 @@ class ServerConfig:
         for option in ("max_input_tokens", "max_iter_times"):
             if getattr(self, option) is not None:
                 positive_int(option, getattr(self, option))
-        if self.tool_call_parser not in TOOL_CALL_PARSERS:
-            raise EngineConfigError(
-                "tool_call_parser",
-                f"`tool_call_parser` must be one of {', '.join(TOOL_CALL_PARSERS)}; "
-                f"got {self.tool_call_parser!r}",
-            )
-        if self.text_offset_mode not in TEXT_OFFSET_MODES:
-            raise EngineConfigError(
-                "text_offset_mode",
-                f"`text_offset_mode` must be one of {', '.join(TEXT_OFFSET_MODES)}; "
-                f"got {self.text_offset_mode!r}",
-            )
+        one_of("tool_call_parser", self.tool_call_parser, TOOL_CALL_PARSERS)
+        one_of("text_offset_mode", self.text_offset_mode, TEXT_OFFSET_MODES)
         for option in ("full_text", "strict_model_name"):
             if not isinstance(getattr(self, option), bool):
                 raise EngineConfigError(
