@@ -40,18 +40,20 @@ class _GatedEmbedder:
         return np.array([[n, len(self.steps)] for n in lengths], dtype=np.float32)
 
 
+async def _running(engine: AsyncEmbedder, inputs: list[list[int]]) -> asyncio.Future[Any]:
+    """``inputs`` embedded in the background, once the engine thread is inside their step."""
+    future = asyncio.ensure_future(engine.embed(inputs))
+    while engine.stats()["num_running_seqs"] == 0:
+        await asyncio.sleep(0.001)
+    return future
+
+
 def test_async_embedder_packs_across_requests_by_the_budget() -> None:
-    import asyncio
-
-    from ferrollm.engine.embed_async import AsyncEmbedder
-
     fake = _GatedEmbedder()
     engine = AsyncEmbedder(fake, max_num_waiting=8)  # type: ignore[arg-type]
 
     async def go() -> list[object]:
-        first = asyncio.ensure_future(engine.embed([[1]]))
-        while engine.stats()["num_running_seqs"] == 0:  # the thread is inside step 1
-            await asyncio.sleep(0.001)
+        first = await _running(engine, [[1]])
         rest = [engine.embed([[1] * 3, [1] * 3]), engine.embed([[1] * 5]), engine.embed([[999]])]
         tasks = [asyncio.ensure_future(r) for r in rest]
         await asyncio.sleep(0.05)
@@ -80,9 +82,7 @@ def test_a_cancelled_request_gives_back_its_waiting_inputs() -> None:
     engine = AsyncEmbedder(fake, max_num_waiting=8)  # type: ignore[arg-type]
 
     async def go() -> None:
-        first = asyncio.ensure_future(engine.embed([[1]]))
-        while engine.stats()["num_running_seqs"] == 0:  # the thread is inside step 1
-            await asyncio.sleep(0.001)
+        first = await _running(engine, [[1]])
         queued = asyncio.ensure_future(engine.embed([[1] * 3, [1] * 3]))
         while engine.stats()["num_waiting_seqs"] < 2:
             await asyncio.sleep(0.001)
@@ -108,9 +108,7 @@ def test_shutdown_finishes_the_running_step_and_fails_what_waits() -> None:
     engine = AsyncEmbedder(fake, max_num_waiting=8)  # type: ignore[arg-type]
 
     async def go() -> list[object]:
-        first = asyncio.ensure_future(engine.embed([[1]]))
-        while engine.stats()["num_running_seqs"] == 0:  # the thread is inside step 1
-            await asyncio.sleep(0.001)
+        first = await _running(engine, [[1]])
         queued = asyncio.ensure_future(engine.embed([[1] * 3]))
         while engine.stats()["num_waiting_seqs"] < 1:
             await asyncio.sleep(0.001)
@@ -191,9 +189,7 @@ def test_a_thread_death_fails_every_request_and_is_reported_once() -> None:
 
     async def go() -> list[object]:
         engine.watch(deaths.append)
-        dying = asyncio.ensure_future(engine.embed([[777]]))
-        while engine.stats()["num_running_seqs"] == 0:
-            await asyncio.sleep(0.001)
+        dying = await _running(engine, [[777]])
         queued = asyncio.ensure_future(engine.embed([[1] * 3]))
         while engine.stats()["num_waiting_seqs"] < 1:
             await asyncio.sleep(0.001)
