@@ -33,6 +33,7 @@ mod queue;
 mod rank;
 mod request;
 mod seq;
+mod slab;
 mod stats;
 mod text;
 

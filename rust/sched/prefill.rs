@@ -32,6 +32,7 @@ use super::plan::{RowSpec, StepPlan};
 use super::queue::WaitingQueue;
 use super::rank::SeqKey;
 use super::request::NewRequest;
+use super::slab::Slab;
 use super::stats::SchedulerStats;
 use crate::error::{CoreError, CoreResult};
 use crate::kv::BlockPool;
@@ -53,8 +54,7 @@ struct Input {
 pub struct PrefillScheduler {
     cfg: SchedulerConfig,
     pool: BlockPool,
-    inputs: Vec<Option<Input>>,
-    free_slots: Vec<SeqKey>,
+    inputs: Slab<Input>,
     ids: FxHashMap<RequestId, SeqKey>,
     waiting: WaitingQueue,
     /// Inputs holding blocks: the rows of the plan awaiting `update()`, in row order.
@@ -76,8 +76,7 @@ impl PrefillScheduler {
         Ok(PrefillScheduler {
             pool: BlockPool::new(cfg.num_blocks, cfg.block_size),
             cfg,
-            inputs: Vec::new(),
-            free_slots: Vec::new(),
+            inputs: Slab::new(),
             ids: FxHashMap::default(),
             waiting: WaitingQueue::default(),
             running: Vec::new(),
@@ -123,16 +122,7 @@ impl PrefillScheduler {
             tokens: req.prompt_token_ids,
             block_table: Vec::new(),
         };
-        let key = match self.free_slots.pop() {
-            Some(k) => {
-                self.inputs[k as usize] = Some(input);
-                k
-            }
-            None => {
-                self.inputs.push(Some(input));
-                (self.inputs.len() - 1) as SeqKey
-            }
-        };
+        let key = self.inputs.insert(input);
         self.waiting
             .push_back(key, r.priority, req.arrival_time, req.id.0, 0);
         self.endings.added(r.deadline);
@@ -334,9 +324,8 @@ impl PrefillScheduler {
 
     /// Drops an input (from no queue), freeing its blocks.
     fn remove(&mut self, key: SeqKey) -> RequestId {
-        let input = self.inputs[key as usize].take().expect("live input");
+        let input = self.inputs.remove(key).expect("live input");
         self.pool.free(&input.block_table);
-        self.free_slots.push(key);
         self.ids.remove(&input.req_id);
         self.endings.removed(input.req_id, input.deadline);
         input.req_id

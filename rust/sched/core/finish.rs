@@ -56,10 +56,10 @@ impl Scheduler {
         self.running.retain(|&k| live(k));
         self.waiting.retain(live);
         for k in std::mem::take(&mut self.just_finished) {
-            let s = self.seqs[k as usize]
-                .take()
+            let s = self
+                .seqs
+                .remove(k)
                 .expect("finished sequence is in the slab");
-            self.free_slots.push(k);
             let group = self.group_mut(s.req_id);
             group.seqs.retain(|&x| x != k);
             if group.seqs.is_empty() {

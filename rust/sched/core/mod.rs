@@ -34,6 +34,7 @@ use super::output::OutRow;
 use super::queue::WaitingQueue;
 use super::rank::SeqKey;
 use super::seq::{Group, Sequence};
+use super::slab::Slab;
 use super::stats::{SchedulerStats, SeqView};
 use crate::detok::Detokenizer;
 use crate::error::CoreResult;
@@ -47,8 +48,7 @@ use intake::SeedSource;
 pub struct Scheduler {
     cfg: SchedulerConfig,
     pool: BlockPool,
-    seqs: Vec<Option<Sequence>>,
-    free_slots: Vec<SeqKey>,
+    seqs: Slab<Sequence>,
     groups: FxHashMap<RequestId, Group>,
     waiting: WaitingQueue,
     /// Running sequences, best rank first after each `schedule()`.
@@ -84,8 +84,7 @@ impl Scheduler {
             sampler: cfg.sampler(),
             seeds: SeedSource::new(cfg.seed),
             cfg,
-            seqs: Vec::new(),
-            free_slots: Vec::new(),
+            seqs: Slab::new(),
             groups: FxHashMap::default(),
             waiting: WaitingQueue::default(),
             running: Vec::new(),
@@ -227,15 +226,6 @@ impl Scheduler {
     }
 
     fn insert_seq(&mut self, seq: Sequence) -> SeqKey {
-        match self.free_slots.pop() {
-            Some(k) => {
-                self.seqs[k as usize] = Some(seq);
-                k
-            }
-            None => {
-                self.seqs.push(Some(seq));
-                (self.seqs.len() - 1) as SeqKey
-            }
-        }
+        self.seqs.insert(seq)
     }
 }
