@@ -99,7 +99,6 @@ pub struct PyStepOutput {
     logprob_byte_offsets: Arr<u32>,
     finished_req_ids: Arr<u64>,
     failed_req_ids: Arr<u64>,
-    failed_messages: Py<PyList>,
     failed_errors: Py<PyList>,
     held_req_ids: Arr<u64>,
 }
@@ -107,7 +106,6 @@ pub struct PyStepOutput {
 impl PyStepOutput {
     pub(crate) fn new(py: Python<'_>, o: StepOutput) -> PyResult<Self> {
         let n = o.num_samples();
-        let failed_messages = o.failed_messages();
         Ok(PyStepOutput {
             top_token_ids: arr_shaped(py, o.top_token_ids, [n, o.num_top_logprobs])?,
             top_logprobs: arr_shaped(py, o.top_logprobs, [n, o.num_top_logprobs])?,
@@ -125,7 +123,6 @@ impl PyStepOutput {
             finish_reasons: arr(py, o.finish_reasons),
             finished_req_ids: arr(py, o.finished_req_ids),
             failed_req_ids: arr(py, o.failed_req_ids),
-            failed_messages: PyList::new(py, failed_messages)?.unbind(),
             failed_errors: PyList::new(
                 py,
                 o.failed_errors
@@ -142,5 +139,12 @@ impl PyStepOutput {
 impl PyStepOutput {
     fn __len__(&self, py: Python<'_>) -> usize {
         self.token_ids.bind(py).len()
+    }
+
+    /// The text of each of `failed_errors`.
+    #[getter]
+    fn failed_messages(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        let errors = self.failed_errors.bind(py);
+        errors.iter().map(|e| Ok(e.str()?.to_string())).collect()
     }
 }
