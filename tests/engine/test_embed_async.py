@@ -87,6 +87,9 @@ def test_a_cancelled_request_gives_back_its_waiting_inputs() -> None:
         while engine.stats()["num_waiting_seqs"] < 2:
             await asyncio.sleep(0.001)
         queued.cancel()
+        # The cancellation runs (and queues the abort) at the task's next turn; only then
+        # may the running step end, or the thread could schedule the inputs first.
+        await asyncio.wait([queued])
         fake.gate.set()
         np.testing.assert_array_equal(await first, [[1, 1]])
         with pytest.raises(asyncio.CancelledError):
