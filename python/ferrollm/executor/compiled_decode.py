@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -282,7 +283,8 @@ class CompiledDecode:
             sliding_window=self.model.sliding_window,
             parallel=parallel,
         )
-        ctx = AttentionContext(self.backend, metadata, self.kv_cache.layers)
+        windowed = {w: replace(metadata, sliding_window=w) for w in self.model.layer_windows}
+        ctx = AttentionContext(self.backend, metadata, self.kv_cache.layers, windowed)
         hidden = self.model(input_ids, positions, ctx)
         return self.model.compute_logits(hidden)
 

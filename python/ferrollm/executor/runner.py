@@ -29,7 +29,10 @@ from ferrollm.layers.attention import (
 class CausalLM(Protocol):
     """What the runner needs of a model (``LlamaForCausalLM`` has it)."""
 
+    #: The window of every layer's attention (None: full), and the other windows some of its
+    #: layers use instead (Gemma's sliding layers between full ones).
     sliding_window: int | None
+    layer_windows: tuple[int, ...]
 
     @property
     def vocab_size(self) -> int: ...
@@ -148,10 +151,12 @@ class ModelRunner:
         )
 
     def _context(self, plan: StepInputs) -> AttentionContext:
-        metadata = self.backend.prepare(
-            plan, self.kv_cache.block_size, self.device, self.model.sliding_window
-        )
-        return AttentionContext(self.backend, metadata, self.kv_cache.layers)
+        def prepare(window: int | None) -> object:
+            return self.backend.prepare(plan, self.kv_cache.block_size, self.device, window)
+
+        windowed = {window: prepare(window) for window in self.model.layer_windows}
+        metadata = prepare(self.model.sliding_window)
+        return AttentionContext(self.backend, metadata, self.kv_cache.layers, windowed)
 
     def _to_device(self, array: npt.NDArray[np.int64]) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device, non_blocking=True)

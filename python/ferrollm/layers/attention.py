@@ -16,8 +16,8 @@ may supply fused kernels instead. Everything per-step (gather indices, masks) is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -77,24 +77,33 @@ class AttentionContext:
     """Everything a model's attention layers need for one step."""
 
     backend: AttentionBackend
+    #: The metadata of the model's own window (``CausalLM.sliding_window``).
     metadata: Any
     kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    #: Metadata of the other windows some layers use (``CausalLM.layer_windows``), by window.
+    windowed: Mapping[int, Any] = field(default_factory=dict)
 
 
 class PagedAttention(nn.Module):
-    """Attention of one layer over its slice of the paged KV cache (no parameters)."""
+    """Attention of one layer over its slice of the paged KV cache (no parameters).
 
-    def __init__(self, layer_idx: int, scale: float) -> None:
+    ``window``: this layer's own sliding window where layers differ (Gemma's interleave; the
+    step's metadata for it is ``ctx.windowed[window]``); None: the model's window.
+    """
+
+    def __init__(self, layer_idx: int, scale: float, window: int | None = None) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.scale = scale
+        self.window = window
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext
     ) -> torch.Tensor:
         """``q [T, heads, D]``, ``k, v [T, kv_heads, D]`` -> ``[T, heads, D]``."""
         kv_cache = ctx.kv_caches[self.layer_idx]
-        return ctx.backend.forward(q, k, v, kv_cache, ctx.metadata, self.scale)
+        metadata = ctx.metadata if self.window is None else ctx.windowed[self.window]
+        return ctx.backend.forward(q, k, v, kv_cache, metadata, self.scale)
 
 
 @dataclass(frozen=True)

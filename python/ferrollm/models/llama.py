@@ -22,7 +22,7 @@ every rank calls them in the same order with the same shapes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -32,6 +32,7 @@ from torch import nn
 from ferrollm.distributed.collectives import gather_to_driver
 from ferrollm.distributed.shard_plan import ShardPlan
 from ferrollm.distributed.state import SINGLE, ParallelState
+from ferrollm.layers.activation import ACTIVATIONS
 from ferrollm.layers.attention import AttentionContext, PagedAttention
 from ferrollm.layers.linear import (
     Embedding,
@@ -85,13 +86,27 @@ class LlamaConfigLike(Protocol):
     def qk_norm(self) -> bool: ...
     @property
     def sliding_window(self) -> int | None: ...
+    @property
+    def hidden_act(self) -> str: ...
 
 
 class LlamaAttention(nn.Module):
-    """Self-attention with GQA, optional q/k/v and o_proj biases and optional q/k norm."""
+    """Self-attention with GQA, optional q/k/v and o_proj biases and optional q/k norm.
+
+    Other families set the q/k norm's class (``norm``), the score ``scale`` (default
+    ``head_dim ** -0.5``) and a ``window`` of this layer's own (see ``PagedAttention``).
+    """
 
     def __init__(
-        self, config: LlamaConfigLike, layer_idx: int, scheme: str | None, layout: LlamaShardLayout
+        self,
+        config: LlamaConfigLike,
+        layer_idx: int,
+        scheme: str | None,
+        layout: LlamaShardLayout,
+        *,
+        norm: type[RMSNorm] = RMSNorm,
+        scale: float | None = None,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         self.num_heads = layout.num_heads
@@ -107,10 +122,10 @@ class LlamaAttention(nn.Module):
         self.o_proj = _row_linear(
             q_size, "o_proj", config.hidden_size, config.o_proj_bias, scheme, layout
         )
-        norm = config.qk_norm
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if norm else None
-        self.attn = PagedAttention(layer_idx, self.head_dim**-0.5)
+        qk_norm = config.qk_norm
+        self.q_norm = norm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = norm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.attn = PagedAttention(layer_idx, scale or self.head_dim**-0.5, window)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext
@@ -131,7 +146,8 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
+    """Gated feed-forward: ``down(act(gate(x)) * up(x))``; SwiGLU (``act`` = SiLU) in Llama,
+    GeGLU (tanh-approximated GELU) in Gemma."""
 
     def __init__(
         self, config: LlamaConfigLike, scheme: str | None, layout: LlamaShardLayout
@@ -142,11 +158,12 @@ class LlamaMLP(nn.Module):
         bias = config.mlp_bias
         self.gate_up_proj = Linear(config.hidden_size, shards, bias=bias, scheme=scheme)
         self.down_proj = _row_linear(size, "down_proj", config.hidden_size, bias, scheme, layout)
+        self.act = ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, hidden]`` -> ``[T, hidden]``."""
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        out: torch.Tensor = self.down_proj(self.act(gate) * up)
         return out
 
 
@@ -171,11 +188,21 @@ class LlamaDecoderLayer(nn.Module):
         return out
 
 
+#: Builds decoder layer ``layer_idx`` of a family: ``(config, layer_idx, scheme, layout)``.
+DecoderLayerFactory = Callable[[Any, int, "str | None", LlamaShardLayout], nn.Module]
+
+
 class LlamaModel(nn.Module):
-    """Embeddings, decoder layers and the final norm (HF's ``model.`` prefix)."""
+    """Embeddings, decoder layers and the final norm (HF's ``model.`` prefix); a family
+    gives its own decoder layer and norm classes."""
 
     def __init__(
-        self, config: LlamaConfigLike, scheme: str | None, layout: LlamaShardLayout
+        self,
+        config: LlamaConfigLike,
+        scheme: str | None,
+        layout: LlamaShardLayout,
+        layer: DecoderLayerFactory = LlamaDecoderLayer,
+        norm: type[RMSNorm] = RMSNorm,
     ) -> None:
         super().__init__()
         quantized_table = scheme is not None
@@ -192,18 +219,22 @@ class LlamaModel(nn.Module):
             )
         )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, scheme, layout) for i in range(config.num_hidden_layers)
+            layer(config, i, scheme, layout) for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = norm(config.hidden_size, config.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
     """The Llama-family causal LM over paged attention.
 
     ``forward(input_ids, positions, ctx)`` returns final hidden states ``[T, hidden]``;
-    ``compute_logits`` projects only the rows that are sampled. Every supported architecture
-    runs on this class; what differs is read from ``config``.
+    ``compute_logits`` projects only the rows that are sampled. The Llama-shaped
+    architectures run on this class, what differs read from ``config``; another family
+    subclasses it with its own ``decoder_layer`` and ``norm`` (``ferrollm.models.gemma``).
     """
+
+    decoder_layer: DecoderLayerFactory = LlamaDecoderLayer
+    norm: type[RMSNorm] = RMSNorm
 
     def __init__(
         self,
@@ -218,7 +249,9 @@ class LlamaForCausalLM(nn.Module):
         #: This rank's share of the model (all of it when ``parallel`` is ``SINGLE``).
         self.layout = LlamaShardLayout.build(config, parallel, quantization)
         self.parallel = parallel
-        self.model = LlamaModel(config, quantization, self.layout)
+        self.model = LlamaModel(
+            config, quantization, self.layout, type(self).decoder_layer, type(self).norm
+        )
         # A dense tied head reads the embedding table itself; a quantized one packs its own
         # copy of it (the head is a fifth of a small model's weights: worth the kernel).
         tied_dense = config.tie_word_embeddings and quantization is None
@@ -235,6 +268,8 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
         #: Mistral-style uniform sliding window (keys within the last ``w`` positions), or None.
         self.sliding_window = config.sliding_window
+        #: Other windows some layers use instead (none here; see ``CausalLM.layer_windows``).
+        self.layer_windows: tuple[int, ...] = ()
 
     @property
     def vocab_size(self) -> int:
@@ -260,15 +295,22 @@ class LlamaForCausalLM(nn.Module):
         """Final hidden states ``[T, hidden]`` of the step's tokens ``input_ids [T]``;
         ``embeds`` gives some tokens' input embeddings instead (p-tuning's virtual ids,
         which lie past the embedding matrix)."""
-        if embeds is None:
-            h = self.model.embed_tokens(input_ids)
-        else:
-            h = self.model.embed_tokens(input_ids.clamp(max=self.vocab_size - 1))
-            h = h.index_copy(0, embeds.token_indices, embeds.rows.to(h.dtype))
+        h = self.embed(input_ids, embeds)
         cos, sin = self.rotary.cos_sin(positions, h.dtype)
         for layer in self.model.layers:
             h = layer(h, cos, sin, ctx)
         return self.model.norm(h)  # type: ignore[no-any-return]
+
+    def embed(
+        self, input_ids: torch.Tensor, embeds: EmbeddingOverride | None = None
+    ) -> torch.Tensor:
+        """The input embeddings ``[T, hidden]`` of ``input_ids``, ``embeds`` replacing some."""
+        h: torch.Tensor
+        if embeds is None:
+            h = self.model.embed_tokens(input_ids)
+            return h
+        h = self.model.embed_tokens(input_ids.clamp(max=self.vocab_size - 1))
+        return h.index_copy(0, embeds.token_indices, embeds.rows.to(h.dtype))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[rows, vocab]`` (model dtype) for hidden states ``[rows, hidden]``.
