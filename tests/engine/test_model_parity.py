@@ -56,6 +56,22 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     # Llama's optional biases: q/k/v and o_proj together, and the MLP's gate/up/down.
     "llama-attn-bias": ("LlamaConfig", {"attention_bias": True}),
     "llama-mlp-bias": ("LlamaConfig", {"mlp_bias": True}),
+    # A sliding layer (window 7, shorter than most prompts) then a full one, each with its own
+    # rope (the full layers' scaled), a query scalar that is not head_dim, capped logits.
+    "gemma3": (
+        "Gemma3TextConfig",
+        {
+            "head_dim": 16,
+            "sliding_window": 7,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "query_pre_attn_scalar": 24,
+            "final_logit_softcapping": 3.0,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        },
+    ),
 }
 
 
@@ -68,11 +84,14 @@ def model_config(hf: Any) -> ModelConfig:
 
 def _randomize_biases(model: torch.nn.Module) -> None:
     # transformers initializes biases to zero, which would hide a bias that is never loaded
-    # (or loaded into the wrong shard of a merged projection).
+    # (or loaded into the wrong shard of a merged projection), and norms to a constant, which
+    # would hide a norm loaded into the wrong place or scaled the wrong way (Gemma's 1 + w).
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(".bias"):
                 param.normal_(0.0, 0.1)
+            elif name.endswith("norm.weight"):
+                param.add_(torch.randn_like(param), alpha=0.1)
 
 
 class Family:
@@ -264,7 +283,7 @@ def test_unknown_architecture_lists_supported() -> None:
         resolve_model_class(["GPT2LMHeadModel"])
     assert "GPT2LMHeadModel" in str(info.value)
     assert set(MODEL_REGISTRY) == set(SUPPORTED_ARCHITECTURES)
-    # One class runs every family: the differences live in ModelConfig.
+    # One class runs the Llama-shaped families: the differences live in ModelConfig.
     assert resolve_model_class(["GPT2LMHeadModel", "Qwen2ForCausalLM"]) is LlamaForCausalLM
 
 

@@ -34,6 +34,7 @@ GGUF_ARCHITECTURES: Mapping[str, str] = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
 _FILE_TYPE_DTYPES = {0: "float32", 1: "float16", 32: "bfloat16"}  # general.file_type
 _GLOBAL_TENSORS = {
@@ -54,6 +55,20 @@ _LAYER_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+#: Per architecture, layer tensors named otherwise: Gemma's ``ffn_norm`` is the norm before the
+#: MLP, and it has a norm after each block besides.
+_ARCH_LAYER_TENSORS: Mapping[str, Mapping[str, str]] = {
+    "gemma3": {
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_attention_norm": "post_attention_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+}
+#: Architectures whose norms scale by ``1 + w``: llama.cpp's converter stores ``w + 1``.
+_OFFSET_NORM_ARCHITECTURES = frozenset(["gemma3"])
+#: llama.cpp's Gemma 3 layout: every sixth layer attends globally, the others within the window.
+_GEMMA3_SLIDING_WINDOW_PATTERN = 6
+_GEMMA_END_OF_TURN = "<end_of_turn>"
 #: Types stored as plain floats (no quantization to keep).
 _DENSE_TYPES = frozenset(["F32", "F16", "BF16", "F64"])
 #: A tensor's rows: a dense array, or a quantized tensor (whose rows reorder the same way).
@@ -70,6 +85,7 @@ class GGUFCheckpoint(ModelSource):
     def __init__(self, path: Path, file: GGUFFile, **fields: Any) -> None:
         super().__init__(path, **fields)
         self._file = file
+        self._arch = str(file.metadata.get("general.architecture"))
 
     @classmethod
     def open(cls, path: Path) -> GGUFCheckpoint:
@@ -124,7 +140,7 @@ class GGUFCheckpoint(ModelSource):
         with progress_bar(len(tensors), "Loading weights") as tick:
             for tensor in tensors:
                 tick()
-                name = hf_tensor_name(tensor.name)
+                name = hf_tensor_name(tensor.name, self._arch)
                 if name is None:  # known and unused (warned about at open where it matters)
                     continue
                 kind = GGMLQuantizationType(tensor.ggml_type)
@@ -137,6 +153,8 @@ class GGUFCheckpoint(ModelSource):
                 if columns is not None:
                     array = array[:, columns]
                 array = self._unpermuted(tensor, array)
+                if self._arch in _OFFSET_NORM_ARCHITECTURES and name.endswith("norm.weight"):
+                    array = array - 1.0  # back to transformers' offset from one
                 if not array.flags.writeable:  # F32 comes back as a view of the memory map
                     array = array.copy()
                 weight = torch.from_numpy(array)
@@ -218,8 +236,9 @@ def _blocks(data: np.ndarray[Any, Any], ggml_type: int) -> GgmlBlocks:
     return GgmlBlocks(rows, ggml_type, data.shape[1] // size * values)
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """The transformers name of a GGUF tensor, or None for one ferrollm ignores.
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The transformers name of a GGUF tensor of a ``general.architecture`` ``arch`` file, or
+    None for one ferrollm ignores.
 
     Raises ValueError for a tensor it does not know, rather than load a model without it.
     """
@@ -229,9 +248,10 @@ def hf_tensor_name(gguf_name: str) -> str | None:
     if stem in _GLOBAL_TENSORS:
         return f"{_GLOBAL_TENSORS[stem]}.{suffix}"
     match = _LAYER_NAME.fullmatch(gguf_name)
-    if match is None or match[2] not in _LAYER_TENSORS:
+    names = {**_LAYER_TENSORS, **_ARCH_LAYER_TENSORS.get(arch, {})}
+    if match is None or match[2] not in names:
         raise ValueError(f"GGUF tensor {gguf_name!r} has no known transformers name")
-    return f"model.layers.{match[1]}.{_LAYER_TENSORS[match[2]]}.{match[3]}"
+    return f"model.layers.{match[1]}.{names[match[2]]}.{match[3]}"
 
 
 def _reverse_permute(array: _Rows, num_heads: int) -> _Rows:
@@ -284,6 +304,27 @@ def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: Sequence[str]) ->
         "eos_token_id": _eos_token_ids(meta),
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
         "dtype": _FILE_TYPE_DTYPES.get(int(meta.get("general.file_type", -1))),
+        **(_gemma3_fields(meta, int(head_dim or 0)) if arch == "gemma3" else {}),
+    }
+
+
+def _gemma3_fields(meta: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
+    """What a Gemma 3 file leaves implicit, as llama.cpp reads it: the window's layout (every
+    sixth layer global) and the query scale (``head_dim``, but hidden / heads in the 62-layer
+    27B, whose head_dim is not that)."""
+    num_layers = int(meta["gemma3.block_count"])
+    scalar = head_dim
+    if num_layers == 62:
+        scalar = int(meta["gemma3.embedding_length"]) // int(meta["gemma3.attention.head_count"])
+    tokens = meta["tokenizer.ggml.tokens"]
+    end_of_turn = [tokens.index(_GEMMA_END_OF_TURN)] if _GEMMA_END_OF_TURN in tokens else []
+    return {
+        # Instruction-tuned turns end in <end_of_turn>, which the file does not name as eos
+        # (transformers' generation_config.json lists both).
+        "eos_token_id": _eos_token_ids(meta) + end_of_turn,
+        "sliding_window": int(meta["gemma3.attention.sliding_window"]),
+        "sliding_window_pattern": _GEMMA3_SLIDING_WINDOW_PATTERN,
+        "query_pre_attn_scalar": scalar,
     }
 
 

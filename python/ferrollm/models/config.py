@@ -13,9 +13,14 @@ from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any
 
-
-class UnsupportedModelError(ValueError):
-    """A checkpoint names an architecture (or a feature of one) that ferrollm cannot run."""
+from ferrollm.models.config_fields import (
+    UnsupportedModelError as UnsupportedModelError,  # re-exported: where callers look
+)
+from ferrollm.models.config_fields import (
+    float_field,
+    int_field,
+    optional_int_field,
+)
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,10 @@ class ArchitectureInfo:
     #: transformers' defaults, used when config.json omits the key.
     default_max_position_embeddings: int
     default_head_dim: int | None  # None: hidden_size // num_attention_heads
+    #: MLP activations it runs (``hidden_act``, or Gemma's ``hidden_activation``).
+    activations: tuple[str, ...] = ("silu",)
+    #: transformers' default ``sliding_window`` when a family's config.json omits it.
+    default_sliding_window: int | None = None
 
 
 #: Every architecture (``config.json`` ``architectures``) ferrollm runs: the one list of them.
@@ -45,6 +54,11 @@ SUPPORTED_ARCHITECTURES: Mapping[str, ArchitectureInfo] = MappingProxyType(
         "MistralForCausalLM": ArchitectureInfo("mistral", False, False, False, False, 131072, None),
         "Qwen2ForCausalLM": ArchitectureInfo("qwen2", True, False, False, False, 32768, None),
         "Qwen3ForCausalLM": ArchitectureInfo("qwen3", None, None, False, True, 32768, 128),
+        # Gemma 3 text: (1 + w) norms around both blocks, sqrt(hidden)-scaled embeddings,
+        # q/k norm, interleaved sliding and full layers with their own rope (models/gemma.py).
+        "Gemma3ForCausalLM": ArchitectureInfo(
+            "gemma3_text", None, None, False, True, 131072, 256, ("gelu_pytorch_tanh",), 4096
+        ),
     }
 )
 
@@ -118,6 +132,18 @@ class ModelConfig:
     pad_token_id: int | None
     #: the checkpoint's own float dtype name ("bfloat16", ...), None when unknown or quantized.
     dtype: str | None
+    #: the MLP's activation (a key of ``ferrollm.layers.activation.ACTIVATIONS``).
+    hidden_act: str = "silu"
+    #: each layer's attention window (None: full) where layers differ (Gemma's interleave);
+    #: None when every layer uses ``sliding_window``.
+    layer_windows: tuple[int | None, ...] | None = None
+    #: the rope of the windowed layers of ``layer_windows`` (Gemma's local base frequency).
+    local_rope_theta: float | None = None
+    local_rope_scaling: RopeScaling | None = None
+    #: attention scale ``query_pre_attn_scalar ** -0.5`` (Gemma); None: ``head_dim ** -0.5``.
+    query_pre_attn_scalar: float | None = None
+    #: logits become ``cap * tanh(logits / cap)`` (Gemma 2 and some Gemma 3 configs).
+    final_logit_softcapping: float | None = None
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -135,28 +161,31 @@ class ModelConfig:
         """
         architecture = _architecture(config)
         info = SUPPORTED_ARCHITECTURES[architecture]
-        hidden_size = _int(config, "hidden_size")
-        num_heads = _int(config, "num_attention_heads")
-        num_kv_heads = _int(config, "num_key_value_heads", default=num_heads)
+        hidden_size = int_field(config, "hidden_size")
+        num_heads = int_field(config, "num_attention_heads")
+        num_kv_heads = int_field(config, "num_key_value_heads", default=num_heads)
         _check_heads(num_heads, num_kv_heads)
-        _check_activation(config)
         attention_bias, o_proj_bias, mlp_bias = _biases(config, info)
+        num_layers = int_field(config, "num_hidden_layers")
+        layer_windows = _layer_windows(config, info, num_layers)
+        local_rope = _local_rope_parameters(config) if layer_windows else None
+        _check_softcap(config)
         return cls(
             architecture=architecture,
             model_type=info.model_type,
-            vocab_size=_int(config, "vocab_size"),
+            vocab_size=int_field(config, "vocab_size"),
             hidden_size=hidden_size,
-            intermediate_size=_int(config, "intermediate_size"),
-            num_hidden_layers=_int(config, "num_hidden_layers"),
+            intermediate_size=int_field(config, "intermediate_size"),
+            num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
             num_key_value_heads=num_kv_heads,
-            head_dim=_int(
+            head_dim=int_field(
                 config, "head_dim", default=info.default_head_dim or hidden_size // num_heads
             ),
-            rms_norm_eps=_float(config, "rms_norm_eps", default=1e-6),
-            rope_theta=_rope_theta(config),
-            rope_scaling=_rope_scaling(config),
-            max_position_embeddings=_int(
+            rms_norm_eps=float_field(config, "rms_norm_eps", default=1e-6),
+            rope_theta=_rope_theta(config, _rope_parameters(config, "full_attention")),
+            rope_scaling=_rope_scaling(_rope_parameters(config, "full_attention")),
+            max_position_embeddings=int_field(
                 config, "max_position_embeddings", default=info.default_max_position_embeddings
             ),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
@@ -164,11 +193,17 @@ class ModelConfig:
             o_proj_bias=o_proj_bias,
             mlp_bias=mlp_bias,
             qk_norm=info.qk_norm,
-            sliding_window=_sliding_window(config, info.model_type),
-            bos_token_id=_optional_int(config, "bos_token_id"),
+            sliding_window=None if layer_windows else _sliding_window(config, info.model_type),
+            bos_token_id=optional_int_field(config, "bos_token_id"),
             eos_token_ids=_eos_token_ids(config, generation_config or {}),
-            pad_token_id=_optional_int(config, "pad_token_id"),
+            pad_token_id=optional_int_field(config, "pad_token_id"),
             dtype=_dtype_name(config),
+            hidden_act=_activation(config, info),
+            layer_windows=layer_windows,
+            local_rope_theta=None if local_rope is None else _rope_theta({}, local_rope),
+            local_rope_scaling=None if local_rope is None else _rope_scaling(local_rope),
+            query_pre_attn_scalar=_optional_float(config, "query_pre_attn_scalar"),
+            final_logit_softcapping=_optional_float(config, "final_logit_softcapping"),
         )
 
 
@@ -209,34 +244,6 @@ def _biases(config: Mapping[str, Any], info: ArchitectureInfo) -> tuple[bool, bo
     )
 
 
-def _int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
-    value = config.get(key)
-    if value is None:
-        if default is None:
-            raise ValueError(f"config.json: `{key}` is missing")
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"config.json: `{key}` must be a positive integer; got {value!r}")
-    return value
-
-
-def _optional_int(config: Mapping[str, Any], key: str) -> int | None:
-    value = config.get(key)
-    if value is None:
-        return None
-    if isinstance(value, list):  # some configs list several bos/pad ids; the first is canonical
-        value = value[0] if value else None
-        return None if value is None else int(value)
-    return int(value)
-
-
-def _float(config: Mapping[str, Any], key: str, default: float) -> float:
-    value = config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"config.json: `{key}` must be a positive number; got {value!r}")
-    return float(value)
-
-
 def _check_heads(num_heads: int, num_kv_heads: int) -> None:
     if num_heads % num_kv_heads:
         raise ValueError(
@@ -245,27 +252,59 @@ def _check_heads(num_heads: int, num_kv_heads: int) -> None:
         )
 
 
-def _check_activation(config: Mapping[str, Any]) -> None:
-    act = config.get("hidden_act", "silu")
-    if act != "silu":
-        raise UnsupportedModelError(f"config.json: `hidden_act` must be 'silu'; got {act!r}")
+def _activation(config: Mapping[str, Any], info: ArchitectureInfo) -> str:
+    act = config.get("hidden_activation") or config.get("hidden_act") or info.activations[0]
+    if act not in info.activations:
+        raise UnsupportedModelError(
+            f"config.json: `hidden_act` must be {' or '.join(map(repr, info.activations))} "
+            f"for {info.model_type}; got {act!r}"
+        )
+    return str(act)
 
 
-def _rope_parameters(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    # transformers >= 5 writes `rope_parameters` (theta inside); older ones `rope_scaling`.
+def _optional_float(config: Mapping[str, Any], key: str) -> float | None:
+    return None if config.get(key) is None else float_field(config, key, default=1.0)
+
+
+def _check_softcap(config: Mapping[str, Any]) -> None:
+    if config.get("attn_logit_softcapping") is not None:
+        raise UnsupportedModelError(
+            "config.json: `attn_logit_softcapping` (Gemma 2's capped attention scores) is not "
+            "supported"
+        )
+
+
+def _rope_parameters(config: Mapping[str, Any], layer_type: str) -> Mapping[str, Any]:
+    """The rope parameters of ``layer_type`` layers: transformers >= 5 writes
+    ``rope_parameters`` (theta inside; keyed by layer type where types differ, as Gemma 3's
+    ``full_attention`` / ``sliding_attention``); older ones a flat ``rope_scaling``."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if not isinstance(params, Mapping):
         raise ValueError(f"config.json: `rope_parameters` must be an object; got {params!r}")
+    if layer_type in params:
+        params = params[layer_type] or {}
+        if not isinstance(params, Mapping):
+            raise ValueError(
+                f"config.json: `rope_parameters.{layer_type}` must be an object; got {params!r}"
+            )
     return params
 
 
-def _rope_theta(config: Mapping[str, Any]) -> float:
-    theta = config.get("rope_theta", _rope_parameters(config).get("rope_theta", 10000.0))
-    return _float({"rope_theta": theta}, "rope_theta", default=10000.0)
+def _local_rope_parameters(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The sliding layers' rope: their own entry of ``rope_parameters``, else (older configs,
+    whose ``rope_scaling`` is the full layers') plain rope at ``rope_local_base_freq``."""
+    params = config.get("rope_parameters") or {}
+    if isinstance(params, Mapping) and "sliding_attention" in params:
+        return _rope_parameters(config, "sliding_attention")
+    return {"rope_theta": config.get("rope_local_base_freq", 10000.0)}
 
 
-def _rope_scaling(config: Mapping[str, Any]) -> RopeScaling | None:
-    params = _rope_parameters(config)
+def _rope_theta(config: Mapping[str, Any], params: Mapping[str, Any]) -> float:
+    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+    return float_field({"rope_theta": theta}, "rope_theta", default=10000.0)
+
+
+def _rope_scaling(params: Mapping[str, Any]) -> RopeScaling | None:
     rope_type = params.get("rope_type") or params.get("type") or "default"
     if rope_type == "default":
         return None
@@ -274,16 +313,46 @@ def _rope_scaling(config: Mapping[str, Any]) -> RopeScaling | None:
             f"config.json: rope scaling type {rope_type!r} is not supported; "
             f"supported: {', '.join(SUPPORTED_ROPE_TYPES)} (or none)"
         )
-    factor = _float(params, "factor", default=1.0)
+    factor = float_field(params, "factor", default=1.0)
     if rope_type == "linear":
         return RopeScaling("linear", factor)
     return RopeScaling(
         "llama3",
         factor,
-        low_freq_factor=_float(params, "low_freq_factor", default=1.0),
-        high_freq_factor=_float(params, "high_freq_factor", default=4.0),
-        original_max_position_embeddings=_int(params, "original_max_position_embeddings"),
+        low_freq_factor=float_field(params, "low_freq_factor", default=1.0),
+        high_freq_factor=float_field(params, "high_freq_factor", default=4.0),
+        original_max_position_embeddings=int_field(params, "original_max_position_embeddings"),
     )
+
+
+def _layer_windows(
+    config: Mapping[str, Any], info: ArchitectureInfo, num_layers: int
+) -> tuple[int | None, ...] | None:
+    """Per-layer windows of a family that interleaves sliding and full layers (Gemma 3), from
+    ``layer_types`` or the older ``sliding_window_pattern`` (every n-th layer full); None
+    for the other families."""
+    if info.default_sliding_window is None:
+        return None
+    window = int_field(config, "sliding_window", default=info.default_sliding_window)
+    types = config.get("layer_types")
+    if types is None:
+        pattern = int_field(config, "sliding_window_pattern", default=6)
+        types = [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+            for i in range(num_layers)
+        ]
+    if not isinstance(types, list) or len(types) != num_layers:
+        raise ValueError(
+            f"config.json: `layer_types` must list one type per layer ({num_layers}); got {types!r}"
+        )
+    known = {"full_attention": None, "sliding_attention": window}
+    unknown = sorted({str(t) for t in types} - set(known))
+    if unknown:
+        raise UnsupportedModelError(
+            f"config.json: `layer_types` {unknown} are not supported; "
+            "supported: full_attention, sliding_attention"
+        )
+    return tuple(known[t] for t in types)
 
 
 def _sliding_window(config: Mapping[str, Any], model_type: str) -> int | None:

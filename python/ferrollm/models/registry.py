@@ -10,13 +10,18 @@ import torch
 
 from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.models.config import SUPPORTED_ARCHITECTURES, resolve_architecture
-from ferrollm.models.llama import LlamaConfigLike, LlamaForCausalLM
+from ferrollm.models.gemma import GemmaConfigLike, GemmaForCausalLM
+from ferrollm.models.llama import LlamaForCausalLM
 
-#: Architecture name -> model class, derived from ``SUPPORTED_ARCHITECTURES`` (the one list of
-#: architectures). Every one runs on ``LlamaForCausalLM``: what sets the families apart (biases,
-#: q/k norm, sliding window, tied embeddings) is resolved into ``ModelConfig``, not into classes.
+#: Architectures with a model class of their own; every other one in ``SUPPORTED_ARCHITECTURES``
+#: runs on ``LlamaForCausalLM``, what sets those families apart (biases, q/k norm, sliding
+#: window, tied embeddings) resolved into ``ModelConfig``, not into classes.
+_OWN_CLASSES: Mapping[str, type[LlamaForCausalLM]] = {"Gemma3ForCausalLM": GemmaForCausalLM}
+
+#: Architecture name -> model class, for every name of ``SUPPORTED_ARCHITECTURES`` (the one
+#: list of architectures).
 MODEL_REGISTRY: Mapping[str, type[LlamaForCausalLM]] = MappingProxyType(
-    dict.fromkeys(SUPPORTED_ARCHITECTURES, LlamaForCausalLM)
+    {name: _OWN_CLASSES.get(name, LlamaForCausalLM) for name in SUPPORTED_ARCHITECTURES}
 )
 
 
@@ -28,7 +33,7 @@ def resolve_model_class(architectures: str | Sequence[str]) -> type[LlamaForCaus
     return MODEL_REGISTRY[resolve_architecture(architectures)]
 
 
-class ModelConfigLike(LlamaConfigLike, Protocol):
+class ModelConfigLike(GemmaConfigLike, Protocol):
     """A model config that also names its architecture."""
 
     @property
