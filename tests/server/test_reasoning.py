@@ -185,12 +185,14 @@ class Script:
     def __init__(self, server: Server) -> None:
         self.pieces: list[str] = []
         self.prompts: list[str] = []
+        self.grammars: list[Any] = []
         self._server = server
 
     async def generate(self, request: Any, client_id: str | None = None) -> AsyncIterator[Any]:
         tokenizer = self._server.tokenizer
         prompt_ids = [int(i) for i in request.prompt_token_ids]
         self.prompts.append(tokenizer.decode(prompt_ids, False))
+        self.grammars.append(request.grammar)
         seq = SequenceState(0)
         for i, piece in enumerate(self.pieces):
             ids = tokenizer.encode(piece, False)
@@ -327,3 +329,23 @@ def test_no_split_when_the_server_says_none(thinking: tuple[Server, Script]) -> 
     message = server.run(go()).choices[0].message
     assert message.content == "".join(THOUGHT)
     assert getattr(message, "reasoning_content", None) is None
+
+
+def test_structured_output_holds_the_answer_after_the_reasoning(
+    thinking: tuple[Server, Script],
+) -> None:
+    server, script = thinking
+    script.pieces = ["<think>free</think>\n", '{"a": 1}']
+    body = {"model": MODEL, "messages": MESSAGES, "response_format": {"type": "json_object"}}
+    response = server.post(ROUTE_PATHS["chat"], body)
+    assert response.status_code == 200, response.text
+    grammar = script.grammars[-1]
+    encode = server.tokenizer.encode
+    for text, takes in [
+        ('<think>any {[ text</think>\n\n{"a": 1}', True),
+        ('{"a": 1}', True),  # thinking off: the answer at once
+        ("<think>any</think>\nnot JSON", False),
+        ("not JSON", False),
+    ]:
+        ids = encode(text, False)
+        assert (grammar.check_tokens(ids) == (len(ids), True)) is takes, text
