@@ -18,6 +18,7 @@ import pytest
 from server_harness import MODEL, ROUTE_PATHS, Server, sse_json
 
 from ferrollm._core import Detokenizer, GrammarCompiler
+from ferrollm.config import EngineConfigError
 from ferrollm.engine import CompletionOutput, RequestOutput
 from ferrollm.engine.outputs import SequenceState
 from ferrollm.reasoning import (
@@ -349,3 +350,9 @@ def test_structured_output_holds_the_answer_after_the_reasoning(
     ]:
         ids = encode(text, False)
         assert (grammar.check_tokens(ids) == (len(ids), True)) is takes, text
+
+
+def test_an_unknown_parser_is_refused_naming_the_option() -> None:
+    with pytest.raises(EngineConfigError) as info:
+        ServerConfig(reasoning_parser="qwen")
+    assert info.value.field == "reasoning_parser"
