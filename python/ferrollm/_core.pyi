@@ -428,6 +428,10 @@ class ValidRequest:
         ``name`` and ``tool_call_id`` when given, tool-call ``arguments`` as objects (a string
         that is not JSON stays a string); empty without messages."""
     @property
+    def chat_template_kwargs(self) -> dict[str, Any] | None:
+        """vLLM's ``chat_template_kwargs`` on chat (keyword arguments for the chat template,
+        e.g. ``enable_thinking``), or None."""
+    @property
     def instruction(self) -> str | None:
         """The Databricks embeddings ``instruction`` (prepended to every input), or None."""
     @property

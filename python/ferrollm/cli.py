@@ -88,6 +88,12 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
         str,
         "tool calls: auto (from the chat template), none, hermes, llama3_json, mistral or chatglm3",
     ),
+    "--reasoning-parser": (
+        "reasoning_parser",
+        str,
+        "<think> text as reasoning_content: auto (from the chat template), none, deepseek_r1 "
+        "or qwen3",
+    ),
     "--drain-timeout": ("drain_timeout", float, "seconds in-flight requests get after SIGTERM"),
     "--body-read-timeout": (
         "body_read_timeout",

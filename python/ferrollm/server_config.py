@@ -18,6 +18,7 @@ from ferrollm.config import (
     parse_bytes,
     positive_int,
 )
+from ferrollm.reasoning import REASONING_PARSERS
 
 #: The default limit on a request body (docs/api/common.md#request-bodies: 413 past it).
 DEFAULT_MAX_BODY_BYTES = 16 * 1024**2
@@ -84,6 +85,10 @@ class ServerConfig:
     #: How tool calls are written and parsed: a family, "auto" (detected from the chat
     #: template) or "none" (requests with tools are refused unless ``tool_choice`` is "none").
     tool_call_parser: str = "auto"
+    #: How a thinking model's ``<think>`` text is split into ``reasoning_content`` on
+    #: ``/v1/chat/completions``: "deepseek_r1", "qwen3", "auto" (from the chat template) or
+    #: "none" (ferrollm.reasoning).
+    reasoning_parser: str = "auto"
     #: ``Host`` header values (the name, without the port; case-insensitive) the server
     #: answers to; any other gets 400. Empty (the default) = any host (no DNS-rebinding
     #: protection: put the names the server is reached by here when that matters).
@@ -110,6 +115,7 @@ class ServerConfig:
             if getattr(self, option) is not None:
                 positive_int(option, getattr(self, option))
         one_of("tool_call_parser", self.tool_call_parser, TOOL_CALL_PARSERS)
+        one_of("reasoning_parser", self.reasoning_parser, REASONING_PARSERS)
         one_of("text_offset_mode", self.text_offset_mode, TEXT_OFFSET_MODES)
         for option in ("full_text", "strict_model_name"):
             if not isinstance(getattr(self, option), bool):

@@ -138,6 +138,12 @@ impl PyValidRequest {
     fn response_format<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.member_py(py, "response_format")
     }
+    /// vLLM's `chat_template_kwargs` (an object: keyword arguments for the chat template),
+    /// or None.
+    #[getter]
+    fn chat_template_kwargs<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.member_py(py, "chat_template_kwargs")
+    }
     /// Databricks embeddings `instruction` (prepended to every input), or None.
     #[getter]
     fn instruction(&self) -> Option<&str> {

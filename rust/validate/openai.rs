@@ -112,6 +112,8 @@ pub(super) fn chat(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let names = tools(o.field("tools"), Flavor::MindIE, None)?;
     tool_choice(o.field("tool_choice"), &names)?;
     response_format(o.field("response_format"))?;
+    // vLLM's extra: keyword arguments for the chat template (`enable_thinking`), an object.
+    o.field("chat_template_kwargs").obj()?;
     let rules = V1Rules {
         min_seed: 0,
         top_p: UNIT_OPEN,

@@ -9,13 +9,23 @@ from __future__ import annotations
 import asyncio
 
 from ferrollm._core import CompiledGrammar, ValidRequest
+from ferrollm.reasoning import ReasoningPlan
 from ferrollm.server.context import ServerContext
 
 
-async def compiled_grammar(ctx: ServerContext, valid: ValidRequest) -> CompiledGrammar | None:
-    """The compiled grammar ``valid`` asks for, or None."""
+async def compiled_grammar(
+    ctx: ServerContext, valid: ValidRequest, reasoning: ReasoningPlan | None = None
+) -> CompiledGrammar | None:
+    """The compiled grammar ``valid`` asks for, or None; with ``reasoning`` it holds only the
+    answer after the reasoning (docs/api/openai.md#reasoning)."""
     if valid.grammar is None:
         return None
     kind, text, field = valid.grammar
     compiler = ctx.generator.grammar_compiler
-    return await asyncio.to_thread(compiler.compile, kind, text, field)
+
+    def compiled() -> CompiledGrammar:
+        if reasoning is None:
+            return compiler.compile(kind, text, field)
+        return compiler.compile("lark", reasoning.answer_grammar(kind, text), field)
+
+    return await asyncio.to_thread(compiled)

@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 from ferrollm._core import CompiledGrammar, ValidRequest
 from ferrollm.engine import CompletionOutput
+from ferrollm.reasoning import ReasoningPlan
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import bad_request
 from ferrollm.server.protocol.openai import (
@@ -23,6 +24,7 @@ from ferrollm.server.protocol.openai import (
     ResponseMessage,
     ToolCall,
 )
+from ferrollm.server.reasoning import reasoning_plan
 from ferrollm.server.render import Outcome, Renderer
 from ferrollm.server.routes.common import run_sized
 from ferrollm.server.structured import compiled_grammar
@@ -39,11 +41,13 @@ from ferrollm.tools import (
 
 @dataclass
 class ChatPrompt:
-    """A chat request's prompt tokens, its grammar, and its tool plan (None: no tool calls)."""
+    """A chat request's prompt tokens, its grammar, its tool plan (None: no tool calls) and
+    how its outputs split reasoning from content (None: they do not)."""
 
     token_ids: list[int]
     grammar: CompiledGrammar | None
     tools: ToolPlan | None
+    reasoning: ReasoningPlan | None = None
 
 
 def tool_parser(ctx: ServerContext) -> str | None:
@@ -53,20 +57,33 @@ def tool_parser(ctx: ServerContext) -> str | None:
 
 
 async def chat_prompt(ctx: ServerContext, valid: ValidRequest, size: int) -> ChatPrompt:
-    """Render and tokenize ``valid``'s messages (with its tools), and compile its grammar; a
-    body of ``size`` bytes over the off-loop bound is rendered on a worker thread (a huge tool
-    schema goes through the tool plan and the template)."""
-    ids, plan = await run_sized(size, _rendered, ctx, valid)
+    """Render and tokenize ``valid``'s messages (with its tools and its
+    ``chat_template_kwargs``), and compile its grammar, which holds the answer after any
+    reasoning (docs/api/openai.md#reasoning); a body of ``size`` bytes over the off-loop bound
+    is rendered on a worker thread (a huge tool schema goes through the tool plan and the
+    template)."""
+    ids, plan, prompt = await run_sized(size, _rendered, ctx, valid)
+    reasoning = reasoning_plan(ctx, prompt)
     if plan is None:
-        return ChatPrompt(ids, await compiled_grammar(ctx, valid), None)
+        return ChatPrompt(ids, await compiled_grammar(ctx, valid, reasoning), None, reasoning)
     compiler = ctx.generator.grammar_compiler
+
+    def tools_grammar() -> CompiledGrammar:
+        text = plan.grammar()
+        if reasoning is not None:
+            text = reasoning.answer_grammar("lark", text)
+        return compiler.compile("lark", text, "tools")
+
     # The grammar's text holds every tool's schema: it is written on the worker thread too.
-    grammar = await asyncio.to_thread(lambda: compiler.compile("lark", plan.grammar(), "tools"))
-    return ChatPrompt(ids, grammar, plan)
+    return ChatPrompt(ids, await asyncio.to_thread(tools_grammar), plan, reasoning)
 
 
-def _rendered(ctx: ServerContext, valid: ValidRequest) -> tuple[list[int], ToolPlan | None]:
-    """The prompt's token ids and the tool plan (None: no tool calls)."""
+#: Template variables the chat route sets itself: ``chat_template_kwargs`` may not name them.
+_RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "documents")
+
+
+def _rendered(ctx: ServerContext, valid: ValidRequest) -> tuple[list[int], ToolPlan | None, str]:
+    """The prompt's token ids, the tool plan (None: no tool calls) and the prompt's text."""
     tokenizer = ctx.tokenizer
     parser = tool_parser(ctx)
     template = tokenizer.chat_template.source if tokenizer.chat_template else None
@@ -81,27 +98,46 @@ def _rendered(ctx: ServerContext, valid: ValidRequest) -> tuple[list[int], ToolP
     if plan is not None:
         messages = plan.prompt_messages(messages)
         tools = plan.template_tools()
-    return tokenizer.encode_chat(messages, tools), plan
+    kwargs = valid.chat_template_kwargs or {}
+    for key in _RESERVED_TEMPLATE_KWARGS:
+        if key in kwargs:
+            raise bad_request(
+                f"`chat_template_kwargs.{key}` is set by the server; leave it out",
+                param=f"chat_template_kwargs.{key}",
+            )
+    text = tokenizer.apply_chat_template(messages, tools, **kwargs)
+    # No special tokens are added: the template writes its own BOS (as transformers does).
+    return tokenizer.encode(text, add_special_tokens=False), plan, text
 
 
 def response_message(
-    render: Renderer, plan: ToolPlan | None, c: CompletionOutput, outcome: Outcome
+    render: Renderer,
+    plan: ToolPlan | None,
+    reasoning: ReasoningPlan | None,
+    c: CompletionOutput,
+    outcome: Outcome,
 ) -> tuple[ResponseMessage, str | None]:
-    """Sequence ``c``'s message and finish reason: its calls when it made any (with the
-    content ``render``'s API gives a message of only calls;
+    """Sequence ``c``'s message and finish reason: its reasoning split out first (when
+    ``reasoning`` is given), then its calls read from the content after it when it made any
+    (with the content ``render``'s API gives a message of only calls;
     docs/decisions.md#content-beside-tool-calls), else its text."""
     reason = render.finish_reason(outcome)
-    if plan is None:
-        return ResponseMessage(c.text, tool_calls=render.no_tool_calls), reason
+    text: str | None = c.text
+    thought: str | UnsetType | None = UNSET
+    if reasoning is not None:
+        thought, text = reasoning.split(c.text)
+    message = ResponseMessage(text, tool_calls=render.no_tool_calls, reasoning_content=thought)
+    if plan is None or text is None:
+        return message, reason
     stream = plan.stream()
-    stream.feed(c.text, final=True)
+    stream.feed(text, final=True)
     parsed = stream.result()
     if parsed is None or not parsed[1]:
-        return ResponseMessage(c.text, tool_calls=render.no_tool_calls), reason
+        return message, reason
     content, calls = parsed
-    text = content if content.strip() else render.calls_only_content
-    tool_calls = [ToolCall(t.id, FunctionCall(t.name, t.arguments)) for t in calls]
-    return ResponseMessage(text, tool_calls=tool_calls), _calls_reason(reason)
+    message.content = content if content.strip() else render.calls_only_content
+    message.tool_calls = [ToolCall(t.id, FunctionCall(t.name, t.arguments)) for t in calls]
+    return message, _calls_reason(reason)
 
 
 def _calls_reason(reason: str | None) -> str | None:
@@ -118,14 +154,14 @@ class StreamedCalls:
     _streams: dict[int, ToolStream] = field(default_factory=dict)
     _content: dict[int, str] = field(default_factory=dict)
 
-    def delta(self, c: CompletionOutput, cumulative: bool) -> Delta | None:
-        """The delta for ``c``'s new text (None when nothing can be sent yet); ``cumulative``
-        content (MindIE ``fullTextEnabled``) repeats all content so far."""
-        stream = self._streams.setdefault(c.index, self.plan.stream())
-        finished = c.finish_reason is not None
-        piece: ToolDelta = stream.feed(c.new_text, final=finished)
-        content = self._content.get(c.index, "") + piece.content
-        self._content[c.index] = content
+    def delta(self, index: int, new_text: str, finished: bool, cumulative: bool) -> Delta | None:
+        """The delta for sequence ``index``'s ``new_text`` (the text after any reasoning;
+        None when nothing can be sent yet); ``cumulative`` content (MindIE
+        ``fullTextEnabled``) repeats all content so far."""
+        stream = self._streams.setdefault(index, self.plan.stream())
+        piece: ToolDelta = stream.feed(new_text, final=finished)
+        content = self._content.get(index, "") + piece.content
+        self._content[index] = content
         if not piece.content and not piece.calls and not finished:
             return None
         calls = [

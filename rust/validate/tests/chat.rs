@@ -100,6 +100,10 @@ const FIELDS: &[Case] = &[
     ("spaces_between_special_tokens", "null", None),
     ("spaces_between_special_tokens", "2", Some(("spaces_between_special_tokens", WRONG_TYPE))),
     // response_format
+    ("chat_template_kwargs", r#"{"enable_thinking": false}"#, None),
+    ("chat_template_kwargs", "{}", None),
+    ("chat_template_kwargs", r#"["enable_thinking"]"#, Some(("chat_template_kwargs", WRONG_TYPE))),
+    ("chat_template_kwargs", "true", Some(("chat_template_kwargs", WRONG_TYPE))),
     ("response_format", r#"{"type": "text"}"#, None),
     ("response_format", r#"{"type": "json_object"}"#, None),
     ("response_format", r#"{"type": "json_schema", "json_schema": {"name": "o", "schema": {"type": "object"}, "strict": true}}"#, None),

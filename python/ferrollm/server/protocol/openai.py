@@ -93,6 +93,8 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
+    #: vLLM extra: keyword arguments for the chat template (``enable_thinking``).
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -140,6 +142,9 @@ class ResponseMessage(Struct):
     #: The calls the model made (docs/api/openai.md#chat-response: null on the MindIE route when
     #: there are none; left out on Databricks then).
     tool_calls: list[ToolCall] | UnsetType | None = UNSET
+    #: vLLM's: the ``<think>`` text when the server splits reasoning (docs/api/openai.md#reasoning;
+    #: null when the output had none), left out when it does not.
+    reasoning_content: str | UnsetType | None = UNSET
 
 
 class ChatChoice(Struct):
@@ -190,6 +195,8 @@ class Delta(Struct):
     content: str | None
     role: str = "assistant"
     tool_calls: list[DeltaToolCall] | UnsetType = UNSET
+    #: This chunk's piece of the reasoning (docs/api/openai.md#reasoning), left out when none.
+    reasoning_content: str | UnsetType = UNSET
 
 
 class ChatChunkChoice(Struct):

@@ -26,6 +26,9 @@ class Renderer(ABC):
     calls_only_content: str | None = ""
     #: ``tool_calls`` of a message that made none (None, or unset: left out).
     no_tool_calls: Any = None
+    #: Whether chat messages split reasoning out into ``reasoning_content`` (an API whose
+    #: documents have no such field keeps it in the text).
+    splits_reasoning: bool = False
 
     def __init__(self, ctx: ServerContext, *, truncate: bool = False) -> None:
         self.ctx = ctx

@@ -19,6 +19,7 @@ class OpenAIRenderer(Renderer):
     """``/v1/chat/completions`` and ``/v1/completions``."""
 
     timings = True
+    splits_reasoning = True
 
     @property
     def full_text(self) -> bool:

@@ -13,10 +13,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from ferrollm._core import ValidRequest
 from ferrollm.engine import CompletionOutput, RequestOutput
 from ferrollm.engine.request import EngineRequest
+from ferrollm.reasoning import ReasoningPlan
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import to_api_error
 from ferrollm.server.generation import Timing, generate, prime
@@ -29,6 +31,7 @@ from ferrollm.server.protocol.openai import (
     Delta,
     Usage,
 )
+from ferrollm.server.reasoning import StreamedReasoning
 from ferrollm.server.render import OpenAIRenderer, Outcome, Renderer
 from ferrollm.server.routes.common import accept, check_deadline, engine_request, usage_counts
 from ferrollm.server.routes.logprobs import chat_logprobs, vllm_prompt_logprobs
@@ -49,6 +52,8 @@ class _Chat:
     num_prompt_logprobs: int | None = None
     #: The request's tool calling, None when it calls no tools.
     tools: ToolPlan | None = None
+    #: How its outputs split reasoning from content, None when they do not (on this API).
+    reasoning: ReasoningPlan | None = None
 
     def outcome(self, c: CompletionOutput) -> Outcome:
         return Outcome.of(c, self.request.params)
@@ -74,7 +79,10 @@ async def serve_chat(
         keep_special_tokens=prompt.tools is not None and prompt.tools.keeps_special_tokens,
     )
     response_id = render.new_id("chat")
-    chat = _Chat(render, response_id, request.created, req, valid.prompt_logprobs, prompt.tools)
+    reasoning = prompt.reasoning if render.splits_reasoning else None
+    chat = _Chat(
+        render, response_id, request.created, req, valid.prompt_logprobs, prompt.tools, reasoning
+    )
     timing = Timing(req.arrival_time)
     stream = generate(ctx, req, timing)
     if valid.stream:
@@ -91,7 +99,9 @@ def _response(chat: _Chat, out: RequestOutput, timing: Timing) -> ChatCompletion
     render = chat.render
     choices = []
     for c in out.outputs:
-        message, finish_reason = response_message(render, chat.tools, c, chat.outcome(c))
+        message, finish_reason = response_message(
+            render, chat.tools, chat.reasoning, c, chat.outcome(c)
+        )
         logprobs = None if c.logprobs is None else chat_logprobs(c.logprobs)
         choices.append(ChatChoice(c.index, message, logprobs, finish_reason, c.stop_reason))
     response = ChatCompletion(
@@ -121,12 +131,14 @@ async def _events(chat: _Chat, stream: AsyncIterator[RequestOutput]) -> AsyncIte
     (docs/api/common.md#errors-after-a-stream-began)."""
     done: set[int] = set()
     calls = None if chat.tools is None else StreamedCalls(chat.render, chat.tools)
+    thoughts = None if chat.reasoning is None else StreamedReasoning(chat.reasoning)
     try:
         async for out in stream:
             chunks = [
                 chunk
                 for c in out.outputs
-                if c.index not in done and (chunk := _chunk(chat, c, done, calls)) is not None
+                if c.index not in done
+                and (chunk := _chunk(chat, c, done, calls, thoughts)) is not None
             ]
             if out.finished and chunks:
                 _finish(chat, chunks[-1], out)
@@ -143,11 +155,15 @@ async def _events(chat: _Chat, stream: AsyncIterator[RequestOutput]) -> AsyncIte
 
 
 def _chunk(
-    chat: _Chat, c: CompletionOutput, done: set[int], calls: StreamedCalls | None
+    chat: _Chat,
+    c: CompletionOutput,
+    done: set[int],
+    calls: StreamedCalls | None,
+    thoughts: StreamedReasoning | None,
 ) -> ChatCompletionChunk | None:
     """The chunk for sequence ``c``'s progress this step, or None when it has no new text yet
-    (text held back: half a character, a possible stop string, or a possible tool-call start;
-    its logprobs wait with it)."""
+    (text held back: half a character, a possible stop string, a possible reasoning tag or a
+    possible tool-call start; its logprobs wait with it)."""
     finished = c.finish_reason is not None
     if finished:
         done.add(c.index)
@@ -156,16 +172,47 @@ def _chunk(
     logprobs = None
     if c.new_logprobs is not None:
         logprobs = chat_logprobs(c.new_logprobs)
-    full_text = chat.render.full_text
-    if calls is None:
-        delta: Delta | None = Delta(c.text if full_text else c.new_text)
-        finish_reason = chat.render.finish_reason(chat.outcome(c))
-    else:
-        delta = calls.delta(c, full_text)
-        finish_reason = calls.finish_reason(c, chat.outcome(c))
+    delta = _delta(chat, c, calls, thoughts)
     if delta is None:
         return None
+    if calls is None:
+        finish_reason = chat.render.finish_reason(chat.outcome(c))
+    else:
+        finish_reason = calls.finish_reason(c, chat.outcome(c))
     return _new_chunk(chat, ChatChunkChoice(c.index, delta, logprobs, finish_reason))
+
+
+def _delta(
+    chat: _Chat,
+    c: CompletionOutput,
+    calls: StreamedCalls | None,
+    thoughts: StreamedReasoning | None,
+) -> Delta | None:
+    """Sequence ``c``'s delta (None: nothing to send yet): its reasoning split off first, then
+    the content after it read for tool calls. Cumulative (MindIE ``fullTextEnabled``), the
+    reasoning and content so far."""
+    finished = c.finish_reason is not None
+    full_text = chat.render.full_text
+    new_text, total = c.new_text, c.text
+    reasoning: str | UnsetType = UNSET
+    if thoughts is not None:
+        piece = thoughts.feed(c)
+        new_text, total = piece.content, thoughts.total(c.index).content
+        shown = thoughts.total(c.index).reasoning if full_text else piece.reasoning
+        reasoning = shown if piece.reasoning else UNSET
+    if calls is not None:
+        delta = calls.delta(c.index, new_text, finished, full_text)
+        if delta is None and reasoning is UNSET:
+            return None
+        delta = delta or Delta(None)
+    elif new_text or finished:
+        delta = Delta(total if full_text else new_text)
+    elif reasoning is UNSET:
+        return None  # all held back (a possible tag)
+    else:
+        delta = Delta(None)
+    delta.reasoning_content = reasoning
+    return delta
 
 
 def _new_chunk(chat: _Chat, choice: ChatChunkChoice) -> ChatCompletionChunk:
