@@ -20,20 +20,18 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import gguf
 import numpy as np
 import pytest
 import torch
 from gguf import quants
+from quality_support import scores
 
 from ferrollm.config import EngineConfig, EngineConfigError
 from ferrollm.engine.build import load_model
 from ferrollm.executor.gguf_reader import GGUFFile
-from ferrollm.executor.kv_cache import KVCacheSpec
 from ferrollm.executor.loader import load_model_source
-from ferrollm.executor.runner import teacher_forced_scores
 from ferrollm.executor.sizing import resolve_kv_dtype, resolve_quantization
 from ferrollm.layers.ggml_linear import (
     DEQUANTIZE_MIN_ROWS,
@@ -193,16 +191,6 @@ def test_dense_weights_quantize_into_blocks_within_half_a_step(scheme: str) -> N
     # Half a step, plus the float16 rounding of the stored scale and min.
     assert (error <= step[..., None] * 0.5 * 1.01 + 1e-3 * groups.abs().amax(-1)[..., None]).all()
     assert quantize_dense(torch.randn(4, 48), scheme) is None  # K not whole blocks
-
-
-def scores(path: Path, dtype: torch.dtype, quantization: str | None, ids: np.ndarray) -> Any:
-    """Teacher-forced scores with the KV cache dtype the engine picks for this mode."""
-    source = load_model_source(path)
-    model = load_model(source, CPU, dtype, quantization)
-    c = source.config
-    kv_dtype = resolve_kv_dtype(get_platform("cpu"), "auto", dtype, quantization)
-    spec = KVCacheSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, kv_dtype)
-    return model, teacher_forced_scores(model, ids, spec, CPU)
 
 
 def linears(model: torch.nn.Module) -> list[Linear]:
