@@ -22,7 +22,7 @@ GEMMA_TEXTS = [
     "   three leading spaces, and two  inside   here    ",
     "\nnewlines\n\nand\n\n\n\ttabs\t\tmixed \n  in",
     "naïve café résumé Ünïcödé",
-    "你好，世界。日本語のテキスト",
+    "你好\uff0c世界。日本語のテキスト",  # full-width comma
     "emoji 😀👍🏽 and flags 🇫🇷",
     "def f(x):\n    return x ** 2  # 3.14159, 2024-01-01, 1234567",
     "I'm sure they'll say WE'VE won",
