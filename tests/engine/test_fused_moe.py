@@ -16,13 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 from test_model_parity import PROMPTS, Family, run_ours
-from tiny_models import build_tiny_tokenizer
 
 import ferrollm.models.moe as moe_module
 from ferrollm.engine.build import load_model
 from ferrollm.executor.loader import load_model_source
 from ferrollm.layers.fused_moe import Expert, dispatch, expert_counts, select_experts
-from ferrollm.models.registry import build_model
+from tiny_models import build_tiny_tokenizer
 
 HIDDEN = 16
 NUM_EXPERTS = 8
