@@ -58,6 +58,23 @@ TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-bias": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
 }
 
+#: Mixture-of-experts families (same shape as `TINY_FAMILIES`), kept apart so the engine tests
+#: run once per family over `TINY_FAMILIES` do not multiply; `build_tiny_model` builds either.
+MOE_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    # Shared expert; layer 0 dense (every second layer sparse); split features of 64 and 96.
+    "qwen2-moe": (
+        "Qwen2MoeConfig",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 96,
+            "decoder_sparse_step": 2,
+        },
+    ),
+}
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
@@ -112,7 +129,7 @@ def build_tiny_model(
     ``sizes`` overrides `TINY_SIZES` (head counts that divide by 3, say)."""
     import transformers
 
-    class_name, overrides = TINY_FAMILIES[family]
+    class_name, overrides = {**TINY_FAMILIES, **MOE_FAMILIES}[family]
     config = getattr(transformers, class_name)(**{**TINY_SIZES, **(sizes or {}), **overrides})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)

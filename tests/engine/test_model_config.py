@@ -151,3 +151,84 @@ def test_errors_name_the_field(
         config(**changes)
     if error is UnsupportedModelError and "architectures" in changes:
         assert all(name in str(excinfo.value) for name in SUPPORTED_ARCHITECTURES)
+
+
+MIXTRAL = {
+    **BASE,
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+}
+QWEN_MOE = {
+    **BASE,
+    "architectures": ["Qwen2MoeForCausalLM"],
+    "model_type": "qwen2_moe",
+    "num_hidden_layers": 4,
+    "num_experts": 6,
+    "num_experts_per_tok": 4,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 96,
+}
+
+
+def test_dense_families_have_no_experts() -> None:
+    assert config().moe is None
+
+
+def test_mixtral_experts_are_intermediate_size_and_always_renormalised() -> None:
+    c = ModelConfig.from_hf_dict({**MIXTRAL, "norm_topk_prob": False, "sliding_window": 5})
+    assert c.moe is not None
+    assert (c.moe.num_experts, c.moe.num_experts_per_tok) == (8, 2)
+    assert (c.moe.expert_intermediate_size, c.moe.renormalize) == (128, True)
+    assert (c.moe.shared_expert_intermediate_size, c.moe.dense_layers) == (0, ())
+    assert (c.sliding_window, c.attention_bias, c.qk_norm) == (5, False, False)
+
+
+@pytest.mark.parametrize(
+    ("changes", "dense_layers"),
+    [
+        ({}, ()),
+        ({"decoder_sparse_step": 2}, (0, 2)),  # layer i is sparse when (i + 1) % step == 0
+        ({"mlp_only_layers": [1, 3]}, (1, 3)),
+        ({"mlp_only_layers": [0], "decoder_sparse_step": 2}, (0, 2)),
+    ],
+)
+def test_qwen_moe_dense_layers(changes: dict[str, Any], dense_layers: tuple[int, ...]) -> None:
+    c = ModelConfig.from_hf_dict({**QWEN_MOE, **changes})
+    assert c.moe is not None
+    assert c.moe.dense_layers == dense_layers
+    assert (c.moe.expert_intermediate_size, c.moe.shared_expert_intermediate_size) == (32, 96)
+    assert c.moe.renormalize is False
+    assert c.attention_bias and not c.o_proj_bias  # Qwen2's attention
+
+
+def test_qwen3_moe_reads_either_expert_count_and_norm_topk_prob() -> None:
+    qwen3 = {**QWEN_MOE, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}
+    del qwen3["num_experts"]  # transformers 5 writes Mixtral's key for Qwen3-MoE
+    c = ModelConfig.from_hf_dict({**qwen3, "num_local_experts": 5, "norm_topk_prob": True})
+    assert c.moe is not None
+    assert (c.moe.num_experts, c.moe.renormalize, c.moe.shared_expert_intermediate_size) == (
+        5,
+        True,
+        0,
+    )
+    assert c.qk_norm
+
+
+@pytest.mark.parametrize(
+    ("base", "changes", "message"),
+    [
+        (MIXTRAL, {"num_local_experts": None}, "`num_local_experts` is missing"),
+        (MIXTRAL, {"num_experts_per_tok": 9}, r"`num_experts_per_tok` \(9\) must be at most"),
+        (QWEN_MOE, {"moe_intermediate_size": 0}, "`moe_intermediate_size` must be a positive"),
+        (QWEN_MOE, {"shared_expert_intermediate_size": None}, "`shared_expert_intermediate_size`"),
+        (QWEN_MOE, {"mlp_only_layers": [4]}, "`mlp_only_layers` must list layer indices below 4"),
+        (QWEN_MOE, {"use_sliding_window": True, "sliding_window": 8}, "`use_sliding_window`"),
+    ],
+)
+def test_moe_errors_name_the_field(
+    base: dict[str, Any], changes: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_hf_dict({**base, **changes})

@@ -72,6 +72,30 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             },
         },
     ),
+    # Mixture of experts: 8 experts, top-2, so a decode step leaves most experts without rows
+    # and a prefill sends many rows to one expert (tests/engine/test_fused_moe.py).
+    "mixtral": ("MixtralConfig", {"num_local_experts": 8, "num_experts_per_tok": 2}),
+    # Shared expert behind its sigmoid gate; top-k weights not renormalised.
+    "qwen2-moe": (
+        "Qwen2MoeConfig",
+        {
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48,
+        },
+    ),
+    # q/k norm, renormalised top-k, and layer 0 dense (`mlp_only_layers`).
+    "qwen3-moe": (
+        "Qwen3MoeConfig",
+        {
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+            "mlp_only_layers": [0],
+        },
+    ),
 }
 
 
@@ -289,10 +313,12 @@ def test_unknown_architecture_lists_supported() -> None:
 
 def test_model_has_exactly_the_parameters_of_transformers(family: Family) -> None:
     # Biases, q/k norms and the head follow the config: no tensor is missing or extra.
-    expected = set(family.hf.state_dict())
+    # MoE models name each expert's projections where transformers stacks them in 3-D tensors.
+    model = family.model()
+    expected = {name for name, _ in model.checkpoint_tensors(family.hf.state_dict().items())}
     if family.config.tie_word_embeddings:  # the head is the embedding matrix itself
         expected.remove("lm_head.weight")
-    assert sorted(family.model().checkpoint_names()) == sorted(expected)
+    assert sorted(model.checkpoint_names()) == sorted(expected)
 
 
 def test_load_weights_names_bad_tensors(family: Family) -> None:

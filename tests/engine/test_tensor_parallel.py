@@ -11,6 +11,7 @@ are refused with a ValueError naming ``tensor_parallel_size``, before any collec
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from ferrollm.distributed.shard_plan import ShardPlan, TensorSlice
 from ferrollm.distributed.state import ParallelState
 from ferrollm.executor.loader import load_model_source
 from ferrollm.models.llama import LlamaForCausalLM
+from ferrollm.models.moe import expert_slice
+from ferrollm.models.registry import resolve_model_class
 from tiny_models import build_tiny_model, write_tiny_gguf
 
 #: Heads that split three ways (and two ways with the query heads cutting a 32-column block).
@@ -110,6 +113,36 @@ def test_two_ranks_match_one(models: Callable[..., str], tmp_path: Path) -> None
     assert [r["qwen3"]["num_local_kv_heads"] for r in ranks] == [1, 1]
     shared = ("qwen3", "tied", "gguf-q4_0", "gguf-q8-dense")
     _assert_reads_its_share({name: reference[name] for name in shared}, ranks)
+
+
+def test_two_ranks_match_one_for_mixtures_of_experts(
+    models: Callable[..., str], tmp_path: Path
+) -> None:
+    # Every rank holds every expert's half of the features; one reduce per sparse layer.
+    dense = [
+        _case("mixtral", models("mixtral")),  # Mixtral's block_sparse_moe.experts.N.w1 names
+        _case("qwen2-moe", models("qwen2-moe")),  # shared expert, a dense layer between
+    ]
+    quantized = [_case("qwen2-moe-int8", models("qwen2-moe"), "int8")]
+    ranks = run_group(dense + quantized, 2, tmp_path)
+    reference = run_single(dense + quantized)
+    _assert_matches({c["name"]: reference[c["name"]] for c in dense}, ranks, exact=True)
+    _assert_matches({c["name"]: reference[c["name"]] for c in quantized}, ranks, exact=False)
+    _assert_reads_its_share({name: reference[name] for name in ("mixtral", "qwen2-moe")}, ranks)
+
+
+def test_expert_features_that_cannot_split_are_refused(models: Callable[..., str]) -> None:
+    config = load_model_source(models("qwen2-moe")).config
+    assert config.moe is not None
+    config = replace(config, moe=replace(config.moe, expert_intermediate_size=63))
+    model_cls = resolve_model_class(config.architecture)
+    with torch.device("meta"), pytest.raises(ValueError, match="`tensor_parallel_size` 2") as err:
+        model_cls(config, None, ParallelState(1, 2))
+    assert "`experts` intermediate size (63) must divide evenly" in str(err.value)
+    with pytest.raises(ValueError, match="`tensor_parallel_size` 4") as err:
+        expert_slice(64, "experts", ParallelState(1, 4), "int4")
+    assert "`experts.down_proj`: each rank's 16 input columns" in str(err.value)
+    assert expert_slice(64, "experts", ParallelState(1, 4), "int8") == TensorSlice(0, 16, 32)
 
 
 def test_three_ranks_match_one(models: Callable[..., str], tmp_path: Path) -> None:

@@ -114,7 +114,10 @@ def build_compiled_decode(
     supported = isinstance(backend, PagedKernelBackend) and kv_cache.device.type == "cpu"
     # A tensor-parallel shard's forward holds collectives, which are not compiled here.
     sharded = getattr(getattr(model, "parallel", None), "world_size", 1) > 1
-    if mode == "off" or (mode == "auto" and (not supported or sharded or dtype == torch.float32)):
+    # A mixture of experts slices its rows by per-expert counts read back each layer.
+    dynamic = not getattr(model, "compilable", True)
+    skip = not supported or sharded or dynamic or dtype == torch.float32
+    if mode == "off" or (mode == "auto" and skip):
         return None
     if not isinstance(backend, PagedKernelBackend) or not supported:
         raise EngineConfigError(
@@ -123,6 +126,10 @@ def build_compiled_decode(
         )
     if sharded:
         raise EngineConfigError("compile", "`compile` on cannot be used with tensor parallelism")
+    if dynamic:
+        raise EngineConfigError(
+            "compile", "`compile` on cannot run a mixture-of-experts model (data-dependent shapes)"
+        )
     max_blocks = -(-max_model_len // kv_cache.block_size)
     max_rows = min(max_num_seqs, MAX_COMPILED_ROWS)
     if _has_packed_copies(model):

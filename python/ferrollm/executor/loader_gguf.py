@@ -279,6 +279,13 @@ def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: Sequence[str]) ->
     def get(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default)
 
+    if get("expert_count") or any("_exps." in name for name in tensor_names):
+        # llama.cpp's stacked ffn_{gate,up,down}_exps tensors: not read yet (models/moe.py
+        # runs Mixtral / Qwen MoE from safetensors).
+        raise UnsupportedModelError(
+            f"GGUF mixture-of-experts models (`{arch}.expert_count`) are not supported; "
+            "load the safetensors checkpoint instead"
+        )
     num_heads = int(get("attention.head_count"))
     hidden_size = int(get("embedding_length"))
     head_dim = get("attention.key_length") or (

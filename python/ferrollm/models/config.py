@@ -21,6 +21,7 @@ from ferrollm.models.config_fields import (
     int_field,
     optional_int_field,
 )
+from ferrollm.models.moe_config import MoeParams, moe_params
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,12 @@ SUPPORTED_ARCHITECTURES: Mapping[str, ArchitectureInfo] = MappingProxyType(
         "Gemma3ForCausalLM": ArchitectureInfo(
             "gemma3_text", None, None, False, True, 131072, 256, ("gelu_pytorch_tanh",), 4096
         ),
+        # Mixture of experts (models/moe.py): Mistral/Qwen2/Qwen3 attention, routed experts.
+        "MixtralForCausalLM": ArchitectureInfo("mixtral", False, False, False, False, 131072, None),
+        "Qwen2MoeForCausalLM": ArchitectureInfo(
+            "qwen2_moe", True, False, False, False, 32768, None
+        ),
+        "Qwen3MoeForCausalLM": ArchitectureInfo("qwen3_moe", None, None, False, True, 32768, None),
     }
 )
 
@@ -144,6 +151,8 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None
     #: logits become ``cap * tanh(logits / cap)`` (Gemma 2 and some Gemma 3 configs).
     final_logit_softcapping: float | None = None
+    #: the sparse MLP layers' experts and routing (Mixtral, Qwen MoE); None for dense models.
+    moe: MoeParams | None = None
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -204,6 +213,7 @@ class ModelConfig:
             local_rope_scaling=None if local_rope is None else _rope_scaling(local_rope),
             query_pre_attn_scalar=_optional_float(config, "query_pre_attn_scalar"),
             final_logit_softcapping=_optional_float(config, "final_logit_softcapping"),
+            moe=moe_params(config, info.model_type, num_layers),
         )
 
 
@@ -357,9 +367,13 @@ def _layer_windows(
 
 def _sliding_window(config: Mapping[str, Any], model_type: str) -> int | None:
     window = config.get("sliding_window")
-    if model_type == "mistral":
+    if model_type in ("mistral", "mixtral"):
         return None if window is None else int(window)
-    if model_type in ("qwen2", "qwen3") and config.get("use_sliding_window") and window:
+    if (
+        model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+        and config.get("use_sliding_window")
+        and window
+    ):
         # Qwen's window applies only from layer `max_window_layers` on: not implemented.
         raise UnsupportedModelError("config.json: `use_sliding_window` true is not supported")
     return None

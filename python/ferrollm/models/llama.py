@@ -349,7 +349,7 @@ class LlamaForCausalLM(nn.Module):
         routes = self._routes()
         params = dict(self.named_parameters())
         loaded: set[str] = set()
-        for name, tensor in weights:
+        for name, tensor in self.checkpoint_tensors(weights):
             if self._ignored(name):
                 continue
             self._load_one(routes, params, name, tensor)
@@ -358,6 +358,14 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
             raise ValueError(f"checkpoint lacks {len(missing)} tensors the model needs: {shown}")
+
+    def checkpoint_tensors(
+        self, weights: Iterable[tuple[str, Weight]]
+    ) -> Iterable[tuple[str, Weight]]:
+        """The checkpoint's tensors under the names `checkpoint_names` lists: as they are here; a
+        family whose checkpoints name (or stack) tensors otherwise renames them
+        (``ferrollm.models.moe``)."""
+        return weights
 
     def checkpoint_names(self) -> list[str]:
         """The HF tensor names a checkpoint of this model must provide."""
