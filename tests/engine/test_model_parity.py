@@ -47,6 +47,8 @@ LLAMA3_ROPE = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 32,
 }
+GLM_ROPE = {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.5}
+GLM = {"pad_token_id": 0, "rope_parameters": GLM_ROPE}  # the default pad id lies past VOCAB
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama3": ("LlamaConfig", {"rope_parameters": LLAMA3_ROPE}),
     "mistral": ("MistralConfig", {"sliding_window": 7}),
@@ -72,6 +74,12 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             },
         },
     ),
+    # Half of each head rotated in interleaved pairs, q/k/v biases, gate/up saved fused;
+    # head_dim 24 (not hidden / heads) rotates 12 features, a rope of its own base.
+    "glm": ("GlmConfig", {"head_dim": 24, **GLM}),
+    "glm4": ("Glm4Config", {"head_dim": 16, **GLM}),  # + post-block norms
+    # A GlmForCausalLM saved as ChatGLM3's original checkpoint (`to_chatglm`).
+    "chatglm": ("GlmConfig", {"head_dim": 16, **GLM}),
 }
 
 
@@ -94,8 +102,67 @@ def _randomize_biases(model: torch.nn.Module) -> None:
                 param.add_(torch.randn_like(param), alpha=0.1)
 
 
+#: transformers' GLM tensor names -> ChatGLM3's, as the original checkpoints name them.
+CHATGLM_NAMES = {
+    "model.embed_tokens.": "transformer.embedding.word_embeddings.",
+    "model.norm.": "transformer.encoder.final_layernorm.",
+    "lm_head.": "transformer.output_layer.",
+    "model.layers.": "transformer.encoder.layers.",
+    ".self_attn.o_proj.": ".self_attention.dense.",
+    ".mlp.gate_up_proj.": ".mlp.dense_h_to_4h.",
+    ".mlp.down_proj.": ".mlp.dense_4h_to_h.",
+}
+
+
+def chatglm_name(name: str) -> str:
+    """ChatGLM3's name for transformers GLM tensor ``name`` (q/k/v: the fused tensor's)."""
+    for hf_key, ours in CHATGLM_NAMES.items():
+        name = name.replace(hf_key, ours)
+    for projection in (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj."):
+        name = name.replace(projection, ".self_attention.query_key_value.")
+    return name
+
+
+def to_chatglm(hf: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A transformers GlmForCausalLM as ChatGLM3's config.json and state dict (q/k/v fused),
+    the inverse of transformers' conversion of the original checkpoints."""
+    c = hf.config
+    config = {
+        "architectures": ["ChatGLMModel"],
+        "model_type": "chatglm",
+        "padded_vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "ffn_hidden_size": c.intermediate_size,
+        "num_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "multi_query_attention": True,
+        "multi_query_group_num": c.num_key_value_heads,
+        "kv_channels": c.head_dim,
+        "layernorm_epsilon": c.rms_norm_eps,
+        "rope_ratio": c.rope_parameters["rope_theta"] / 10000.0,
+        "seq_length": c.max_position_embeddings,
+        "add_qkv_bias": True,
+        "add_bias_linear": False,
+        "rmsnorm": True,
+        "post_layer_norm": True,
+        "apply_residual_connection_post_layernorm": False,
+        "original_rope": True,
+    }
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in hf.state_dict().items():
+        target = chatglm_name(name)
+        if target in state:  # k or v after q: append to the fused rows
+            tensor = torch.cat((state[target], tensor))
+        state[target] = tensor
+    state["transformer.rotary_pos_emb.inv_freq"] = torch.zeros(4)  # saved, recomputed
+    return config, state
+
+
 class Family:
-    """A tiny HF model, our copy of it, and the per-prompt reference outputs (memoized)."""
+    """A tiny HF model, our copy of it, and the per-prompt reference outputs (memoized).
+
+    ``state`` and ``config`` are the checkpoint's: transformers' own, or for "chatglm" the
+    model converted to ChatGLM3's names and config keys."""
 
     def __init__(self, name: str) -> None:
         config_cls, extra = FAMILIES[name]
@@ -107,6 +174,11 @@ class Family:
         self.hf.generation_config.eos_token_id = None
         self.hf.generation_config.pad_token_id = 0
         self.config = model_config(self.hf)
+        self.state = self.hf.state_dict()
+        self.name = chatglm_name if name == "chatglm" else str
+        if name == "chatglm":
+            chatglm_config, self.state = to_chatglm(self.hf)
+            self.config = ModelConfig.from_hf_dict(chatglm_config)
         self._models: dict[torch.dtype, LlamaForCausalLM] = {}
         self._refs: dict[tuple[int, ...], tuple[list[int], torch.Tensor]] = {}
 
@@ -114,7 +186,7 @@ class Family:
         """Our model in ``dtype``, with the HF model's weights."""
         if dtype not in self._models:
             model = build_model(self.config, torch.device("cpu"), dtype)
-            model.load_weights(self.hf.state_dict().items())
+            model.load_weights(self.state.items())
             self._models[dtype] = model
         return self._models[dtype]
 
@@ -289,19 +361,20 @@ def test_unknown_architecture_lists_supported() -> None:
 
 def test_model_has_exactly_the_parameters_of_transformers(family: Family) -> None:
     # Biases, q/k norms and the head follow the config: no tensor is missing or extra.
-    expected = set(family.hf.state_dict())
+    expected = {n for n in family.state if not n.endswith("rotary_pos_emb.inv_freq")}
     if family.config.tie_word_embeddings:  # the head is the embedding matrix itself
         expected.remove("lm_head.weight")
     assert sorted(family.model().checkpoint_names()) == sorted(expected)
 
 
 def test_load_weights_names_bad_tensors(family: Family) -> None:
-    state = family.hf.state_dict()
+    state = family.state
     model = build_model(family.config, torch.device("cpu"), torch.float32)
-    with pytest.raises(ValueError, match=r"lacks 1 tensors.*model\.norm\.weight"):
-        model.load_weights((k, v) for k, v in state.items() if k != "model.norm.weight")
+    norm = family.name("model.norm.weight")
+    with pytest.raises(ValueError, match=rf"lacks 1 tensors.*{norm}"):
+        model.load_weights((k, v) for k, v in state.items() if k != norm)
     with pytest.raises(ValueError, match=r"`model\.extra\.weight` does not belong"):
         model.load_weights([("model.extra.weight", torch.zeros(1))])
-    name = "model.layers.0.self_attn.k_proj.weight"
+    name = family.name("model.layers.0.self_attn.k_proj.weight")
     with pytest.raises(ValueError, match="shape"):
         model.load_weights([(name, state[name][:-1])])

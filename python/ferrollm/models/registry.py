@@ -11,12 +11,24 @@ import torch
 from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.models.config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from ferrollm.models.gemma import GemmaConfigLike, GemmaForCausalLM
+from ferrollm.models.glm import (
+    ChatGlmForCausalLM,
+    Glm4ForCausalLM,
+    GlmConfigLike,
+    GlmForCausalLM,
+)
 from ferrollm.models.llama import LlamaForCausalLM
 
 #: Architectures with a model class of their own; every other one in ``SUPPORTED_ARCHITECTURES``
 #: runs on ``LlamaForCausalLM``, what sets those families apart (biases, q/k norm, sliding
 #: window, tied embeddings) resolved into ``ModelConfig``, not into classes.
-_OWN_CLASSES: Mapping[str, type[LlamaForCausalLM]] = {"Gemma3ForCausalLM": GemmaForCausalLM}
+_OWN_CLASSES: Mapping[str, type[LlamaForCausalLM]] = {
+    "Gemma3ForCausalLM": GemmaForCausalLM,
+    "GlmForCausalLM": GlmForCausalLM,
+    "Glm4ForCausalLM": Glm4ForCausalLM,
+    "ChatGLMModel": ChatGlmForCausalLM,
+    "ChatGLMForConditionalGeneration": ChatGlmForCausalLM,
+}
 
 #: Architecture name -> model class, for every name of ``SUPPORTED_ARCHITECTURES`` (the one
 #: list of architectures).
@@ -33,7 +45,7 @@ def resolve_model_class(architectures: str | Sequence[str]) -> type[LlamaForCaus
     return MODEL_REGISTRY[resolve_architecture(architectures)]
 
 
-class ModelConfigLike(GemmaConfigLike, Protocol):
+class ModelConfigLike(GemmaConfigLike, GlmConfigLike, Protocol):
     """A model config that also names its architecture."""
 
     @property
