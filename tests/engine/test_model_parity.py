@@ -24,6 +24,7 @@ from ferrollm.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, Unsuppo
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.registry import MODEL_REGISTRY, build_model, resolve_model_class
 from ferrollm.platforms.cpu import CpuPlatform
+from tiny_models import chatglm_name, to_chatglm
 
 BLOCK_SIZE = 4
 NUM_NEW_TOKENS = 8
@@ -78,7 +79,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     # head_dim 24 (not hidden / heads) rotates 12 features, a rope of its own base.
     "glm": ("GlmConfig", {"head_dim": 24, **GLM}),
     "glm4": ("Glm4Config", {"head_dim": 16, **GLM}),  # + post-block norms
-    # A GlmForCausalLM saved as ChatGLM3's original checkpoint (`to_chatglm`).
+    # A GlmForCausalLM saved as ChatGLM3's original checkpoint (`tiny_models.to_chatglm`).
     "chatglm": ("GlmConfig", {"head_dim": 16, **GLM}),
 }
 
@@ -102,62 +103,6 @@ def _randomize_biases(model: torch.nn.Module) -> None:
                 param.add_(torch.randn_like(param), alpha=0.1)
 
 
-#: transformers' GLM tensor names -> ChatGLM3's, as the original checkpoints name them.
-CHATGLM_NAMES = {
-    "model.embed_tokens.": "transformer.embedding.word_embeddings.",
-    "model.norm.": "transformer.encoder.final_layernorm.",
-    "lm_head.": "transformer.output_layer.",
-    "model.layers.": "transformer.encoder.layers.",
-    ".self_attn.o_proj.": ".self_attention.dense.",
-    ".mlp.gate_up_proj.": ".mlp.dense_h_to_4h.",
-    ".mlp.down_proj.": ".mlp.dense_4h_to_h.",
-}
-
-
-def chatglm_name(name: str) -> str:
-    """ChatGLM3's name for transformers GLM tensor ``name`` (q/k/v: the fused tensor's)."""
-    for hf_key, ours in CHATGLM_NAMES.items():
-        name = name.replace(hf_key, ours)
-    for projection in (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj."):
-        name = name.replace(projection, ".self_attention.query_key_value.")
-    return name
-
-
-def to_chatglm(hf: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """A transformers GlmForCausalLM as ChatGLM3's config.json and state dict (q/k/v fused),
-    the inverse of transformers' conversion of the original checkpoints."""
-    c = hf.config
-    config = {
-        "architectures": ["ChatGLMModel"],
-        "model_type": "chatglm",
-        "padded_vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size,
-        "ffn_hidden_size": c.intermediate_size,
-        "num_layers": c.num_hidden_layers,
-        "num_attention_heads": c.num_attention_heads,
-        "multi_query_attention": True,
-        "multi_query_group_num": c.num_key_value_heads,
-        "kv_channels": c.head_dim,
-        "layernorm_epsilon": c.rms_norm_eps,
-        "rope_ratio": c.rope_parameters["rope_theta"] / 10000.0,
-        "seq_length": c.max_position_embeddings,
-        "add_qkv_bias": True,
-        "add_bias_linear": False,
-        "rmsnorm": True,
-        "post_layer_norm": True,
-        "apply_residual_connection_post_layernorm": False,
-        "original_rope": True,
-    }
-    state: dict[str, torch.Tensor] = {}
-    for name, tensor in hf.state_dict().items():
-        target = chatglm_name(name)
-        if target in state:  # k or v after q: append to the fused rows
-            tensor = torch.cat((state[target], tensor))
-        state[target] = tensor
-    state["transformer.rotary_pos_emb.inv_freq"] = torch.zeros(4)  # saved, recomputed
-    return config, state
-
-
 class Family:
     """A tiny HF model, our copy of it, and the per-prompt reference outputs (memoized).
 
@@ -177,7 +122,7 @@ class Family:
         self.state = self.hf.state_dict()
         self.name = chatglm_name if name == "chatglm" else str
         if name == "chatglm":
-            chatglm_config, self.state = to_chatglm(self.hf)
+            chatglm_config, self.state = to_chatglm(hf_config.to_dict(), self.state)
             self.config = ModelConfig.from_hf_dict(chatglm_config)
         self._models: dict[torch.dtype, LlamaForCausalLM] = {}
         self._refs: dict[tuple[int, ...], tuple[list[int], torch.Tensor]] = {}

@@ -76,7 +76,7 @@ def apply_interleaved_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     ``cos``'s width by the per-token angles; the features past it pass unchanged."""
     rotary_dim = cos.shape[-1]
     rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
-    pairs = rot.unflatten(-1, (-1, 2))
+    pairs = rot.reshape(*rot.shape[:-1], rotary_dim // 2, 2)
     rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
     rot = rot * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
     return torch.cat((rot, rest), dim=-1)
@@ -216,8 +216,8 @@ class GlmForCausalLM(LlamaForCausalLM):
                 f"checkpoint tensor `{name}` has shape {tuple(tensor.shape)}; the model expects "
                 f"{sum(sizes)} dense rows ({' + '.join(map(str, sizes))})"
             )
-        parts = []
-        for part_name, part in zip(_FUSED[projection], tensor.split(sizes), strict=True):
+        parts: list[tuple[str, Weight]] = []
+        for part_name, part in zip(_FUSED[projection], torch.split(tensor, sizes), strict=True):
             full_name = f"{layer}.{part_name}.{kind}"
             local = self.llama_plan.slice_of(full_name)
             if local is not None:
