@@ -56,8 +56,13 @@ TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "tied": ("LlamaConfig", {"tie_word_embeddings": True}),  # SmolLM2-like
     # Llama's optional biases: q/k/v/o (attention_bias) and gate/up/down (mlp_bias).
     "llama-bias": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
-    # GLM: half of each head rotated in interleaved pairs, gate/up saved fused; Glm4 adds
-    # post-block norms; "chatglm" is the GLM model saved as ChatGLM3's original checkpoint.
+}
+
+#: Families ``build_tiny_model`` also builds, outside the per-family sweeps of `TINY_FAMILIES`
+#: (tensor parallelism tests them). GLM: half of each head rotated in interleaved pairs,
+#: gate/up saved fused; Glm4 adds post-block norms; "chatglm" is the GLM model saved as
+#: ChatGLM3's original checkpoint (`to_chatglm`), which transformers cannot read.
+MORE_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "glm": ("GlmConfig", {"head_dim": 16}),
     "glm4": ("Glm4Config", {"head_dim": 16}),
     "chatglm": ("GlmConfig", {"head_dim": 16, "rope_theta": 50000.0}),
@@ -117,7 +122,7 @@ def build_tiny_model(
     ``sizes`` overrides `TINY_SIZES` (head counts that divide by 3, say)."""
     import transformers
 
-    class_name, overrides = TINY_FAMILIES[family]
+    class_name, overrides = {**TINY_FAMILIES, **MORE_FAMILIES}[family]
     config = getattr(transformers, class_name)(**{**TINY_SIZES, **(sizes or {}), **overrides})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
