@@ -18,7 +18,6 @@ What sets GLM apart from ``ferrollm.models.llama`` (the config side is in
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Protocol
 
 import torch
@@ -175,11 +174,6 @@ class GlmForCausalLM(LlamaForCausalLM):
         for theirs, ours in reversed(self.renames):
             name = name.replace(ours, theirs)
         return name
-
-    @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
-        """See ``LlamaForCausalLM.load_weights``; names are this checkpoint dialect's."""
-        super().load_weights(weights)
 
     def _ignored(self, name: str) -> bool:
         return super()._ignored(name) or name.endswith("rotary_pos_emb.inv_freq")
