@@ -58,11 +58,14 @@ TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-bias": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
 }
 
-#: Mixture-of-experts families (same shape as `TINY_FAMILIES`), kept apart so the engine tests
-#: run once per family over `TINY_FAMILIES` do not multiply; `build_tiny_model` builds either.
-MOE_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+#: Families ``build_tiny_model`` also builds, outside the per-family sweeps of `TINY_FAMILIES`
+#: (so the engine tests run once per family there do not multiply; tensor parallelism tests
+#: these). Mixture of experts: Mixtral, and Qwen2-MoE with a shared expert, layer 0 dense (every
+#: second layer sparse), split features of 64 and 96. GLM: half of each head rotated in
+#: interleaved pairs, gate/up saved fused; Glm4 adds post-block norms; "chatglm" is the GLM
+#: model saved as ChatGLM3's original checkpoint (`to_chatglm`), which transformers cannot read.
+MORE_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
-    # Shared expert; layer 0 dense (every second layer sparse); split features of 64 and 96.
     "qwen2-moe": (
         "Qwen2MoeConfig",
         {
@@ -73,6 +76,9 @@ MOE_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             "decoder_sparse_step": 2,
         },
     ),
+    "glm": ("GlmConfig", {"head_dim": 16}),
+    "glm4": ("Glm4Config", {"head_dim": 16}),
+    "chatglm": ("GlmConfig", {"head_dim": 16, "rope_theta": 50000.0}),
 }
 
 CHATML_TEMPLATE = (
@@ -129,7 +135,7 @@ def build_tiny_model(
     ``sizes`` overrides `TINY_SIZES` (head counts that divide by 3, say)."""
     import transformers
 
-    class_name, overrides = {**TINY_FAMILIES, **MOE_FAMILIES}[family]
+    class_name, overrides = {**TINY_FAMILIES, **MORE_FAMILIES}[family]
     config = getattr(transformers, class_name)(**{**TINY_SIZES, **(sizes or {}), **overrides})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
@@ -137,8 +143,79 @@ def build_tiny_model(
     model.to(dtype)
     shard = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     model.save_pretrained(directory, **shard)
+    if family == "chatglm":
+        _resave_as_chatglm(directory)
     build_tiny_tokenizer(directory)
     return directory
+
+
+#: transformers' GLM tensor names -> ChatGLM3's, as the original checkpoints name them.
+CHATGLM_NAMES = {
+    "model.embed_tokens.": "transformer.embedding.word_embeddings.",
+    "model.norm.": "transformer.encoder.final_layernorm.",
+    "lm_head.": "transformer.output_layer.",
+    "model.layers.": "transformer.encoder.layers.",
+    ".self_attn.o_proj.": ".self_attention.dense.",
+    ".mlp.gate_up_proj.": ".mlp.dense_h_to_4h.",
+    ".mlp.down_proj.": ".mlp.dense_4h_to_h.",
+}
+
+
+def chatglm_name(name: str) -> str:
+    """ChatGLM3's name for transformers GLM tensor ``name`` (q/k/v: the fused tensor's)."""
+    for hf_key, theirs in CHATGLM_NAMES.items():
+        name = name.replace(hf_key, theirs)
+    for projection in (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj."):
+        name = name.replace(projection, ".self_attention.query_key_value.")
+    return name
+
+
+def to_chatglm(
+    config: dict[str, Any], state: dict[str, torch.Tensor]
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A transformers GLM config dict and state dict as ChatGLM3's config.json and tensors
+    (q/k/v fused): the inverse of transformers' conversion of the original checkpoints."""
+    chatglm = {
+        "architectures": ["ChatGLMModel"],
+        "model_type": "chatglm",
+        "padded_vocab_size": config["vocab_size"],
+        "hidden_size": config["hidden_size"],
+        "ffn_hidden_size": config["intermediate_size"],
+        "num_layers": config["num_hidden_layers"],
+        "num_attention_heads": config["num_attention_heads"],
+        "multi_query_attention": True,
+        "multi_query_group_num": config["num_key_value_heads"],
+        "kv_channels": config["head_dim"],
+        "layernorm_epsilon": config["rms_norm_eps"],
+        "rope_ratio": config["rope_parameters"]["rope_theta"] / 10000.0,
+        "seq_length": config["max_position_embeddings"],
+        "add_qkv_bias": True,
+        "add_bias_linear": False,
+        "rmsnorm": True,
+        "post_layer_norm": True,
+        "apply_residual_connection_post_layernorm": False,
+        "original_rope": True,
+        "eos_token_id": config.get("eos_token_id"),
+        "pad_token_id": config.get("pad_token_id"),
+    }
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        target = chatglm_name(name)
+        if target in tensors:  # k or v after q: append to the fused rows
+            tensor = torch.cat((tensors[target], tensor))
+        tensors[target] = tensor.contiguous()
+    tensors["transformer.rotary_pos_emb.inv_freq"] = torch.zeros(4)  # saved, recomputed
+    return chatglm, tensors
+
+
+def _resave_as_chatglm(directory: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((directory / "config.json").read_text())
+    state = load_file(directory / "model.safetensors")
+    chatglm, tensors = to_chatglm(config, state)
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(chatglm, indent=2))
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> None:

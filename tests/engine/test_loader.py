@@ -14,6 +14,7 @@ import torch
 from ferrollm.executor import loader_hf
 from ferrollm.executor.loader import load_model_source
 from ferrollm.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, UnsupportedModelError
+from tiny_models import build_tiny_model
 
 # family -> (attention_bias, o_proj_bias, mlp_bias, qk_norm, tie_word_embeddings) the loader
 # must derive.
@@ -193,3 +194,21 @@ def test_bad_paths_say_what_to_pass(tmp_path: Path) -> None:
     (tmp_path / "weights.bin").write_bytes(b"")
     with pytest.raises(ValueError, match=r"neither a directory nor a \.gguf file"):
         load_model_source(tmp_path / "weights.bin")
+
+
+def test_chatglm_directory_loads_and_a_custom_code_tokenizer_is_named(tmp_path: Path) -> None:
+    # ChatGLM3's original layout: its config keys and tensor names, read through GLM's.
+    build_tiny_model("chatglm", tmp_path)
+    source = load_model_source(tmp_path)
+    assert (source.config.architecture, source.config.partial_rotary_factor) == (
+        "ChatGLMModel",
+        0.5,
+    )
+    names = {name for name, _ in source.iter_weights(torch.float32)}
+    assert "transformer.encoder.layers.0.self_attention.query_key_value.weight" in names
+    assert source.chat_template is not None
+    # Its real tokenizer is the repository's own code over tokenizer.model: refused, named.
+    (tmp_path / "tokenizer.json").unlink()
+    (tmp_path / "tokenization_chatglm.py").write_text("")
+    with pytest.raises(FileNotFoundError, match=r"custom code \(tokenization_chatglm\.py\)"):
+        load_model_source(tmp_path)

@@ -232,3 +232,94 @@ def test_moe_errors_name_the_field(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         ModelConfig.from_hf_dict({**base, **changes})
+
+
+#: THUDM/chatglm3-6b's config.json, less its dropout and fusion switches.
+CHATGLM3_6B: dict[str, Any] = {
+    "architectures": ["ChatGLMModel"],
+    "model_type": "chatglm",
+    "add_bias_linear": False,
+    "add_qkv_bias": True,
+    "apply_query_key_layer_scaling": True,
+    "apply_residual_connection_post_layernorm": False,
+    "ffn_hidden_size": 13696,
+    "fp32_residual_connection": False,
+    "hidden_size": 4096,
+    "kv_channels": 128,
+    "layernorm_epsilon": 1e-05,
+    "multi_query_attention": True,
+    "multi_query_group_num": 2,
+    "num_attention_heads": 32,
+    "num_layers": 28,
+    "original_rope": True,
+    "padded_vocab_size": 65024,
+    "post_layer_norm": True,
+    "rmsnorm": True,
+    "seq_length": 8192,
+    "torch_dtype": "float16",
+    "tie_word_embeddings": False,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+
+
+def test_glm_defaults_are_transformers() -> None:
+    # An older GLM config.json leaves out the bias, the rotary share and the epsilon.
+    for architecture in ("GlmForCausalLM", "Glm4ForCausalLM"):
+        c = config(architectures=[architecture], num_key_value_heads=2)
+        assert (c.attention_bias, c.o_proj_bias, c.mlp_bias, c.qk_norm) == (
+            True,
+            False,
+            False,
+            False,
+        )
+        assert (c.head_dim, c.partial_rotary_factor, c.rms_norm_eps) == (128, 0.5, 1.5625e-07)
+    # transformers >= 5 writes the share inside rope_parameters; older ones at the top level.
+    rope = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25}
+    assert (
+        config(architectures=["GlmForCausalLM"], rope_parameters=rope).partial_rotary_factor == 0.25
+    )
+    assert config(partial_rotary_factor=0.5, attention_bias=False).partial_rotary_factor == 0.5
+    assert config().partial_rotary_factor == 1.0  # Llama: whole heads
+    with pytest.raises(ValueError, match="`partial_rotary_factor` must be in"):
+        config(partial_rotary_factor=2.0)
+
+
+@pytest.mark.parametrize("architecture", ["ChatGLMModel", "ChatGLMForConditionalGeneration"])
+def test_chatglm_keys_map_to_glm(architecture: str) -> None:
+    c = ModelConfig.from_hf_dict({**CHATGLM3_6B, "architectures": [architecture]})
+    assert (c.architecture, c.model_type) == (architecture, "chatglm")
+    assert (c.vocab_size, c.hidden_size, c.intermediate_size) == (65024, 4096, 13696)
+    assert (c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads) == (28, 32, 2)
+    assert (c.head_dim, c.partial_rotary_factor, c.rope_theta) == (128, 0.5, 10000.0)
+    assert (c.rms_norm_eps, c.max_position_embeddings) == (1e-5, 8192)
+    assert (c.attention_bias, c.o_proj_bias, c.mlp_bias) == (True, False, False)
+    assert (c.eos_token_ids, c.pad_token_id, c.dtype) == ((2,), 0, "float16")
+    # GLM-4-9B-chat's original checkpoint: a long-context rope through `rope_ratio`.
+    glm4 = ModelConfig.from_hf_dict({**CHATGLM3_6B, "rope_ratio": 500, "seq_length": 131072})
+    assert (glm4.rope_theta, glm4.max_position_embeddings) == (5e6, 131072)
+    # Without multi-query attention every head has its own keys and values.
+    mha = ModelConfig.from_hf_dict({**CHATGLM3_6B, "multi_query_attention": False})
+    assert mha.num_key_value_heads == 32
+    no_arch = {**CHATGLM3_6B, "architectures": None}
+    assert ModelConfig.from_hf_dict(no_arch).model_type == "chatglm"
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "message"),
+    [
+        ({"position_encoding_2d": True}, UnsupportedModelError, "first ChatGLM-6B"),
+        ({"padded_vocab_size": None}, UnsupportedModelError, "first ChatGLM-6B"),
+        ({"add_bias_linear": True}, UnsupportedModelError, "`add_bias_linear` True"),
+        ({"rmsnorm": False}, UnsupportedModelError, "`rmsnorm` False"),
+        ({"ffn_hidden_size": None}, ValueError, "`ffn_hidden_size` is missing"),
+        ({"num_layers": 0}, ValueError, "`num_layers` must be a positive integer"),
+        ({"rope_ratio": -1}, ValueError, "`rope_ratio` must be a positive number"),
+    ],
+)
+def test_chatglm_errors_name_its_keys(
+    changes: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    bad = {k: v for k, v in {**CHATGLM3_6B, **changes}.items() if v is not None}
+    with pytest.raises(error, match=message):
+        ModelConfig.from_hf_dict(bad)

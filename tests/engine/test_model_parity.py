@@ -24,6 +24,7 @@ from ferrollm.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, Unsuppo
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.registry import MODEL_REGISTRY, build_model, resolve_model_class
 from ferrollm.platforms.cpu import CpuPlatform
+from tiny_models import chatglm_name, to_chatglm
 
 BLOCK_SIZE = 4
 NUM_NEW_TOKENS = 8
@@ -47,6 +48,8 @@ LLAMA3_ROPE = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 32,
 }
+GLM_ROPE = {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.5}
+GLM = {"pad_token_id": 0, "rope_parameters": GLM_ROPE}  # the default pad id lies past VOCAB
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama3": ("LlamaConfig", {"rope_parameters": LLAMA3_ROPE}),
     "mistral": ("MistralConfig", {"sliding_window": 7}),
@@ -96,6 +99,12 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             "mlp_only_layers": [0],
         },
     ),
+    # Half of each head rotated in interleaved pairs, q/k/v biases, gate/up saved fused;
+    # head_dim 24 (not hidden / heads) rotates 12 features, a rope of its own base.
+    "glm": ("GlmConfig", {"head_dim": 24, **GLM}),
+    "glm4": ("Glm4Config", {"head_dim": 16, **GLM}),  # + post-block norms
+    # A GlmForCausalLM saved as ChatGLM3's original checkpoint (`tiny_models.to_chatglm`).
+    "chatglm": ("GlmConfig", {"head_dim": 16, **GLM}),
 }
 
 
@@ -119,7 +128,10 @@ def _randomize_biases(model: torch.nn.Module) -> None:
 
 
 class Family:
-    """A tiny HF model, our copy of it, and the per-prompt reference outputs (memoized)."""
+    """A tiny HF model, our copy of it, and the per-prompt reference outputs (memoized).
+
+    ``state`` and ``config`` are the checkpoint's: transformers' own, or for "chatglm" the
+    model converted to ChatGLM3's names and config keys."""
 
     def __init__(self, name: str) -> None:
         config_cls, extra = FAMILIES[name]
@@ -131,6 +143,11 @@ class Family:
         self.hf.generation_config.eos_token_id = None
         self.hf.generation_config.pad_token_id = 0
         self.config = model_config(self.hf)
+        self.state = self.hf.state_dict()
+        self.name = chatglm_name if name == "chatglm" else str
+        if name == "chatglm":
+            chatglm_config, self.state = to_chatglm(hf_config.to_dict(), self.state)
+            self.config = ModelConfig.from_hf_dict(chatglm_config)
         self._models: dict[torch.dtype, LlamaForCausalLM] = {}
         self._refs: dict[tuple[int, ...], tuple[list[int], torch.Tensor]] = {}
 
@@ -138,7 +155,7 @@ class Family:
         """Our model in ``dtype``, with the HF model's weights."""
         if dtype not in self._models:
             model = build_model(self.config, torch.device("cpu"), dtype)
-            model.load_weights(self.hf.state_dict().items())
+            model.load_weights(self.state.items())
             self._models[dtype] = model
         return self._models[dtype]
 
@@ -315,19 +332,21 @@ def test_model_has_exactly_the_parameters_of_transformers(family: Family) -> Non
     # Biases, q/k norms and the head follow the config: no tensor is missing or extra.
     # MoE models name each expert's projections where transformers stacks them in 3-D tensors.
     model = family.model()
-    expected = {name for name, _ in model.checkpoint_tensors(family.hf.state_dict().items())}
+    names = (name for name, _ in model.checkpoint_tensors(family.state.items()))
+    expected = {n for n in names if not n.endswith("rotary_pos_emb.inv_freq")}
     if family.config.tie_word_embeddings:  # the head is the embedding matrix itself
         expected.remove("lm_head.weight")
     assert sorted(model.checkpoint_names()) == sorted(expected)
 
 
 def test_load_weights_names_bad_tensors(family: Family) -> None:
-    state = family.hf.state_dict()
+    state = family.state
     model = build_model(family.config, torch.device("cpu"), torch.float32)
-    with pytest.raises(ValueError, match=r"lacks 1 tensors.*model\.norm\.weight"):
-        model.load_weights((k, v) for k, v in state.items() if k != "model.norm.weight")
+    norm = family.name("model.norm.weight")
+    with pytest.raises(ValueError, match=rf"lacks 1 tensors.*{norm}"):
+        model.load_weights((k, v) for k, v in state.items() if k != norm)
     with pytest.raises(ValueError, match=r"`model\.extra\.weight` does not belong"):
         model.load_weights([("model.extra.weight", torch.zeros(1))])
-    name = "model.layers.0.self_attn.k_proj.weight"
+    name = family.name("model.layers.0.self_attn.k_proj.weight")
     with pytest.raises(ValueError, match="shape"):
         model.load_weights([(name, state[name][:-1])])

@@ -98,12 +98,17 @@ def test_two_ranks_match_one(models: Callable[..., str], tmp_path: Path) -> None
         _case("gguf-f32", models("mistral", gguf="F32")),  # llama.cpp's q/k row permutation
         # Dense from Q8_0 blocks with o_proj split mid-block: the covering blocks, trimmed.
         _case("gguf-q8-dense", models("mistral", gguf="Q8_0", num_key_value_heads=2, **SIX_HEADS)),
+        # Partial interleaved rope per local head; fused gate_up (and ChatGLM's fused
+        # query_key_value) read whole and cut to each rank's rows of every part.
+        _case("glm4", models("glm4")),
+        _case("chatglm", models("chatglm")),
     ]
     quantized = [
         _case("gguf-q4_0", models("tied", gguf="Q4_0"), "native"),
         _case("gguf-q8_0", models("mistral", gguf="Q8_0"), "native"),
         _case("rtn-int4", models("llama-bias"), "int4"),
         _case("rtn-int8", models("qwen2"), "int8"),
+        _case("chatglm-int8", models("chatglm"), "int8"),
     ]
     ranks = run_group(dense + quantized, 2, tmp_path)
     reference = run_single(dense + quantized)

@@ -116,9 +116,23 @@ def _read_tokenizer_json(directory: Path) -> str:
     if not path.is_file():
         raise FileNotFoundError(
             f"tokenizer.json is missing from {str(directory)!r}; ferrollm needs a fast "
-            "(tokenizers) tokenizer saved with the model"
+            f"(tokenizers) tokenizer saved with the model{_custom_tokenizer_hint(directory)}"
         )
     return path.read_text(encoding="utf-8")
+
+
+def _custom_tokenizer_hint(directory: Path) -> str:
+    """Why a directory has no tokenizer.json when its tokenizer is the repository's own code
+    (ChatGLM3's SentencePiece ``tokenization_chatglm.py``, GLM-4's tiktoken one), which
+    ferrollm never runs and transformers cannot convert without running it."""
+    code = sorted(p.name for p in directory.glob("tokenization_*.py"))
+    if not code:
+        return ""
+    return (
+        f": its tokenizer is custom code ({', '.join(code)}) that ferrollm does not run; use "
+        "the model's transformers-format release (for GLM-4: THUDM/glm-4-9b-chat-hf), or save "
+        "a tokenizer.json converted from it beside the weights"
+    )
 
 
 def _chat_template(directory: Path, tokenizer_config: Mapping[str, Any]) -> str | None:

@@ -21,6 +21,7 @@ from ferrollm.models.config_fields import (
     int_field,
     optional_int_field,
 )
+from ferrollm.models.glm_config import GLM_MODEL_TYPES, glm_dialect
 from ferrollm.models.moe_config import MoeParams, moe_params
 
 
@@ -66,6 +67,15 @@ SUPPORTED_ARCHITECTURES: Mapping[str, ArchitectureInfo] = MappingProxyType(
             "qwen2_moe", True, False, False, False, 32768, None
         ),
         "Qwen3MoeForCausalLM": ArchitectureInfo("qwen3_moe", None, None, False, True, 32768, None),
+        # GLM-4 (models/glm.py): q/k/v bias, partial rotary in interleaved pairs, fused
+        # gate/up; Glm4 adds a norm after each block; ChatGLM3 / GLM-4's original checkpoints
+        # are GLM under other config keys and tensor names (models/glm_config.py).
+        "GlmForCausalLM": ArchitectureInfo("glm", None, False, False, False, 131072, 128),
+        "Glm4ForCausalLM": ArchitectureInfo("glm4", None, False, False, False, 131072, 128),
+        "ChatGLMModel": ArchitectureInfo("chatglm", None, False, False, False, 8192, None),
+        "ChatGLMForConditionalGeneration": ArchitectureInfo(
+            "chatglm", None, False, False, False, 8192, None
+        ),
     }
 )
 
@@ -153,6 +163,8 @@ class ModelConfig:
     final_logit_softcapping: float | None = None
     #: the sparse MLP layers' experts and routing (Mixtral, Qwen MoE); None for dense models.
     moe: MoeParams | None = None
+    #: the share of each head that rope rotates, from its start (GLM: 0.5); the rest passes.
+    partial_rotary_factor: float = 1.0
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -170,6 +182,8 @@ class ModelConfig:
         """
         architecture = _architecture(config)
         info = SUPPORTED_ARCHITECTURES[architecture]
+        if info.model_type in GLM_MODEL_TYPES:
+            config = glm_dialect(config, info.model_type)
         hidden_size = int_field(config, "hidden_size")
         num_heads = int_field(config, "num_attention_heads")
         num_kv_heads = int_field(config, "num_key_value_heads", default=num_heads)
@@ -214,6 +228,7 @@ class ModelConfig:
             query_pre_attn_scalar=_optional_float(config, "query_pre_attn_scalar"),
             final_logit_softcapping=_optional_float(config, "final_logit_softcapping"),
             moe=moe_params(config, info.model_type, num_layers),
+            partial_rotary_factor=_partial_rotary_factor(config),
         )
 
 
@@ -282,6 +297,19 @@ def _check_softcap(config: Mapping[str, Any]) -> None:
             "config.json: `attn_logit_softcapping` (Gemma 2's capped attention scores) is not "
             "supported"
         )
+
+
+def _partial_rotary_factor(config: Mapping[str, Any]) -> float:
+    """transformers >= 5 keeps it in ``rope_parameters``, older versions at the top level."""
+    params = config.get("rope_parameters")
+    inner = params.get("partial_rotary_factor") if isinstance(params, Mapping) else None
+    value = config.get("partial_rotary_factor") if inner is None else inner
+    if value is None:
+        return 1.0
+    factor = float_field({"partial_rotary_factor": value}, "partial_rotary_factor", 1.0)
+    if factor > 1:
+        raise ValueError(f"config.json: `partial_rotary_factor` must be in (0, 1]; got {factor}")
+    return factor
 
 
 def _rope_parameters(config: Mapping[str, Any], layer_type: str) -> Mapping[str, Any]:

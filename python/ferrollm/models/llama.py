@@ -94,7 +94,8 @@ class LlamaAttention(nn.Module):
     """Self-attention with GQA, optional q/k/v and o_proj biases and optional q/k norm.
 
     Other families set the q/k norm's class (``norm``), the score ``scale`` (default
-    ``head_dim ** -0.5``) and a ``window`` of this layer's own (see ``PagedAttention``).
+    ``head_dim ** -0.5``), a ``window`` of this layer's own (see ``PagedAttention``) and the
+    ``rotary`` function that applies the step's cos/sin (GLM's partial interleaved rope).
     """
 
     def __init__(
@@ -107,8 +108,10 @@ class LlamaAttention(nn.Module):
         norm: type[RMSNorm] = RMSNorm,
         scale: float | None = None,
         window: int | None = None,
+        rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = apply_rotary,
     ) -> None:
         super().__init__()
+        self.rotary = rotary
         self.num_heads = layout.num_heads
         self.num_kv_heads = layout.num_kv_heads
         self.head_dim = config.head_dim
@@ -139,7 +142,7 @@ class LlamaAttention(nn.Module):
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
             qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
         # One rotation for q and k together: half the elementwise ops of rotating each.
-        q, k = torch.split(apply_rotary(qk, cos, sin), [self.num_heads, self.num_kv_heads], dim=1)
+        q, k = torch.split(self.rotary(qk, cos, sin), [self.num_heads, self.num_kv_heads], dim=1)
         o = self.attn(q, k, v, ctx)
         out: torch.Tensor = self.o_proj(o.reshape(num_tokens, -1))
         return out

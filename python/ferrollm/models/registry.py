@@ -11,6 +11,12 @@ import torch
 from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.models.config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from ferrollm.models.gemma import GemmaConfigLike, GemmaForCausalLM
+from ferrollm.models.glm import (
+    ChatGlmForCausalLM,
+    Glm4ForCausalLM,
+    GlmConfigLike,
+    GlmForCausalLM,
+)
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.moe import MoeConfigLike, MoeForCausalLM
 
@@ -22,6 +28,10 @@ _OWN_CLASSES: Mapping[str, type[LlamaForCausalLM]] = {
     "MixtralForCausalLM": MoeForCausalLM,
     "Qwen2MoeForCausalLM": MoeForCausalLM,
     "Qwen3MoeForCausalLM": MoeForCausalLM,
+    "GlmForCausalLM": GlmForCausalLM,
+    "Glm4ForCausalLM": Glm4ForCausalLM,
+    "ChatGLMModel": ChatGlmForCausalLM,
+    "ChatGLMForConditionalGeneration": ChatGlmForCausalLM,
 }
 
 #: Architecture name -> model class, for every name of ``SUPPORTED_ARCHITECTURES`` (the one
@@ -39,7 +49,7 @@ def resolve_model_class(architectures: str | Sequence[str]) -> type[LlamaForCaus
     return MODEL_REGISTRY[resolve_architecture(architectures)]
 
 
-class ModelConfigLike(GemmaConfigLike, MoeConfigLike, Protocol):
+class ModelConfigLike(GemmaConfigLike, MoeConfigLike, GlmConfigLike, Protocol):
     """A model config that also names its architecture."""
 
     @property
