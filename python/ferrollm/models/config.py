@@ -8,6 +8,7 @@ q/k/v bias, Qwen3's q/k norm and head size) come from the architecture, not the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from types import MappingProxyType
@@ -43,6 +44,8 @@ class ArchitectureInfo:
     activations: tuple[str, ...] = ("silu",)
     #: transformers' default ``sliding_window`` when a family's config.json omits it.
     default_sliding_window: int | None = None
+    #: Rope turns only the first ``partial_rotary_factor`` of each head's dims (Phi-4-mini).
+    partial_rotary: bool = False
 
 
 #: Every architecture (``config.json`` ``architectures``) ferrollm runs: the one list of them.
@@ -59,11 +62,16 @@ SUPPORTED_ARCHITECTURES: Mapping[str, ArchitectureInfo] = MappingProxyType(
         "Gemma3ForCausalLM": ArchitectureInfo(
             "gemma3_text", None, None, False, True, 131072, 256, ("gelu_pytorch_tanh",), 4096
         ),
+        # Phi-3 and Phi-4: fused qkv/gate_up checkpoints, long rope, partial rotary
+        # (models/phi3.py).
+        "Phi3ForCausalLM": ArchitectureInfo(
+            "phi3", False, False, False, False, 4096, None, partial_rotary=True
+        ),
     }
 )
 
 #: Rope scaling types ferrollm implements; "default" (or no scaling) becomes None.
-SUPPORTED_ROPE_TYPES = ("linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("linear", "llama3", "longrope")
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,13 @@ class RopeScaling(Mapping[str, Any]):
     # llama3 only:
     low_freq_factor: float | None = None
     high_freq_factor: float | None = None
+    #: llama3 and longrope: the context the model was pretrained on.
     original_max_position_embeddings: int | None = None
+    # longrope only: per-frequency divisors of the inverse frequencies, for contexts up to
+    # the original one and past it, and the scale on cos/sin (resolved: never None there).
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
+    attention_factor: float | None = None
 
     def __getitem__(self, key: str) -> Any:
         value = getattr(self, key, None) if key in self._names() else None
@@ -144,6 +158,8 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None
     #: logits become ``cap * tanh(logits / cap)`` (Gemma 2 and some Gemma 3 configs).
     final_logit_softcapping: float | None = None
+    #: the share of each head's dims that rope turns (Phi-4-mini: 0.75); the rest pass through.
+    partial_rotary_factor: float = 1.0
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -170,6 +186,14 @@ class ModelConfig:
         layer_windows = _layer_windows(config, info, num_layers)
         local_rope = _local_rope_parameters(config) if layer_windows else None
         _check_softcap(config)
+        head_dim = int_field(
+            config, "head_dim", default=info.default_head_dim or hidden_size // num_heads
+        )
+        rope = _rope_parameters(config, "full_attention")
+        partial = _partial_rotary_factor(config, rope) if info.partial_rotary else 1.0
+        max_len = int_field(
+            config, "max_position_embeddings", default=info.default_max_position_embeddings
+        )
         return cls(
             architecture=architecture,
             model_type=info.model_type,
@@ -179,15 +203,11 @@ class ModelConfig:
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
             num_key_value_heads=num_kv_heads,
-            head_dim=int_field(
-                config, "head_dim", default=info.default_head_dim or hidden_size // num_heads
-            ),
+            head_dim=head_dim,
             rms_norm_eps=float_field(config, "rms_norm_eps", default=1e-6),
-            rope_theta=_rope_theta(config, _rope_parameters(config, "full_attention")),
-            rope_scaling=_rope_scaling(_rope_parameters(config, "full_attention")),
-            max_position_embeddings=int_field(
-                config, "max_position_embeddings", default=info.default_max_position_embeddings
-            ),
+            rope_theta=_rope_theta(config, rope),
+            rope_scaling=_rope_scaling(rope, config, max_len, int(head_dim * partial)),
+            max_position_embeddings=max_len,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=attention_bias,
             o_proj_bias=o_proj_bias,
@@ -204,6 +224,7 @@ class ModelConfig:
             local_rope_scaling=None if local_rope is None else _rope_scaling(local_rope),
             query_pre_attn_scalar=_optional_float(config, "query_pre_attn_scalar"),
             final_logit_softcapping=_optional_float(config, "final_logit_softcapping"),
+            partial_rotary_factor=partial,
         )
 
 
@@ -304,8 +325,26 @@ def _rope_theta(config: Mapping[str, Any], params: Mapping[str, Any]) -> float:
     return float_field({"rope_theta": theta}, "rope_theta", default=10000.0)
 
 
-def _rope_scaling(params: Mapping[str, Any]) -> RopeScaling | None:
+def _partial_rotary_factor(config: Mapping[str, Any], params: Mapping[str, Any]) -> float:
+    key = "partial_rotary_factor"
+    value = params.get(key, config.get(key, 1.0))
+    factor = float_field({key: value}, key, default=1.0)
+    if factor > 1.0:
+        raise ValueError(f"config.json: `{key}` must be in (0, 1]; got {value!r}")
+    return factor
+
+
+def _rope_scaling(
+    params: Mapping[str, Any],
+    config: Mapping[str, Any] | None = None,
+    max_position_embeddings: int = 0,
+    rotary_dim: int = 0,
+) -> RopeScaling | None:
+    """The scaling of ``params``; ``config`` (top-level keys), ``max_position_embeddings`` and
+    ``rotary_dim`` (dims rope turns) are what long rope reads beyond its parameters."""
     rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type == "su":  # Phi-3's first name for long rope (transformers renames it too)
+        rope_type = "longrope"
     if rope_type == "default":
         return None
     if rope_type not in SUPPORTED_ROPE_TYPES:
@@ -313,6 +352,8 @@ def _rope_scaling(params: Mapping[str, Any]) -> RopeScaling | None:
             f"config.json: rope scaling type {rope_type!r} is not supported; "
             f"supported: {', '.join(SUPPORTED_ROPE_TYPES)} (or none)"
         )
+    if rope_type == "longrope":
+        return _longrope_scaling(params, config or {}, max_position_embeddings, rotary_dim)
     factor = float_field(params, "factor", default=1.0)
     if rope_type == "linear":
         return RopeScaling("linear", factor)
@@ -323,6 +364,41 @@ def _rope_scaling(params: Mapping[str, Any]) -> RopeScaling | None:
         high_freq_factor=float_field(params, "high_freq_factor", default=4.0),
         original_max_position_embeddings=int_field(params, "original_max_position_embeddings"),
     )
+
+
+def _longrope_scaling(
+    params: Mapping[str, Any], config: Mapping[str, Any], max_len: int, rotary_dim: int
+) -> RopeScaling:
+    """Long rope as transformers' ``_compute_longrope_parameters`` resolves it: ``factor`` is
+    the config's or ``max_position_embeddings / original``; the cos/sin scale is the config's
+    ``attention_factor`` or ``sqrt(1 + ln(factor) / ln(original))`` (1 when factor <= 1)."""
+    key = "original_max_position_embeddings"
+    # transformers prefers the top-level key (where Phi-3 saves it) and falls back on the
+    # model's own context.
+    original = int_field({key: config.get(key) or params.get(key)}, key, default=max_len)
+    factor = float_field({"factor": params.get("factor") or max_len / original}, "factor", 1.0)
+    attention = params.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return RopeScaling(
+        "longrope",
+        factor,
+        original_max_position_embeddings=original,
+        short_factor=_rope_factors(params, "short_factor", rotary_dim),
+        long_factor=_rope_factors(params, "long_factor", rotary_dim),
+        attention_factor=float_field({"attention_factor": attention}, "attention_factor", 1.0),
+    )
+
+
+def _rope_factors(params: Mapping[str, Any], key: str, rotary_dim: int) -> tuple[float, ...]:
+    value = params.get(key)
+    ok = isinstance(value, list) and len(value) == rotary_dim // 2
+    if not ok or not all(isinstance(v, (int, float)) and v > 0 for v in value):  # type: ignore[union-attr]
+        raise ValueError(
+            f"config.json: `rope_scaling.{key}` must list {rotary_dim // 2} positive numbers "
+            f"(one per rotated frequency); got {value!r}"
+        )
+    return tuple(float(v) for v in value)  # type: ignore[union-attr]
 
 
 def _layer_windows(
@@ -357,7 +433,7 @@ def _layer_windows(
 
 def _sliding_window(config: Mapping[str, Any], model_type: str) -> int | None:
     window = config.get("sliding_window")
-    if model_type == "mistral":
+    if model_type in ("mistral", "phi3"):
         return None if window is None else int(window)
     if model_type in ("qwen2", "qwen3") and config.get("use_sliding_window") and window:
         # Qwen's window applies only from layer `max_window_layers` on: not implemented.

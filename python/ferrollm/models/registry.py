@@ -12,11 +12,15 @@ from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.models.config import SUPPORTED_ARCHITECTURES, resolve_architecture
 from ferrollm.models.gemma import GemmaConfigLike, GemmaForCausalLM
 from ferrollm.models.llama import LlamaForCausalLM
+from ferrollm.models.phi3 import Phi3ConfigLike, Phi3ForCausalLM
 
 #: Architectures with a model class of their own; every other one in ``SUPPORTED_ARCHITECTURES``
 #: runs on ``LlamaForCausalLM``, what sets those families apart (biases, q/k norm, sliding
 #: window, tied embeddings) resolved into ``ModelConfig``, not into classes.
-_OWN_CLASSES: Mapping[str, type[LlamaForCausalLM]] = {"Gemma3ForCausalLM": GemmaForCausalLM}
+_OWN_CLASSES: Mapping[str, type[LlamaForCausalLM]] = {
+    "Gemma3ForCausalLM": GemmaForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
+}
 
 #: Architecture name -> model class, for every name of ``SUPPORTED_ARCHITECTURES`` (the one
 #: list of architectures).
@@ -33,7 +37,7 @@ def resolve_model_class(architectures: str | Sequence[str]) -> type[LlamaForCaus
     return MODEL_REGISTRY[resolve_architecture(architectures)]
 
 
-class ModelConfigLike(GemmaConfigLike, Protocol):
+class ModelConfigLike(GemmaConfigLike, Phi3ConfigLike, Protocol):
     """A model config that also names its architecture."""
 
     @property
