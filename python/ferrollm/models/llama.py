@@ -55,10 +55,6 @@ if TYPE_CHECKING:
 class LlamaConfigLike(Protocol):
     """The config fields this model reads (``ferrollm.models.config.ModelConfig`` has them)."""
 
-    def build_rotary(self, config: Any) -> RotaryEmbedding:
-        """The rope every layer shares (a family turning part of each head overrides it)."""
-        return RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
-
     @property
     def vocab_size(self) -> int: ...
     @property
@@ -280,6 +276,10 @@ class LlamaForCausalLM(nn.Module):
         self.layer_windows: tuple[int, ...] = ()
         #: How this rank splits fused checkpoint tensors, by layer suffix.
         self.fused_parts = self.layout.fused_parts(config)
+
+    def build_rotary(self, config: Any) -> RotaryEmbedding:
+        """The rope every layer shares (a family turning part of each head overrides it)."""
+        return RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
 
     @property
     def vocab_size(self) -> int:
