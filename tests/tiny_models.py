@@ -56,6 +56,20 @@ TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "tied": ("LlamaConfig", {"tie_word_embeddings": True}),  # SmolLM2-like
     # Llama's optional biases: q/k/v/o (attention_bias) and gate/up/down (mlp_bias).
     "llama-bias": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
+    # Fused qkv_proj / gate_up_proj tensors; long rope over 12 of each head's 16 dims, its
+    # original context short enough that a whole-context engine runs the long factors.
+    "phi3": (
+        "Phi3Config",
+        {
+            "partial_rotary_factor": 0.75,
+            "original_max_position_embeddings": 64,
+            "rope_scaling": {
+                "rope_type": "longrope",
+                "short_factor": [1.0, 1.2, 1.5, 2.0, 2.5, 3.0],
+                "long_factor": [1.0, 2.0, 4.0, 8.0, 12.0, 16.0],
+            },
+        },
+    ),
 }
 
 #: Families ``build_tiny_model`` also builds, outside the per-family sweeps of `TINY_FAMILIES`

@@ -25,6 +25,7 @@ EXPECTED_FLAGS = {
     "qwen3": (False, False, False, True, False),
     "tied": (False, False, False, False, True),
     "llama-bias": (True, True, True, False, False),
+    "phi3": (False, False, False, False, False),
 }
 
 
@@ -86,6 +87,15 @@ def test_hf_config_matches_transformers(tiny_family: str, tiny_model_dir: Path) 
     hf_scaling = {k: v for k, v in hf.rope_parameters.items() if k != "rope_theta"}
     if hf_scaling["rope_type"] == "default":
         assert config.rope_scaling is None
+    elif hf_scaling["rope_type"] == "longrope":  # ours resolves factor and attention_factor
+        scaling = config.rope_scaling
+        assert scaling is not None
+        assert list(scaling.short_factor or ()) == hf_scaling["short_factor"]
+        assert list(scaling.long_factor or ()) == hf_scaling["long_factor"]
+        original = hf_scaling["original_max_position_embeddings"]
+        assert scaling.original_max_position_embeddings == original
+        assert scaling.factor == hf.max_position_embeddings / original
+        assert config.partial_rotary_factor == hf_scaling["partial_rotary_factor"]
     else:
         assert dict(config.rope_scaling or {}) == hf_scaling
     assert config.eos_token_ids == (2,)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -279,10 +280,12 @@ def test_glm_defaults_are_transformers() -> None:
     assert (
         config(architectures=["GlmForCausalLM"], rope_parameters=rope).partial_rotary_factor == 0.25
     )
-    assert config(partial_rotary_factor=0.5, attention_bias=False).partial_rotary_factor == 0.5
-    assert config().partial_rotary_factor == 1.0  # Llama: whole heads
+    glm = {"architectures": ["GlmForCausalLM"]}
+    assert config(**glm, partial_rotary_factor=0.75).partial_rotary_factor == 0.75
+    # Llama turns whole heads: transformers' Llama cannot run a partial rotary either.
+    assert config(partial_rotary_factor=0.5).partial_rotary_factor == 1.0
     with pytest.raises(ValueError, match="`partial_rotary_factor` must be in"):
-        config(partial_rotary_factor=2.0)
+        config(**glm, partial_rotary_factor=2.0)
 
 
 @pytest.mark.parametrize("architecture", ["ChatGLMModel", "ChatGLMForConditionalGeneration"])
@@ -323,3 +326,81 @@ def test_chatglm_errors_name_its_keys(
     bad = {k: v for k, v in {**CHATGLM3_6B, **changes}.items() if v is not None}
     with pytest.raises(error, match=message):
         ModelConfig.from_hf_dict(bad)
+
+
+#: Phi-3-mini-128k's shape of config.json (transformers < 5), with 4 factors per set (head 8).
+PHI3: dict[str, Any] = {
+    **BASE,
+    "architectures": ["Phi3ForCausalLM"],
+    "model_type": "phi3",
+    "max_position_embeddings": 131072,
+    "original_max_position_embeddings": 4096,
+    "sliding_window": 262144,
+    "rope_scaling": {
+        "type": "longrope",
+        "short_factor": [1.0, 1.1, 1.2, 1.3],
+        "long_factor": [1.0, 2.0, 4.0, 8.0],
+    },
+}
+
+
+def test_phi3_long_rope_resolves_factor_and_attention_factor() -> None:
+    c = ModelConfig.from_hf_dict(PHI3)
+    scaling = c.rope_scaling
+    assert scaling is not None and scaling.rope_type == "longrope"
+    assert (c.attention_bias, c.o_proj_bias, c.mlp_bias, c.qk_norm) == (False,) * 4
+    assert (c.sliding_window, c.partial_rotary_factor) == (262144, 1.0)
+    assert scaling.factor == 32.0  # max_position_embeddings / original
+    assert scaling.attention_factor == pytest.approx((1 + math.log(32) / math.log(4096)) ** 0.5)
+    assert (scaling.short_factor, scaling.long_factor) == ((1.0, 1.1, 1.2, 1.3), (1, 2, 4, 8))
+    assert scaling["original_max_position_embeddings"] == 4096
+
+
+@pytest.mark.parametrize(
+    ("changes", "rope", "expected"),
+    [
+        # (factor, attention_factor, original_max_position_embeddings)
+        ({}, {"attention_factor": 1.25}, (32.0, 1.25, 4096)),  # the config's own
+        ({}, {"factor": 2.0}, (2.0, (1 + math.log(2) / math.log(4096)) ** 0.5, 4096)),
+        ({"max_position_embeddings": 4096}, {}, (1.0, 1.0, 4096)),  # no extension: 1
+        ({}, {"type": "su"}, (32.0, None, 4096)),  # Phi-3's first name for it
+        # transformers prefers the top-level original context, else the model's own.
+        ({}, {"original_max_position_embeddings": 8192}, (32.0, None, 4096)),
+        ({"original_max_position_embeddings": None}, {}, (1.0, 1.0, 131072)),
+    ],
+)
+def test_phi3_long_rope_dialects(
+    changes: dict[str, Any], rope: dict[str, Any], expected: tuple[float, float | None, int]
+) -> None:
+    c = ModelConfig.from_hf_dict(
+        {**PHI3, **changes, "rope_scaling": {**PHI3["rope_scaling"], **rope}}
+    )
+    scaling = c.rope_scaling
+    assert scaling is not None
+    factor, attention, original = expected
+    assert (scaling.factor, scaling.original_max_position_embeddings) == (factor, original)
+    if attention is not None:
+        assert scaling.attention_factor == pytest.approx(attention)
+
+
+def test_partial_rotary_factor_is_phi3s_and_sizes_the_factor_lists() -> None:
+    # transformers >= 5 moves it into rope_parameters; older configs keep it top-level.
+    rope = {**PHI3["rope_scaling"], "short_factor": [1.0] * 3, "long_factor": [2.0] * 3}
+    top = ModelConfig.from_hf_dict({**PHI3, "partial_rotary_factor": 0.75, "rope_scaling": rope})
+    inside = ModelConfig.from_hf_dict(
+        {**PHI3, "rope_scaling": None, "rope_parameters": {**rope, "partial_rotary_factor": 0.75}}
+    )
+    assert top.partial_rotary_factor == inside.partial_rotary_factor == 0.75
+    assert top.rope_scaling == inside.rope_scaling
+    # Llama's rope turns every dim whatever the key says (transformers ignores it there).
+    assert config(partial_rotary_factor=0.5).partial_rotary_factor == 1.0
+    with pytest.raises(ValueError, match=r"`rope_scaling.short_factor` must list 4 positive"):
+        ModelConfig.from_hf_dict({**PHI3, "rope_scaling": rope})
+    with pytest.raises(ValueError, match=r"`partial_rotary_factor` must be in \(0, 1\]"):
+        ModelConfig.from_hf_dict({**PHI3, "partial_rotary_factor": 1.5})
+
+
+def test_phi3_without_long_rope() -> None:
+    # Phi-3-mini-4k: plain rope, a 2047-token window.
+    c = ModelConfig.from_hf_dict({**PHI3, "rope_scaling": None, "sliding_window": 2047})
+    assert (c.rope_scaling, c.sliding_window, c.architecture) == (None, 2047, "Phi3ForCausalLM")

@@ -28,6 +28,7 @@ from tiny_models import chatglm_name, to_chatglm
 
 BLOCK_SIZE = 4
 NUM_NEW_TOKENS = 8
+MAX_MODEL_LEN = 64
 VOCAB = 384
 SMALL = {
     "vocab_size": VOCAB,
@@ -50,6 +51,16 @@ LLAMA3_ROPE = {
 }
 GLM_ROPE = {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.5}
 GLM = {"pad_token_id": 0, "rope_parameters": GLM_ROPE}  # the default pad id lies past VOCAB
+# Long rope whose original context (64) covers MAX_MODEL_LEN, so the engine runs the short
+# factors, as transformers does for these prompts; cos/sin scaled by sqrt(1 + ln 4 / ln 64).
+PHI3_LONGROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 10000.0,
+    "short_factor": [1.0, 1.3, 1.7, 2.2, 3.1, 4.5],
+    "long_factor": [1.0, 2.5, 4.0, 6.0, 9.0, 16.0],
+    "original_max_position_embeddings": MAX_MODEL_LEN,
+}
+PHI3_IDS = {"eos_token_id": 2, "pad_token_id": 0}  # Phi3Config's 32000 lie past VOCAB
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama3": ("LlamaConfig", {"rope_parameters": LLAMA3_ROPE}),
     "mistral": ("MistralConfig", {"sliding_window": 7}),
@@ -105,6 +116,18 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "glm4": ("Glm4Config", {"head_dim": 16, **GLM}),  # + post-block norms
     # A GlmForCausalLM saved as ChatGLM3's original checkpoint (`tiny_models.to_chatglm`).
     "chatglm": ("GlmConfig", {"head_dim": 16, **GLM}),
+    # Fused qkv_proj / gate_up_proj checkpoint tensors, a window; then long rope over 12 of
+    # each head's 16 dims (Phi-4-mini's partial rotary).
+    "phi3": ("Phi3Config", {**PHI3_IDS, "sliding_window": 7}),
+    "phi3-longrope": (
+        "Phi3Config",
+        {
+            **PHI3_IDS,
+            "partial_rotary_factor": 0.75,
+            "original_max_position_embeddings": MAX_MODEL_LEN,
+            "rope_parameters": PHI3_LONGROPE,
+        },
+    ),
 }
 
 
@@ -155,6 +178,7 @@ class Family:
         """Our model in ``dtype``, with the HF model's weights."""
         if dtype not in self._models:
             model = build_model(self.config, torch.device("cpu"), dtype)
+            model.set_max_model_len(MAX_MODEL_LEN)  # as the engine does once its cache is sized
             model.load_weights(self.state.items())
             self._models[dtype] = model
         return self._models[dtype]
@@ -216,7 +240,7 @@ def run_ours(
             num_blocks=num_blocks,
             block_size=BLOCK_SIZE,
             max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=64,
+            max_model_len=MAX_MODEL_LEN,
         )
     )
     params = SamplingParams(n=n, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
@@ -348,5 +372,7 @@ def test_load_weights_names_bad_tensors(family: Family) -> None:
     with pytest.raises(ValueError, match=r"`model\.extra\.weight` does not belong"):
         model.load_weights([("model.extra.weight", torch.zeros(1))])
     name = family.name("model.layers.0.self_attn.k_proj.weight")
+    if model.fused_checkpoint:  # q, k and v in one tensor
+        name = "model.layers.0.self_attn.qkv_proj.weight"
     with pytest.raises(ValueError, match="shape"):
         model.load_weights([(name, state[name][:-1])])

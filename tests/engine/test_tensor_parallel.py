@@ -94,6 +94,7 @@ def test_two_ranks_match_one(models: Callable[..., str], tmp_path: Path) -> None
         _case("llama-bias", models("llama-bias")),  # o_proj / down biases after the reduce
         _case("tied", models("tied")),
         _case("llama3", models("llama3")),  # rope scaling
+        _case("phi3", models("phi3")),  # fused q/k/v and gate/up tensors, split per rank
         _case("qwen2-one-kv-head", models("qwen2", num_key_value_heads=1)),  # replicated
         _case("gguf-f32", models("mistral", gguf="F32")),  # llama.cpp's q/k row permutation
         # Dense from Q8_0 blocks with o_proj split mid-block: the covering blocks, trimmed.
@@ -109,6 +110,7 @@ def test_two_ranks_match_one(models: Callable[..., str], tmp_path: Path) -> None
         _case("rtn-int4", models("llama-bias"), "int4"),
         _case("rtn-int8", models("qwen2"), "int8"),
         _case("chatglm-int8", models("chatglm"), "int8"),
+        _case("phi3-int8", models("phi3"), "int8"),
     ]
     ranks = run_group(dense + quantized, 2, tmp_path)
     reference = run_single(dense + quantized)

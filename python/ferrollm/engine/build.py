@@ -101,6 +101,7 @@ def build_runner(
         raise
     if group is not None:
         kv_plan = group.agree(kv_plan)
+    model.set_max_model_len(kv_plan.max_model_len)
     kv_cache = KVCache(spec, kv_plan.num_blocks, platform.device)
     make_runner = ModelRunner if group is None else group.make_runner
     runner = make_runner(model, kv_cache, platform.device, dtype, platform.attention_backend())

@@ -112,6 +112,23 @@ class Linear(nn.Module):
         if len(self._pending) == len(self.shard_slices):
             self._finish()
 
+    def load_fused(
+        self, name: str, kind: str, tensor: Weight, parts: Sequence[tuple[str, int, int, int]]
+    ) -> None:
+        """Load checkpoint tensor ``name`` that stacks several shards along its rows (Phi-3's
+        ``qkv_proj``): ``parts`` are ``(shard, rows, start, stop)`` in the tensor's order
+        (``FusedPart``), and each shard loads its ``[start, stop)`` of its own rows."""
+        total = sum(rows for _, rows, _, _ in parts)
+        if tensor.shape[0] != total:
+            raise ValueError(
+                f"checkpoint tensor `{name}` has shape {tuple(tensor.shape)}; the model expects "
+                f"{total} rows ({' + '.join(f'{shard} {rows}' for shard, rows, _, _ in parts)})"
+            )
+        offset = 0
+        for shard, rows, start, stop in parts:
+            self.load_shard(shard, kind, take_rows(tensor, offset + start, offset + stop))
+            offset += rows
+
     def _finish(self) -> None:
         """Every shard is here: keep them as one block weight (or one dense weight)."""
         dtype = self.compute_dtype
@@ -209,6 +226,13 @@ def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 def dense_tensor(tensor: Weight, dtype: torch.dtype) -> torch.Tensor:
     """A checkpoint tensor as a dense one in ``dtype`` (dequantizing `GgmlBlocks`)."""
     return tensor.dequantize(dtype) if isinstance(tensor, GgmlBlocks) else tensor.to(dtype)
+
+
+def take_rows(tensor: Weight, start: int, stop: int) -> Weight:
+    """Rows ``[start, stop)`` of a checkpoint tensor (a bias's elements), dense or blocks."""
+    if isinstance(tensor, GgmlBlocks):
+        return tensor.rows(torch.arange(start, stop))
+    return tensor[start:stop]
 
 
 def embedding_lookup(table: GgmlBlocks, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

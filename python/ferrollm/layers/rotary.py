@@ -1,8 +1,17 @@
-"""Rotary position embeddings (rotate-half layout), with Llama 3 frequency scaling.
+"""Rotary position embeddings (rotate-half layout), with Llama 3 and long-rope scaling.
 
 The layout is Hugging Face's: a head's first half pairs with its second half. GGUF files store
 Llama Q/K weights permuted for llama.cpp's interleaved layout; the loader undoes that, so the
-model only ever sees this one layout.
+model only ever sees this one layout. A partial rotary (``rotary_dim`` below the head size)
+turns a head's first ``rotary_dim`` dims that way and passes the rest through.
+
+Long rope (Phi-3, Phi-4) has two sets of per-frequency factors, one for contexts up to the
+pretrained ``original_max_position_embeddings`` and one past it. transformers picks the set per
+forward from the sequence's current length, so a sequence that grows past the original length
+switches sets with its earlier keys cached under the other: no paged cache can follow that.
+Like vLLM (``Phi3LongRoPEScaledRotaryEmbedding``), ``RotaryEmbedding`` picks one set for the
+whole engine from its ``max_model_len``: the long factors when sequences may grow past the
+original length, else the short ones (then every sequence matches transformers exactly).
 """
 
 from __future__ import annotations
@@ -14,21 +23,30 @@ from typing import Any
 import torch
 
 #: Rope types this module implements (``rope_scaling["rope_type"]``); None means plain RoPE.
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
 def rope_inv_freq(
-    head_dim: int, rope_theta: float, rope_scaling: Mapping[str, Any] | None
+    head_dim: int,
+    rope_theta: float,
+    rope_scaling: Mapping[str, Any] | None,
+    *,
+    long_context: bool = False,
 ) -> torch.Tensor:
-    """The float32 inverse frequencies ``[head_dim // 2]`` for this model's RoPE.
+    """The float32 inverse frequencies ``[head_dim // 2]`` for this model's RoPE
+    (``head_dim``: the dims rope turns); ``long_context`` picks long rope's long factors.
 
     Computed exactly as transformers does (same ops, same order), so positions produce
     bit-identical angles and greedy decoding can match it token for token.
     """
     # Always on the CPU: models are built under torch.device("meta"), which must not catch this.
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
-    inv_freq = 1.0 / (rope_theta**exponents)
     rope_type = _rope_type(rope_scaling)
+    if rope_scaling is not None and rope_type == "longrope":
+        key = "long_factor" if long_context else "short_factor"
+        factors = torch.tensor(rope_scaling[key], dtype=torch.float32, device="cpu")
+        return 1.0 / (factors * rope_theta**exponents)
+    inv_freq = 1.0 / (rope_theta**exponents)
     if rope_scaling is None or rope_type == "default":
         return inv_freq
     if rope_type == "linear":
@@ -64,32 +82,79 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: Mapping[str, Any]) -> torc
     return torch.where(is_medium, smoothed, scaled)
 
 
+def rope_attention_factor(rope_scaling: Mapping[str, Any] | None) -> float:
+    """The scale on cos/sin: long rope's ``attention_factor`` (resolved in ``ModelConfig``),
+    else 1."""
+    if rope_scaling is None or _rope_type(rope_scaling) != "longrope":
+        return 1.0
+    return float(rope_scaling["attention_factor"])
+
+
+def uses_long_factors(rope_scaling: Mapping[str, Any] | None, max_model_len: int) -> bool:
+    """Whether long rope runs its long factors for an engine of ``max_model_len`` tokens: when
+    a sequence may grow past the pretrained context (see the module docstring)."""
+    if rope_scaling is None or _rope_type(rope_scaling) != "longrope":
+        return False
+    return max_model_len > int(rope_scaling["original_max_position_embeddings"])
+
+
 class RotaryEmbedding:
     """Cos/sin tables for a batch of positions, computed once per step and shared by layers.
+
+    ``rotary_dim`` (default ``head_dim``) is how many of each head's dims turn;
+    ``max_model_len`` (default: the original context, so long rope's short factors) is the
+    longest sequence the engine runs, which picks long rope's factors (``set_max_model_len``).
 
     No parameters and no buffer: ``inv_freq`` must stay float32 whatever the model dtype, so it
     is kept out of ``Module.to(dtype)`` and copied to the positions' device on first use.
     """
 
     def __init__(
-        self, head_dim: int, rope_theta: float, rope_scaling: Mapping[str, Any] | None
+        self,
+        head_dim: int,
+        rope_theta: float,
+        rope_scaling: Mapping[str, Any] | None,
+        *,
+        rotary_dim: int | None = None,
+        max_model_len: int = 0,
     ) -> None:
         self.head_dim = head_dim
-        self.inv_freq = rope_inv_freq(head_dim, rope_theta, rope_scaling)
+        self.rotary_dim = rotary_dim or head_dim
+        self.rope_theta = rope_theta
+        self.rope_scaling = rope_scaling
+        self.attention_factor = rope_attention_factor(rope_scaling)
+        self.set_max_model_len(max_model_len)
+
+    def set_max_model_len(self, max_model_len: int) -> None:
+        """Pick the frequencies for sequences of up to ``max_model_len`` tokens (long rope's
+        long factors past the original context); call before the tables are captured."""
+        #: Whether long rope runs its long factors.
+        self.long_context = uses_long_factors(self.rope_scaling, max_model_len)
+        self.inv_freq = rope_inv_freq(
+            self.rotary_dim, self.rope_theta, self.rope_scaling, long_context=self.long_context
+        )
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)``, each ``[num_tokens, head_dim]`` in ``dtype``, for int ``positions``."""
+        """``(cos, sin)``, each ``[num_tokens, rotary_dim]`` in ``dtype``, for int ``positions``."""
         if self.inv_freq.device != positions.device:
             self.inv_freq = self.inv_freq.to(positions.device)
         freqs = positions[:, None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = emb.cos(), emb.sin()
+        if self.attention_factor != 1.0:  # in float32 before the cast, as transformers does
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [num_tokens, num_heads, head_dim]`` by the per-token angles in ``cos``/``sin``."""
+    """Rotate ``x [num_tokens, num_heads, head_dim]`` by the per-token angles in ``cos``/``sin``
+    (``[num_tokens, rotary_dim]``); dims past ``rotary_dim`` pass through unchanged."""
+    rotary_dim = cos.shape[-1]
+    if rotary_dim < x.shape[-1]:
+        turned = apply_rotary(x[..., :rotary_dim], cos, sin)
+        return torch.cat((turned, x[..., rotary_dim:]), dim=-1)
     cos = cos.unsqueeze(1)
     sin = sin.unsqueeze(1)
     half = x.shape[-1] // 2

@@ -8,6 +8,7 @@ q/k/v bias, Qwen3's q/k norm and head size) come from the architecture, not the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from types import MappingProxyType
@@ -45,6 +46,8 @@ class ArchitectureInfo:
     activations: tuple[str, ...] = ("silu",)
     #: transformers' default ``sliding_window`` when a family's config.json omits it.
     default_sliding_window: int | None = None
+    #: Rope turns only the first ``partial_rotary_factor`` of each head's dims (Phi-4-mini).
+    partial_rotary: bool = False
 
 
 #: Every architecture (``config.json`` ``architectures``) ferrollm runs: the one list of them.
@@ -70,17 +73,28 @@ SUPPORTED_ARCHITECTURES: Mapping[str, ArchitectureInfo] = MappingProxyType(
         # GLM-4 (models/glm.py): q/k/v bias, partial rotary in interleaved pairs, fused
         # gate/up; Glm4 adds a norm after each block; ChatGLM3 / GLM-4's original checkpoints
         # are GLM under other config keys and tensor names (models/glm_config.py).
-        "GlmForCausalLM": ArchitectureInfo("glm", None, False, False, False, 131072, 128),
-        "Glm4ForCausalLM": ArchitectureInfo("glm4", None, False, False, False, 131072, 128),
-        "ChatGLMModel": ArchitectureInfo("chatglm", None, False, False, False, 8192, None),
+        "GlmForCausalLM": ArchitectureInfo(
+            "glm", None, False, False, False, 131072, 128, partial_rotary=True
+        ),
+        "Glm4ForCausalLM": ArchitectureInfo(
+            "glm4", None, False, False, False, 131072, 128, partial_rotary=True
+        ),
+        "ChatGLMModel": ArchitectureInfo(
+            "chatglm", None, False, False, False, 8192, None, partial_rotary=True
+        ),
         "ChatGLMForConditionalGeneration": ArchitectureInfo(
-            "chatglm", None, False, False, False, 8192, None
+            "chatglm", None, False, False, False, 8192, None, partial_rotary=True
+        ),
+        # Phi-3 and Phi-4: fused qkv/gate_up checkpoints, long rope, partial rotary
+        # (models/phi3.py).
+        "Phi3ForCausalLM": ArchitectureInfo(
+            "phi3", False, False, False, False, 4096, None, partial_rotary=True
         ),
     }
 )
 
 #: Rope scaling types ferrollm implements; "default" (or no scaling) becomes None.
-SUPPORTED_ROPE_TYPES = ("linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("linear", "llama3", "longrope")
 
 
 @dataclass(frozen=True)
@@ -96,7 +110,13 @@ class RopeScaling(Mapping[str, Any]):
     # llama3 only:
     low_freq_factor: float | None = None
     high_freq_factor: float | None = None
+    #: llama3 and longrope: the context the model was pretrained on.
     original_max_position_embeddings: int | None = None
+    # longrope only: per-frequency divisors of the inverse frequencies, for contexts up to
+    # the original one and past it, and the scale on cos/sin (resolved: never None there).
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
+    attention_factor: float | None = None
 
     def __getitem__(self, key: str) -> Any:
         value = getattr(self, key, None) if key in self._names() else None
@@ -163,7 +183,8 @@ class ModelConfig:
     final_logit_softcapping: float | None = None
     #: the sparse MLP layers' experts and routing (Mixtral, Qwen MoE); None for dense models.
     moe: MoeParams | None = None
-    #: the share of each head that rope rotates, from its start (GLM: 0.5); the rest passes.
+    #: the share of each head's dims that rope turns, from its start (GLM: 0.5, Phi-4-mini:
+    #: 0.75); the rest pass through.
     partial_rotary_factor: float = 1.0
 
     @property
@@ -193,6 +214,14 @@ class ModelConfig:
         layer_windows = _layer_windows(config, info, num_layers)
         local_rope = _local_rope_parameters(config) if layer_windows else None
         _check_softcap(config)
+        head_dim = int_field(
+            config, "head_dim", default=info.default_head_dim or hidden_size // num_heads
+        )
+        rope = _rope_parameters(config, "full_attention")
+        partial = _partial_rotary_factor(config, rope) if info.partial_rotary else 1.0
+        max_len = int_field(
+            config, "max_position_embeddings", default=info.default_max_position_embeddings
+        )
         return cls(
             architecture=architecture,
             model_type=info.model_type,
@@ -202,15 +231,11 @@ class ModelConfig:
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
             num_key_value_heads=num_kv_heads,
-            head_dim=int_field(
-                config, "head_dim", default=info.default_head_dim or hidden_size // num_heads
-            ),
+            head_dim=head_dim,
             rms_norm_eps=float_field(config, "rms_norm_eps", default=1e-6),
-            rope_theta=_rope_theta(config, _rope_parameters(config, "full_attention")),
-            rope_scaling=_rope_scaling(_rope_parameters(config, "full_attention")),
-            max_position_embeddings=int_field(
-                config, "max_position_embeddings", default=info.default_max_position_embeddings
-            ),
+            rope_theta=_rope_theta(config, rope),
+            rope_scaling=_rope_scaling(rope, config, max_len, int(head_dim * partial)),
+            max_position_embeddings=max_len,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=attention_bias,
             o_proj_bias=o_proj_bias,
@@ -228,7 +253,7 @@ class ModelConfig:
             query_pre_attn_scalar=_optional_float(config, "query_pre_attn_scalar"),
             final_logit_softcapping=_optional_float(config, "final_logit_softcapping"),
             moe=moe_params(config, info.model_type, num_layers),
-            partial_rotary_factor=_partial_rotary_factor(config),
+            partial_rotary_factor=partial,
         )
 
 
@@ -299,19 +324,6 @@ def _check_softcap(config: Mapping[str, Any]) -> None:
         )
 
 
-def _partial_rotary_factor(config: Mapping[str, Any]) -> float:
-    """transformers >= 5 keeps it in ``rope_parameters``, older versions at the top level."""
-    params = config.get("rope_parameters")
-    inner = params.get("partial_rotary_factor") if isinstance(params, Mapping) else None
-    value = config.get("partial_rotary_factor") if inner is None else inner
-    if value is None:
-        return 1.0
-    factor = float_field({"partial_rotary_factor": value}, "partial_rotary_factor", 1.0)
-    if factor > 1:
-        raise ValueError(f"config.json: `partial_rotary_factor` must be in (0, 1]; got {factor}")
-    return factor
-
-
 def _rope_parameters(config: Mapping[str, Any], layer_type: str) -> Mapping[str, Any]:
     """The rope parameters of ``layer_type`` layers: transformers >= 5 writes
     ``rope_parameters`` (theta inside; keyed by layer type where types differ, as Gemma 3's
@@ -342,8 +354,27 @@ def _rope_theta(config: Mapping[str, Any], params: Mapping[str, Any]) -> float:
     return float_field({"rope_theta": theta}, "rope_theta", default=10000.0)
 
 
-def _rope_scaling(params: Mapping[str, Any]) -> RopeScaling | None:
+def _partial_rotary_factor(config: Mapping[str, Any], params: Mapping[str, Any]) -> float:
+    """transformers >= 5 keeps it in ``rope_parameters``, older versions at the top level."""
+    key = "partial_rotary_factor"
+    value = params.get(key, config.get(key, 1.0))
+    factor = float_field({key: value}, key, default=1.0)
+    if factor > 1.0:
+        raise ValueError(f"config.json: `{key}` must be in (0, 1]; got {value!r}")
+    return factor
+
+
+def _rope_scaling(
+    params: Mapping[str, Any],
+    config: Mapping[str, Any] | None = None,
+    max_position_embeddings: int = 0,
+    rotary_dim: int = 0,
+) -> RopeScaling | None:
+    """The scaling of ``params``; ``config`` (top-level keys), ``max_position_embeddings`` and
+    ``rotary_dim`` (dims rope turns) are what long rope reads beyond its parameters."""
     rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type == "su":  # Phi-3's first name for long rope (transformers renames it too)
+        rope_type = "longrope"
     if rope_type == "default":
         return None
     if rope_type not in SUPPORTED_ROPE_TYPES:
@@ -351,6 +382,8 @@ def _rope_scaling(params: Mapping[str, Any]) -> RopeScaling | None:
             f"config.json: rope scaling type {rope_type!r} is not supported; "
             f"supported: {', '.join(SUPPORTED_ROPE_TYPES)} (or none)"
         )
+    if rope_type == "longrope":
+        return _longrope_scaling(params, config or {}, max_position_embeddings, rotary_dim)
     factor = float_field(params, "factor", default=1.0)
     if rope_type == "linear":
         return RopeScaling("linear", factor)
@@ -361,6 +394,41 @@ def _rope_scaling(params: Mapping[str, Any]) -> RopeScaling | None:
         high_freq_factor=float_field(params, "high_freq_factor", default=4.0),
         original_max_position_embeddings=int_field(params, "original_max_position_embeddings"),
     )
+
+
+def _longrope_scaling(
+    params: Mapping[str, Any], config: Mapping[str, Any], max_len: int, rotary_dim: int
+) -> RopeScaling:
+    """Long rope as transformers' ``_compute_longrope_parameters`` resolves it: ``factor`` is
+    the config's or ``max_position_embeddings / original``; the cos/sin scale is the config's
+    ``attention_factor`` or ``sqrt(1 + ln(factor) / ln(original))`` (1 when factor <= 1)."""
+    key = "original_max_position_embeddings"
+    # transformers prefers the top-level key (where Phi-3 saves it) and falls back on the
+    # model's own context.
+    original = int_field({key: config.get(key) or params.get(key)}, key, default=max_len)
+    factor = float_field({"factor": params.get("factor") or max_len / original}, "factor", 1.0)
+    attention = params.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return RopeScaling(
+        "longrope",
+        factor,
+        original_max_position_embeddings=original,
+        short_factor=_rope_factors(params, "short_factor", rotary_dim),
+        long_factor=_rope_factors(params, "long_factor", rotary_dim),
+        attention_factor=float_field({"attention_factor": attention}, "attention_factor", 1.0),
+    )
+
+
+def _rope_factors(params: Mapping[str, Any], key: str, rotary_dim: int) -> tuple[float, ...]:
+    value = params.get(key)
+    ok = isinstance(value, list) and len(value) == rotary_dim // 2
+    if not ok or not all(isinstance(v, (int, float)) and v > 0 for v in value):  # type: ignore[union-attr]
+        raise ValueError(
+            f"config.json: `rope_scaling.{key}` must list {rotary_dim // 2} positive numbers "
+            f"(one per rotated frequency); got {value!r}"
+        )
+    return tuple(float(v) for v in value)  # type: ignore[union-attr]
 
 
 def _layer_windows(
@@ -395,7 +463,7 @@ def _layer_windows(
 
 def _sliding_window(config: Mapping[str, Any], model_type: str) -> int | None:
     window = config.get("sliding_window")
-    if model_type in ("mistral", "mixtral"):
+    if model_type in ("mistral", "mixtral", "phi3"):
         return None if window is None else int(window)
     if (
         model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")

@@ -10,7 +10,8 @@ holds no per-family facts and one class runs every family. Tensors are flat
 ends (through ``AttentionContext``).
 
 Parameter names follow Hugging Face checkpoints except that q/k/v and gate/up projections are
-stored merged (``qkv_proj``, ``gate_up_proj``); ``load_weights`` takes HF names and routes them.
+stored merged (``qkv_proj``, ``gate_up_proj``); ``load_weights`` takes HF names and routes them
+(a family whose checkpoints store them fused, ``fused_checkpoint``, loads those tensors split).
 With a ``quantization`` scheme the linear layers (the LM head too, tied or not) hold packed
 weight-only kernels instead of float weights (``ferrollm.layers.linear``).
 
@@ -238,6 +239,9 @@ class LlamaForCausalLM(nn.Module):
 
     decoder_layer: DecoderLayerFactory = LlamaDecoderLayer
     norm: type[RMSNorm] = RMSNorm
+    #: Whether checkpoints store q/k/v and gate/up stacked, as ``qkv_proj`` and
+    #: ``gate_up_proj`` (Phi-3), rather than one tensor per projection.
+    fused_checkpoint = False
 
     def __init__(
         self,
@@ -268,11 +272,17 @@ class LlamaForCausalLM(nn.Module):
                 scheme=quantization,
             )
         )
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.rotary = self.build_rotary(config)
         #: Mistral-style uniform sliding window (keys within the last ``w`` positions), or None.
         self.sliding_window = config.sliding_window
         #: Other windows some layers use instead (none here; see ``CausalLM.layer_windows``).
         self.layer_windows: tuple[int, ...] = ()
+        #: How this rank splits fused checkpoint tensors, by layer suffix.
+        self.fused_parts = self.layout.fused_parts(config)
+
+    def build_rotary(self, config: Any) -> RotaryEmbedding:
+        """The rope every layer shares (a family turning part of each head overrides it)."""
+        return RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
 
     @property
     def vocab_size(self) -> int:
@@ -283,6 +293,11 @@ class LlamaForCausalLM(nn.Module):
     def num_local_kv_heads(self) -> int:
         """KV heads this rank keeps in its KV cache."""
         return self.layout.num_kv_heads
+
+    def set_max_model_len(self, max_model_len: int) -> None:
+        """The longest sequence the engine will run, known once its KV cache is sized: long
+        rope picks its factors from it (``ferrollm.layers.rotary``). Call before compiling."""
+        self.rotary.set_max_model_len(max_model_len)
 
     def shard_plan(self) -> ShardPlan:
         """The slices of the checkpoint this rank reads (``ModelSource.iter_weights``)."""
@@ -393,12 +408,16 @@ class LlamaForCausalLM(nn.Module):
         ]
         return names
 
-    def _routes(self) -> dict[str, tuple[Linear, str]]:
-        """HF projection path (``model.layers.0.self_attn.q_proj``) -> (layer, shard)."""
-        routes = {}
+    def _routes(self) -> dict[str, tuple[Linear, str | None]]:
+        """HF projection path (``model.layers.0.self_attn.q_proj``) -> (layer, shard); with
+        ``fused_checkpoint``, a merged layer's own path -> (layer, None): all its shards."""
+        routes: dict[str, tuple[Linear, str | None]] = {}
         for path, module in self.named_modules():
             if isinstance(module, Linear):
                 parent = path.rpartition(".")[0]
+                if self.fused_checkpoint and len(module.shard_slices) > 1:
+                    routes[path] = (module, None)
+                    continue
                 for shard in module.shard_slices:
                     routes[f"{parent}.{shard}" if parent else shard] = (module, shard)
         return routes
@@ -411,7 +430,7 @@ class LlamaForCausalLM(nn.Module):
 
     def _load_one(
         self,
-        routes: dict[str, tuple[Linear, str]],
+        routes: dict[str, tuple[Linear, str | None]],
         params: dict[str, nn.Parameter],
         name: str,
         tensor: Weight,
@@ -428,7 +447,10 @@ class LlamaForCausalLM(nn.Module):
         path, _, kind = name.rpartition(".")
         if path in routes:
             layer, shard = routes[path]
-            layer.load_shard(shard, kind, tensor)
+            if shard is None:  # model.layers.{i}.{suffix}: a fused tensor of every shard
+                layer.load_fused(name, kind, tensor, self.fused_parts[path.split(".", 3)[3]])
+            else:
+                layer.load_shard(shard, kind, tensor)
             return
         if name not in params:
             raise ValueError(f"checkpoint tensor `{name}` does not belong to this model")

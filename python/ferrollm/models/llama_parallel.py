@@ -12,7 +12,7 @@ with a ValueError naming ``tensor_parallel_size``, before anything is allocated.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ferrollm.distributed.shard_plan import ShardPlan, TensorSlice
 from ferrollm.distributed.state import ParallelState
@@ -37,6 +37,15 @@ class ShardedConfig(Protocol):
     def num_key_value_heads(self) -> int: ...
     @property
     def head_dim(self) -> int: ...
+
+
+class FusedPart(NamedTuple):
+    """One projection inside a fused checkpoint tensor (Phi-3's ``qkv_proj``), in order."""
+
+    shard: str  # the projection's shard name ("q_proj")
+    rows: int  # its rows in the checkpoint tensor
+    start: int  # this rank's [start, stop) of those rows
+    stop: int
 
 
 @dataclass(frozen=True)
@@ -134,6 +143,27 @@ class LlamaShardLayout:
                 f"`{name}`: each rank's {local} output rows are not a multiple of "
                 f"{INT4_ROW_MULTIPLE}, which the int4 kernel packs",
             )
+
+    def fused_parts(self, config: ShardedConfig) -> dict[str, tuple[FusedPart, ...]]:
+        """How this rank reads fused checkpoint tensors (by layer suffix): a rank's q, k and v
+        rows are three ranges of ``qkv_proj``, not one, so no `TensorSlice` describes them;
+        the tensor is read whole and split here, shard by shard."""
+        d = self.head_dim
+        q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+        q_local = (self.heads[0] * d, self.heads[1] * d)
+        kv_local = (self.kv_heads[0] * d, self.kv_heads[1] * d)
+        inter = config.intermediate_size
+        return {
+            "self_attn.qkv_proj": (
+                FusedPart("q_proj", q, *q_local),
+                FusedPart("k_proj", kv, *kv_local),
+                FusedPart("v_proj", kv, *kv_local),
+            ),
+            "mlp.gate_up_proj": (
+                FusedPart("gate_proj", inter, *self.intermediate),
+                FusedPart("up_proj", inter, *self.intermediate),
+            ),
+        }
 
     def plan(self, num_layers: int, tied: bool) -> ShardPlan:
         """The slice of every sharded checkpoint tensor this rank reads."""

@@ -19,6 +19,7 @@ from ferrollm.models.glm import (
 )
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.moe import MoeConfigLike, MoeForCausalLM
+from ferrollm.models.phi3 import Phi3ConfigLike, Phi3ForCausalLM
 
 #: Architectures with a model class of their own; every other one in ``SUPPORTED_ARCHITECTURES``
 #: runs on ``LlamaForCausalLM``, what sets those families apart (biases, q/k norm, sliding
@@ -32,6 +33,7 @@ _OWN_CLASSES: Mapping[str, type[LlamaForCausalLM]] = {
     "Glm4ForCausalLM": Glm4ForCausalLM,
     "ChatGLMModel": ChatGlmForCausalLM,
     "ChatGLMForConditionalGeneration": ChatGlmForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
 }
 
 #: Architecture name -> model class, for every name of ``SUPPORTED_ARCHITECTURES`` (the one
@@ -49,7 +51,7 @@ def resolve_model_class(architectures: str | Sequence[str]) -> type[LlamaForCaus
     return MODEL_REGISTRY[resolve_architecture(architectures)]
 
 
-class ModelConfigLike(GemmaConfigLike, MoeConfigLike, GlmConfigLike, Protocol):
+class ModelConfigLike(GemmaConfigLike, MoeConfigLike, GlmConfigLike, Phi3ConfigLike, Protocol):
     """A model config that also names its architecture."""
 
     @property
