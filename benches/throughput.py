@@ -12,9 +12,10 @@ One line per batch size: output tokens/s (best of `--repeats`) for both, and the
 ``--compile both`` also builds a second ferrollm engine with compiled decode steps
 (``--compile on``; the first is eager) and prints both side by side with their ratio.
 
-Usage: python benches/throughput.py [--model FILE.gguf] [--batches 1 8 32] [--max-tokens 128] [--repeats 1]
-                                    [--device cpu] [--dtype auto] [--quantization auto]
-                                    [--compile auto|on|off|both] [--no-transformers] [--smoke]
+Usage: python benches/throughput.py [--model FILE.gguf] [--batches 1 8 32] [--max-tokens 128]
+                                    [--repeats 1] [--device cpu] [--dtype auto]
+                                    [--quantization auto] [--compile auto|on|off|both]
+                                    [--no-transformers] [--smoke]
 
 ``--smoke``: batch 1, 4 tokens, ferrollm only (transformers' GGUF load alone takes longer than
 the whole smoke run), eager (``--compile off``: inductor's first compile takes a minute), a

@@ -180,7 +180,7 @@ class GlmForCausalLM(LlamaForCausalLM):
 
     def _load_one(
         self,
-        routes: dict[str, tuple[Linear, str]],
+        routes: dict[str, tuple[Linear, str | None]],
         params: dict[str, nn.Parameter],
         name: str,
         tensor: Weight,
