@@ -32,9 +32,6 @@ from ferrollm.layers.rotary import RotaryEmbedding
 from ferrollm.models.llama import LlamaAttention, LlamaConfigLike, LlamaForCausalLM, LlamaMLP
 from ferrollm.models.llama_parallel import LlamaShardLayout
 
-#: Projections a checkpoint may store as one tensor -> the projections it holds, in row order.
-_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-
 #: ChatGLM's tensor names -> transformers GLM's: substring replacements, applied in order.
 _CHATGLM_NAMES = (
     ("transformer.embedding.word_embeddings.", "model.embed_tokens."),
@@ -128,8 +125,7 @@ class GlmForCausalLM(LlamaForCausalLM):
     """GLM-4 (``GlmForCausalLM``) over paged attention, loading transformers' tensor names."""
 
     decoder_layer = GlmDecoderLayer
-    #: The projections this checkpoint dialect stores fused (see ``_FUSED``).
-    fused_in_checkpoint: tuple[str, ...] = ("gate_up_proj",)
+    fused_checkpoint = frozenset(["gate_up_proj"])
     #: Checkpoint name -> transformers GLM name replacements (none: these are its names).
     renames: tuple[tuple[str, str], ...] = ()
 
@@ -148,29 +144,20 @@ class GlmForCausalLM(LlamaForCausalLM):
                 f"{config.head_dim} rotates {rotary_dim} features; rope needs an even number"
             )
         self.rotary = InterleavedRotaryEmbedding(rotary_dim, config.rope_theta, config.rope_scaling)
-        #: What this rank reads of each unfused projection, by transformers' Llama names.
-        self.llama_plan = super().shard_plan()
 
     def shard_plan(self) -> ShardPlan:
-        """The Llama layout's slices under this checkpoint's names; fused tensors read whole."""
-        plan = self.llama_plan
-        slices = {
-            self.checkpoint_name(name): part
-            for name, part in plan.slices.items()
-            if self._fused_into(name) is None
-        }
+        """The Llama layout's slices under this checkpoint's names (fused tensors, which no
+        slice names, are read whole and split by ``Linear.load_fused``)."""
+        plan = super().shard_plan()
+        slices = {self.checkpoint_name(name): part for name, part in plan.slices.items()}
         return ShardPlan(plan.rank, plan.world_size, slices)
 
     def checkpoint_names(self) -> list[str]:
         """The tensor names a checkpoint of this model must provide, in its own dialect."""
-        return list(dict.fromkeys(map(self.checkpoint_name, super().checkpoint_names())))
+        return [self.checkpoint_name(name) for name in super().checkpoint_names()]
 
     def checkpoint_name(self, name: str) -> str:
-        """The checkpoint's name for our transformers-Llama-named tensor ``name``."""
-        fused = self._fused_into(name)
-        if fused is not None:
-            path, _, kind = name.rpartition(".")
-            name = f"{path.rpartition('.')[0]}.{fused}.{kind}"
+        """The checkpoint's name for our transformers-GLM-named tensor ``name``."""
         for theirs, ours in reversed(self.renames):
             name = name.replace(ours, theirs)
         return name
@@ -187,45 +174,7 @@ class GlmForCausalLM(LlamaForCausalLM):
     ) -> None:
         for theirs, ours in self.renames:
             name = name.replace(theirs, ours)
-        for part_name, part in self._split(name, tensor):
-            super()._load_one(routes, params, part_name, part)
-
-    def _fused_into(self, name: str) -> str | None:
-        """The fused checkpoint projection that holds Llama-named tensor ``name``, if any."""
-        projection = name.rpartition(".")[0].rpartition(".")[2]
-        for fused in self.fused_in_checkpoint:
-            if projection in _FUSED[fused]:
-                return fused
-        return None
-
-    def _split(self, name: str, tensor: Weight) -> list[tuple[str, Weight]]:
-        """A fused tensor as its projections, each cut to this rank's rows; others as is."""
-        path, _, kind = name.rpartition(".")
-        layer, _, projection = path.rpartition(".")
-        if projection not in self.fused_in_checkpoint:
-            return [(name, tensor)]
-        sizes = self._full_sizes(projection)
-        if not isinstance(tensor, torch.Tensor) or tensor.shape[0] != sum(sizes):
-            raise ValueError(
-                f"checkpoint tensor `{name}` has shape {tuple(tensor.shape)}; the model expects "
-                f"{sum(sizes)} dense rows ({' + '.join(map(str, sizes))})"
-            )
-        parts: list[tuple[str, Weight]] = []
-        for part_name, part in zip(_FUSED[projection], torch.split(tensor, sizes), strict=True):
-            full_name = f"{layer}.{part_name}.{kind}"
-            local = self.llama_plan.slice_of(full_name)
-            if local is not None:
-                part = part.narrow(local.dim, local.start, local.size)
-            parts.append((full_name, part.contiguous()))
-        return parts
-
-    def _full_sizes(self, projection: str) -> list[int]:
-        """Rows of each part of fused ``projection`` in the checkpoint (all ranks' rows)."""
-        c = self.config
-        if projection == "gate_up_proj":
-            return [c.intermediate_size, c.intermediate_size]
-        kv = c.num_key_value_heads * c.head_dim
-        return [c.num_attention_heads * c.head_dim, kv, kv]
+        super()._load_one(routes, params, name, tensor)
 
 
 class Glm4ForCausalLM(GlmForCausalLM):
@@ -238,5 +187,5 @@ class ChatGlmForCausalLM(GlmForCausalLM):
     """ChatGLM3 / GLM-4 original checkpoints (``ChatGLMModel``): GLM under Megatron-style
     names, q/k/v fused as ``query_key_value`` and gate/up as ``dense_h_to_4h``."""
 
-    fused_in_checkpoint = ("qkv_proj", "gate_up_proj")
+    fused_checkpoint = frozenset(["qkv_proj", "gate_up_proj"])
     renames = _CHATGLM_NAMES

@@ -239,9 +239,9 @@ class LlamaForCausalLM(nn.Module):
 
     decoder_layer: DecoderLayerFactory = LlamaDecoderLayer
     norm: type[RMSNorm] = RMSNorm
-    #: Whether checkpoints store q/k/v and gate/up stacked, as ``qkv_proj`` and
-    #: ``gate_up_proj`` (Phi-3), rather than one tensor per projection.
-    fused_checkpoint = False
+    #: Merged layers (``qkv_proj``, ``gate_up_proj``) that checkpoints store as one stacked
+    #: tensor (Phi-3 both; GLM gate/up), rather than one tensor per projection.
+    fused_checkpoint: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -415,7 +415,7 @@ class LlamaForCausalLM(nn.Module):
         for path, module in self.named_modules():
             if isinstance(module, Linear):
                 parent = path.rpartition(".")[0]
-                if self.fused_checkpoint and len(module.shard_slices) > 1:
+                if path.rpartition(".")[2] in self.fused_checkpoint:
                     routes[path] = (module, None)
                     continue
                 for shard in module.shard_slices:

@@ -44,7 +44,7 @@ class Phi3ConfigLike(LlamaConfigLike, Protocol):
 class Phi3ForCausalLM(LlamaForCausalLM):
     """Phi-3 / Phi-4's decoder (``Phi3ForCausalLM``) over paged attention."""
 
-    fused_checkpoint = True
+    fused_checkpoint = frozenset(["qkv_proj", "gate_up_proj"])
 
     def build_rotary(self, config: Phi3ConfigLike) -> RotaryEmbedding:
         """Rope over ``partial_rotary_factor`` of each head; until the engine says otherwise
