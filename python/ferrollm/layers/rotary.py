@@ -102,6 +102,8 @@ class RotaryEmbedding:
     """Cos/sin tables for a batch of positions, computed once per step and shared by layers.
 
     ``rotary_dim`` (default ``head_dim``) is how many of each head's dims turn;
+    ``interleaved`` repeats each angle for a pair of adjacent dims (GLM's GPT-J-style layout)
+    instead of once per half;
     ``max_model_len`` (default: the original context, so long rope's short factors) is the
     longest sequence the engine runs, which picks long rope's factors (``set_max_model_len``).
 
@@ -117,8 +119,10 @@ class RotaryEmbedding:
         *,
         rotary_dim: int | None = None,
         max_model_len: int = 0,
+        interleaved: bool = False,
     ) -> None:
         self.head_dim = head_dim
+        self.interleaved = interleaved
         self.rotary_dim = rotary_dim or head_dim
         self.rope_theta = rope_theta
         self.rope_scaling = rope_scaling
@@ -141,7 +145,10 @@ class RotaryEmbedding:
         if self.inv_freq.device != positions.device:
             self.inv_freq = self.inv_freq.to(positions.device)
         freqs = positions[:, None].float() * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
+        if self.interleaved:
+            emb = freqs.repeat_interleave(2, dim=-1)
+        else:
+            emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos(), emb.sin()
         if self.attention_factor != 1.0:  # in float32 before the cast, as transformers does
             cos, sin = cos * self.attention_factor, sin * self.attention_factor

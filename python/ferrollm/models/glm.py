@@ -29,7 +29,12 @@ from ferrollm.layers.attention import AttentionContext
 from ferrollm.layers.linear import Linear, Weight
 from ferrollm.layers.norm import RMSNorm
 from ferrollm.layers.rotary import RotaryEmbedding
-from ferrollm.models.llama import LlamaAttention, LlamaConfigLike, LlamaForCausalLM, LlamaMLP
+from ferrollm.models.llama import (
+    LlamaAttention,
+    LlamaConfigLike,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+)
 from ferrollm.models.llama_parallel import LlamaShardLayout
 
 #: ChatGLM's tensor names -> transformers GLM's: substring replacements, applied in order.
@@ -52,21 +57,6 @@ class GlmConfigLike(LlamaConfigLike, Protocol):
     def partial_rotary_factor(self) -> float: ...
 
 
-class InterleavedRotaryEmbedding(RotaryEmbedding):
-    """Cos/sin tables over the rotated features only, each angle repeated for its pair of
-    adjacent features: ``[num_tokens, rotary_dim]`` (``apply_interleaved_rotary``)."""
-
-    def cos_sin(
-        self, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)``, each ``[num_tokens, rotary_dim]`` in ``dtype``."""
-        if self.inv_freq.device != positions.device:
-            self.inv_freq = self.inv_freq.to(positions.device)
-        freqs = positions[:, None].float() * self.inv_freq
-        emb = freqs.repeat_interleave(2, dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
 def apply_interleaved_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate features ``(0, 1), (2, 3) ...`` of each head of ``x [T, heads, head_dim]`` up to
     ``cos``'s width by the per-token angles; the features past it pass unchanged."""
@@ -78,27 +68,16 @@ def apply_interleaved_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     return torch.cat((rot, rest), dim=-1)
 
 
-class GlmDecoderLayer(nn.Module):
-    """Pre-norm attention and MLP blocks, each with a residual (GLM-4, ChatGLM3)."""
+class GlmDecoderLayer(LlamaDecoderLayer):
+    """Llama's block with GLM's rope (GLM-4, ChatGLM3)."""
 
     def __init__(
         self, config: GlmConfigLike, layer_idx: int, scheme: str | None, layout: LlamaShardLayout
     ) -> None:
-        super().__init__()
-        self.self_attn = LlamaAttention(
+        attention = LlamaAttention(
             config, layer_idx, scheme, layout, rotary=apply_interleaved_rotary
         )
-        self.mlp = LlamaMLP(config, scheme, layout)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext
-    ) -> torch.Tensor:
-        """One block over ``h [T, hidden]``."""
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx)
-        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
-        return out
+        super().__init__(config, layer_idx, scheme, layout, attention=attention)
 
 
 class Glm4DecoderLayer(GlmDecoderLayer):
@@ -143,7 +122,13 @@ class GlmForCausalLM(LlamaForCausalLM):
                 f"`partial_rotary_factor` {config.partial_rotary_factor} of `head_dim` "
                 f"{config.head_dim} rotates {rotary_dim} features; rope needs an even number"
             )
-        self.rotary = InterleavedRotaryEmbedding(rotary_dim, config.rope_theta, config.rope_scaling)
+        self.rotary = RotaryEmbedding(
+            config.head_dim,
+            config.rope_theta,
+            config.rope_scaling,
+            rotary_dim=rotary_dim,
+            interleaved=True,
+        )
 
     def shard_plan(self) -> ShardPlan:
         """The Llama layout's slices under this checkpoint's names (fused tensors, which no

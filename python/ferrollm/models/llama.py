@@ -172,14 +172,22 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm attention and MLP blocks, each with a residual connection."""
+    """Pre-norm attention and MLP blocks, each with a residual connection; a family may give
+    its own ``attention`` or ``mlp`` block (GLM's rope, a mixture of experts)."""
 
     def __init__(
-        self, config: LlamaConfigLike, layer_idx: int, scheme: str | None, layout: LlamaShardLayout
+        self,
+        config: LlamaConfigLike,
+        layer_idx: int,
+        scheme: str | None,
+        layout: LlamaShardLayout,
+        *,
+        attention: nn.Module | None = None,
+        mlp: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx, scheme, layout)
-        self.mlp = LlamaMLP(config, scheme, layout)
+        self.self_attn = attention or LlamaAttention(config, layer_idx, scheme, layout)
+        self.mlp = mlp or LlamaMLP(config, scheme, layout)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

@@ -37,11 +37,14 @@ from torch import nn
 from ferrollm.distributed.collectives import all_reduce
 from ferrollm.distributed.shard_plan import ShardPlan, TensorSlice
 from ferrollm.distributed.state import SINGLE, ParallelState
-from ferrollm.layers.attention import AttentionContext
 from ferrollm.layers.fused_moe import Expert, dispatch, select_experts
 from ferrollm.layers.linear import Linear, Weight
-from ferrollm.layers.norm import RMSNorm
-from ferrollm.models.llama import LlamaAttention, LlamaConfigLike, LlamaForCausalLM, LlamaMLP
+from ferrollm.models.llama import (
+    LlamaConfigLike,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaMLP,
+)
 from ferrollm.models.llama_parallel import QUANT_GROUP, LlamaShardLayout
 from ferrollm.models.moe_config import MoeParams
 
@@ -88,29 +91,18 @@ class SparseMoeBlock(nn.Module):
         return out
 
 
-class MoeDecoderLayer(nn.Module):
+class MoeDecoderLayer(LlamaDecoderLayer):
     """The Llama block with a sparse MLP (or the dense one on Qwen's dense layers)."""
 
     def __init__(
         self, config: MoeConfigLike, layer_idx: int, scheme: str | None, layout: LlamaShardLayout
     ) -> None:
-        super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx, scheme, layout)
-        self.mlp: nn.Module = (
+        mlp: nn.Module = (
             LlamaMLP(config, scheme, layout)
             if layer_idx in _moe(config).dense_layers
             else SparseMoeBlock(config, scheme, layout.parallel)
         )
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext
-    ) -> torch.Tensor:
-        """One transformer block over ``h [T, hidden]``."""
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx)
-        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
-        return out
+        super().__init__(config, layer_idx, scheme, layout, mlp=mlp)
 
 
 #: Mixtral's on-disk names -> ours (`MoeForCausalLM.checkpoint_tensors`).
