@@ -90,6 +90,10 @@ MORE_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             "decoder_sparse_step": 2,
         },
     ),
+    "qwen3-moe": (
+        "Qwen3MoeConfig",
+        {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    ),
     "glm": ("GlmConfig", {"head_dim": 16}),
     "glm4": ("Glm4Config", {"head_dim": 16}),
     "chatglm": ("GlmConfig", {"head_dim": 16, "rope_theta": 50000.0}),

@@ -48,6 +48,7 @@ RESULT_LINES: dict[str, list[str]] = {
         rf"linear shape=qkv K=576 N=960 M=1 f32_us={NUM} .* best=\w+$",
         rf"linear copy_bandwidth_GBs={NUM}",
     ],
+    "moe.py": [rf"batch   1: +{NUM} tok/s, expert dispatch +{NUM}% of the time, sparse blocks"],
     "overload.py": [
         rf"capacity clients=2 rps={NUM}",
         r"overload level=5x clients=10 accepted=\d+ rejected=\d+ errors=0 lost=0 ",
