@@ -200,8 +200,10 @@ class AsyncEngine:
     @property
     def is_running(self) -> bool:
         """Whether requests can be served: not shut down, and the engine thread (once
-        started) is alive."""
-        return not self._closed and (self._loop is None or self._loop.is_running)
+        started) is alive and its engine not broken (a broken one's streams may get their
+        errors before the thread ends)."""
+        loop = self._loop
+        return not self._closed and (loop is None or (loop.is_running and not loop.has_failed))
 
     def seconds_since_progress(self) -> float:
         """Seconds since the engine last finished a step, or 0 when it has nothing to do."""

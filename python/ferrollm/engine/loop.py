@@ -118,6 +118,12 @@ class EngineLoop(Generic[Req, Key, Out]):
         """Whether the loop's thread is alive."""
         return self._thread.is_alive()
 
+    @property
+    def has_failed(self) -> bool:
+        """Whether the stepper broke for good (a tensor-parallel rank is gone): the thread is
+        ending, though it may still be posting the failed step's errors."""
+        return self.stepper.fault is not None
+
     def add(self, request: Req) -> None:
         """Queue a request for the next step; a rejection arrives as a delivery."""
         self._put(_Add(request))
