@@ -90,6 +90,18 @@ MORE_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             "decoder_sparse_step": 2,
         },
     ),
+    # Gemma 2: offset norms around both blocks, every other layer sliding, capped scores;
+    # the query scalar is head_dim, as llama.cpp assumes (GGUF has no key for it).
+    "gemma2": (
+        "Gemma2Config",
+        {
+            "head_dim": 16,
+            "sliding_window": 4,
+            "query_pre_attn_scalar": 16,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 3.0,
+        },
+    ),
     "qwen3-moe": (
         "Qwen3MoeConfig",
         {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
@@ -257,6 +269,7 @@ GGUF_FAMILIES = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "llama-bias": "llama",
+    "gemma2": "gemma2",
 }
 
 
@@ -277,9 +290,13 @@ def write_tiny_gguf(hf_dir: Path, path: Path, arch: str, quant_type: str | None 
     writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
-    if arch == "qwen3":
+    if arch in ("qwen3", "gemma2"):
         writer.add_key_length(config["head_dim"])
         writer.add_value_length(config["head_dim"])
+    if arch == "gemma2":
+        writer.add_sliding_window(config["sliding_window"])
+        writer.add_float32("gemma2.attn_logit_softcapping", config["attn_logit_softcapping"])
+        writer.add_float32("gemma2.final_logit_softcapping", config["final_logit_softcapping"])
     else:
         writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
     _write_gguf_tokenizer(writer, hf_dir, config["vocab_size"])
@@ -326,6 +343,8 @@ def _write_gguf_tensors(
             array = _llama_cpp_permute(array, heads)
         if arch == "llama" and ".k_proj." in hf_name:
             array = _llama_cpp_permute(array, kv_heads)
+        if arch == "gemma2" and hf_name.endswith("norm.weight"):
+            array = array + 1.0  # llama.cpp stores Gemma's norms as 1 + w
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if quant_type is not None and array.ndim == 2:
             kind = gguf.GGMLQuantizationType[quant_type]

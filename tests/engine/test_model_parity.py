@@ -72,6 +72,19 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-mlp-bias": ("LlamaConfig", {"mlp_bias": True}),
     # A sliding layer (window 7, shorter than most prompts) then a full one, each with its own
     # rope (the full layers' scaled), a query scalar that is not head_dim, capped logits.
+    # Every other layer sliding (window 7), one rope, attention scores and logits capped (small
+    # caps, so that capping changes the tokens), through the runner's capping backend.
+    "gemma2": (
+        "Gemma2Config",
+        {
+            "head_dim": 16,
+            "sliding_window": 7,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 3.0,
+        },
+    ),
     "gemma3": (
         "Gemma3TextConfig",
         {

@@ -35,6 +35,7 @@ GGUF_ARCHITECTURES: Mapping[str, str] = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
 }
 _FILE_TYPE_DTYPES = {0: "float32", 1: "float16", 32: "bfloat16"}  # general.file_type
@@ -58,17 +59,21 @@ _LAYER_TENSORS = {
 }
 #: Per architecture, layer tensors named otherwise: Gemma's ``ffn_norm`` is the norm before the
 #: MLP, and it has a norm after each block besides.
+_GEMMA_LAYER_TENSORS = {
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _ARCH_LAYER_TENSORS: Mapping[str, Mapping[str, str]] = {
-    "gemma3": {
-        "ffn_norm": "pre_feedforward_layernorm",
-        "post_attention_norm": "post_attention_layernorm",
-        "post_ffw_norm": "post_feedforward_layernorm",
-    },
+    "gemma2": _GEMMA_LAYER_TENSORS,
+    "gemma3": _GEMMA_LAYER_TENSORS,
 }
 #: Architectures whose norms scale by ``1 + w``: llama.cpp's converter stores ``w + 1``.
-_OFFSET_NORM_ARCHITECTURES = frozenset(["gemma3"])
-#: llama.cpp's Gemma 3 layout: every sixth layer attends globally, the others within the window.
-_GEMMA3_SLIDING_WINDOW_PATTERN = 6
+_OFFSET_NORM_ARCHITECTURES = frozenset(["gemma2", "gemma3"])
+#: llama.cpp's Gemma layouts: one layer in this many attends globally, the others within the
+#: window; and the layer count of the 27B models, whose query scale is not ``head_dim``.
+_GEMMA_SLIDING_WINDOW_PATTERN = {"gemma2": 2, "gemma3": 6}
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 _GEMMA_END_OF_TURN = "<end_of_turn>"
 #: Types stored as plain floats (no quantization to keep).
 _DENSE_TYPES = frozenset(["F32", "F16", "BF16", "F64"])
@@ -312,27 +317,32 @@ def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: Sequence[str]) ->
         "eos_token_id": _eos_token_ids(meta),
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
         "dtype": _FILE_TYPE_DTYPES.get(int(meta.get("general.file_type", -1))),
-        **(_gemma3_fields(meta, int(head_dim or 0)) if arch == "gemma3" else {}),
+        **(
+            _gemma_fields(arch, meta, int(head_dim or 0))
+            if arch in _OFFSET_NORM_ARCHITECTURES
+            else {}
+        ),
     }
 
 
-def _gemma3_fields(meta: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
-    """What a Gemma 3 file leaves implicit, as llama.cpp reads it: the window's layout (every
-    sixth layer global) and the query scale (``head_dim``, but hidden / heads in the 62-layer
-    27B, whose head_dim is not that)."""
-    num_layers = int(meta["gemma3.block_count"])
+def _gemma_fields(arch: str, meta: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
+    """What a Gemma file leaves implicit, as llama.cpp reads it: the window's layout (every
+    other layer global in Gemma 2, every sixth in Gemma 3), the query scale (``head_dim``, but
+    hidden / heads in the 27B models, whose head_dim is not that), and Gemma 2's caps."""
     scalar = head_dim
-    if num_layers == 62:
-        scalar = int(meta["gemma3.embedding_length"]) // int(meta["gemma3.attention.head_count"])
+    if int(meta[f"{arch}.block_count"]) == _GEMMA_27B_LAYERS[arch]:
+        scalar = int(meta[f"{arch}.embedding_length"]) // int(meta[f"{arch}.attention.head_count"])
     tokens = meta["tokenizer.ggml.tokens"]
     end_of_turn = [tokens.index(_GEMMA_END_OF_TURN)] if _GEMMA_END_OF_TURN in tokens else []
     return {
         # Instruction-tuned turns end in <end_of_turn>, which the file does not name as eos
         # (transformers' generation_config.json lists both).
         "eos_token_id": _eos_token_ids(meta) + end_of_turn,
-        "sliding_window": int(meta["gemma3.attention.sliding_window"]),
-        "sliding_window_pattern": _GEMMA3_SLIDING_WINDOW_PATTERN,
+        "sliding_window": int(meta[f"{arch}.attention.sliding_window"]),
+        "sliding_window_pattern": _GEMMA_SLIDING_WINDOW_PATTERN[arch],
         "query_pre_attn_scalar": scalar,
+        "attn_logit_softcapping": meta.get(f"{arch}.attn_logit_softcapping"),
+        "final_logit_softcapping": meta.get(f"{arch}.final_logit_softcapping"),
     }
 
 

@@ -23,6 +23,7 @@ from ferrollm.layers.attention import (
     AttentionContext,
     PagedBatch,
     TorchSDPABackend,
+    backend_for,
 )
 
 
@@ -33,6 +34,8 @@ class CausalLM(Protocol):
     #: layers use instead (Gemma's sliding layers between full ones).
     sliding_window: int | None
     layer_windows: tuple[int, ...]
+    #: The cap on its attention scores (Gemma 2), or None.
+    attention_softcap: float | None
 
     @property
     def vocab_size(self) -> int: ...
@@ -86,7 +89,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = device
         self.dtype = dtype
-        self.backend: AttentionBackend = backend or TorchSDPABackend()
+        self.backend = backend_for(model.attention_softcap, backend or TorchSDPABackend())
         #: Compiled graphs for decode steps (``set_compiled``); None = every step eager.
         self.compiled: DecodeGraphs | None = None
 

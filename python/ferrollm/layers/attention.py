@@ -72,6 +72,31 @@ class AttentionBackend(Protocol):
         ...
 
 
+class CappingBackend(AttentionBackend, Protocol):
+    """A backend that can also cap the attention scores (``cap * tanh(s / cap)``, Gemma 2)."""
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        metadata: Any,
+        scale: float,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
+        """``AttentionBackend.forward``, the scores capped at ``softcap`` when given."""
+        ...
+
+
+def backend_for(softcap: float | None, backend: AttentionBackend) -> AttentionBackend:
+    """``backend``, or where a model caps its attention scores (``softcap``) and ``backend``
+    cannot, the gathered SDPA backend, whose math path can (``TorchSDPABackend``)."""
+    if softcap is None or isinstance(backend, TorchSDPABackend):
+        return backend
+    return TorchSDPABackend()
+
+
 @dataclass(frozen=True)
 class AttentionContext:
     """Everything a model's attention layers need for one step."""
@@ -89,13 +114,18 @@ class PagedAttention(nn.Module):
 
     ``window``: this layer's own sliding window where layers differ (Gemma's interleave; the
     step's metadata for it is ``ctx.windowed[window]``); None: the model's window.
+    ``softcap``: scores become ``softcap * tanh(scores / softcap)`` before the softmax (Gemma
+    2); the runner then attends with a backend that can (``backend_for``).
     """
 
-    def __init__(self, layer_idx: int, scale: float, window: int | None = None) -> None:
+    def __init__(
+        self, layer_idx: int, scale: float, window: int | None = None, softcap: float | None = None
+    ) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.scale = scale
         self.window = window
+        self.softcap = softcap
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext
@@ -103,7 +133,10 @@ class PagedAttention(nn.Module):
         """``q [T, heads, D]``, ``k, v [T, kv_heads, D]`` -> ``[T, heads, D]``."""
         kv_cache = ctx.kv_caches[self.layer_idx]
         metadata = ctx.metadata if self.window is None else ctx.windowed[self.window]
-        return ctx.backend.forward(q, k, v, kv_cache, metadata, self.scale)
+        if self.softcap is None:
+            return ctx.backend.forward(q, k, v, kv_cache, metadata, self.scale)
+        backend: CappingBackend = ctx.backend  # type: ignore[assignment]  # see backend_for
+        return backend.forward(q, k, v, kv_cache, metadata, self.scale, self.softcap)
 
 
 @dataclass(frozen=True)
@@ -172,8 +205,10 @@ class TorchSDPABackend:
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         metadata: SDPAMetadata,
         scale: float,
+        softcap: float | None = None,
     ) -> torch.Tensor:
-        """Write the step's K/V into the cache, then attend each group over its gathered keys."""
+        """Write the step's K/V into the cache, then attend each group over its gathered keys
+        (the scores capped at ``softcap`` when given)."""
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
         k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
         v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
@@ -182,10 +217,10 @@ class TorchSDPABackend:
         v_flat.index_copy_(0, metadata.slot_mapping, v.to(v_flat.dtype))
         gqa = q.shape[1] != num_kv_heads
         if len(metadata.groups) == 1 and metadata.groups[0].is_identity:
-            return attend_group(q, k_flat, v_flat, metadata.groups[0], scale, gqa)
+            return attend_group(q, k_flat, v_flat, metadata.groups[0], scale, gqa, softcap)
         out = torch.empty_like(q)
         for group in metadata.groups:
-            o = attend_group(q, k_flat, v_flat, group, scale, gqa)
+            o = attend_group(q, k_flat, v_flat, group, scale, gqa, softcap)
             out.index_copy_(0, group.out_dst, o.index_select(0, group.out_src))
         return out
 
@@ -197,8 +232,10 @@ def attend_group(
     group: RowGroup,
     scale: float,
     gqa: bool,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """One SDPA call over a padded group; returns ``[rows * max_q, heads, D]``."""
+    """One SDPA call over a padded group (the math of `capped_attention` with ``softcap``);
+    returns ``[rows * max_q, heads, D]``."""
     num_rows, max_q = group.q_index.shape
     if group.is_identity:
         qg = q.view(num_rows, max_q, q.shape[1], q.shape[2]).transpose(1, 2)
@@ -206,10 +243,34 @@ def attend_group(
         qg = q[group.q_index].transpose(1, 2)
     kg = k_flat[group.kv_slots].transpose(1, 2).to(q.dtype)
     vg = v_flat[group.kv_slots].transpose(1, 2).to(q.dtype)
-    o = F.scaled_dot_product_attention(
-        qg, kg, vg, attn_mask=group.mask, is_causal=group.is_causal, scale=scale, enable_gqa=gqa
-    )
+    if softcap is None:
+        o = F.scaled_dot_product_attention(
+            qg, kg, vg, attn_mask=group.mask, is_causal=group.is_causal, scale=scale, enable_gqa=gqa
+        )
+    else:
+        o = capped_attention(qg, kg, vg, group, scale, softcap)
     return o.transpose(1, 2).reshape(num_rows * max_q, q.shape[1], q.shape[2])
+
+
+def capped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: RowGroup, scale: float, cap: float
+) -> torch.Tensor:
+    """Attention whose scores are capped, ``cap * tanh(q k^T * scale / cap)``, before the mask
+    and a float32 softmax: transformers' eager order for Gemma 2 (SDPA cannot cap).
+    ``q [rows, heads, Q, D]``, ``k, v [rows, kv_heads, K, D]``."""
+    if k.shape[1] != q.shape[1]:  # grouped-query: each KV head serves a run of query heads
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    scores = torch.tanh(scores / cap) * cap
+    mask = group.mask
+    if mask is None and group.is_causal:
+        size = scores.shape[-1]
+        mask = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v)
 
 
 def plan_group(

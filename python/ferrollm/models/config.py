@@ -44,8 +44,13 @@ class ArchitectureInfo:
     default_head_dim: int | None  # None: hidden_size // num_attention_heads
     #: MLP activations it runs (``hidden_act``, or Gemma's ``hidden_activation``).
     activations: tuple[str, ...] = ("silu",)
-    #: transformers' default ``sliding_window`` when a family's config.json omits it.
+    #: transformers' default ``sliding_window`` when a family's config.json omits it; set for
+    #: the families that interleave sliding and full layers (Gemma), with their defaults: one
+    #: full layer in ``sliding_window_pattern``, and the sliding layers' rope base (None: the
+    #: full layers' rope).
     default_sliding_window: int | None = None
+    sliding_window_pattern: int = 6
+    local_rope_theta: float | None = 10000.0
     #: Rope turns only the first ``partial_rotary_factor`` of each head's dims (Phi-4-mini).
     partial_rotary: bool = False
 
@@ -63,6 +68,11 @@ SUPPORTED_ARCHITECTURES: Mapping[str, ArchitectureInfo] = MappingProxyType(
         # q/k norm, interleaved sliding and full layers with their own rope (models/gemma.py).
         "Gemma3ForCausalLM": ArchitectureInfo(
             "gemma3_text", None, None, False, True, 131072, 256, ("gelu_pytorch_tanh",), 4096
+        ),
+        # Gemma 2: Gemma 3's layer without q/k norm, every other layer sliding, one rope,
+        # attention scores and logits soft-capped.
+        "Gemma2ForCausalLM": ArchitectureInfo(
+            "gemma2", None, None, False, False, 8192, 256, ("gelu_pytorch_tanh",), 4096, 2, None
         ),
         # Mixture of experts (models/moe.py): Mistral/Qwen2/Qwen3 attention, routed experts.
         "MixtralForCausalLM": ArchitectureInfo("mixtral", False, False, False, False, 131072, None),
@@ -181,6 +191,8 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None
     #: logits become ``cap * tanh(logits / cap)`` (Gemma 2 and some Gemma 3 configs).
     final_logit_softcapping: float | None = None
+    #: attention scores capped the same way before the softmax (Gemma 2).
+    attn_logit_softcapping: float | None = None
     #: the sparse MLP layers' experts and routing (Mixtral, Qwen MoE); None for dense models.
     moe: MoeParams | None = None
     #: the share of each head's dims that rope turns, from its start (GLM: 0.5, Phi-4-mini:
@@ -212,8 +224,7 @@ class ModelConfig:
         attention_bias, o_proj_bias, mlp_bias = _biases(config, info)
         num_layers = int_field(config, "num_hidden_layers")
         layer_windows = _layer_windows(config, info, num_layers)
-        local_rope = _local_rope_parameters(config) if layer_windows else None
-        _check_softcap(config)
+        local_rope = _local_rope_parameters(config, info) if layer_windows else None
         head_dim = int_field(
             config, "head_dim", default=info.default_head_dim or hidden_size // num_heads
         )
@@ -252,6 +263,7 @@ class ModelConfig:
             local_rope_scaling=None if local_rope is None else _rope_scaling(local_rope),
             query_pre_attn_scalar=_optional_float(config, "query_pre_attn_scalar"),
             final_logit_softcapping=_optional_float(config, "final_logit_softcapping"),
+            attn_logit_softcapping=_optional_float(config, "attn_logit_softcapping"),
             moe=moe_params(config, info.model_type, num_layers),
             partial_rotary_factor=partial,
         )
@@ -316,14 +328,6 @@ def _optional_float(config: Mapping[str, Any], key: str) -> float | None:
     return None if config.get(key) is None else float_field(config, key, default=1.0)
 
 
-def _check_softcap(config: Mapping[str, Any]) -> None:
-    if config.get("attn_logit_softcapping") is not None:
-        raise UnsupportedModelError(
-            "config.json: `attn_logit_softcapping` (Gemma 2's capped attention scores) is not "
-            "supported"
-        )
-
-
 def _rope_parameters(config: Mapping[str, Any], layer_type: str) -> Mapping[str, Any]:
     """The rope parameters of ``layer_type`` layers: transformers >= 5 writes
     ``rope_parameters`` (theta inside; keyed by layer type where types differ, as Gemma 3's
@@ -340,13 +344,16 @@ def _rope_parameters(config: Mapping[str, Any], layer_type: str) -> Mapping[str,
     return params
 
 
-def _local_rope_parameters(config: Mapping[str, Any]) -> Mapping[str, Any]:
+def _local_rope_parameters(config: Mapping[str, Any], info: ArchitectureInfo) -> Mapping[str, Any]:
     """The sliding layers' rope: their own entry of ``rope_parameters``, else (older configs,
-    whose ``rope_scaling`` is the full layers') plain rope at ``rope_local_base_freq``."""
+    whose ``rope_scaling`` is the full layers') plain rope at ``rope_local_base_freq`` (Gemma
+    3), or the full layers' rope where the family has one for all (Gemma 2)."""
     params = config.get("rope_parameters") or {}
     if isinstance(params, Mapping) and "sliding_attention" in params:
         return _rope_parameters(config, "sliding_attention")
-    return {"rope_theta": config.get("rope_local_base_freq", 10000.0)}
+    if info.local_rope_theta is None:
+        return _rope_parameters(config, "full_attention")
+    return {"rope_theta": config.get("rope_local_base_freq", info.local_rope_theta)}
 
 
 def _rope_theta(config: Mapping[str, Any], params: Mapping[str, Any]) -> float:
@@ -434,7 +441,7 @@ def _rope_factors(params: Mapping[str, Any], key: str, rotary_dim: int) -> tuple
 def _layer_windows(
     config: Mapping[str, Any], info: ArchitectureInfo, num_layers: int
 ) -> tuple[int | None, ...] | None:
-    """Per-layer windows of a family that interleaves sliding and full layers (Gemma 3), from
+    """Per-layer windows of a family that interleaves sliding and full layers (Gemma), from
     ``layer_types`` or the older ``sliding_window_pattern`` (every n-th layer full); None
     for the other families."""
     if info.default_sliding_window is None:
@@ -442,7 +449,7 @@ def _layer_windows(
     window = int_field(config, "sliding_window", default=info.default_sliding_window)
     types = config.get("layer_types")
     if types is None:
-        pattern = int_field(config, "sliding_window_pattern", default=6)
+        pattern = int_field(config, "sliding_window_pattern", default=info.sliding_window_pattern)
         types = [
             "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
             for i in range(num_layers)

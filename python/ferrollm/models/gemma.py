@@ -1,15 +1,17 @@
-"""Gemma 3 (text): the Llama decoder with Gemma's own norms, scales and interleaved windows.
+"""Gemma 2 and 3 (text): the Llama decoder with Gemma's own norms, scales and windows.
 
 What sets it apart from ``ferrollm.models.llama``, all of it read from ``ModelConfig``:
 
 * every norm scales by ``1 + weight`` in float32 (``OffsetRMSNorm``), and each block has a norm
-  before and after it (four per layer), the q/k norms included;
+  before and after it (four per layer), Gemma 3's q/k norms included;
 * input embeddings are multiplied by ``sqrt(hidden_size)`` (in the activations' dtype, as
   transformers does), the tied head reading the unscaled table;
 * attention scores are scaled by ``query_pre_attn_scalar ** -0.5``;
-* layers interleave a sliding window (``layer_windows``: five local layers, then a global one)
-  with full attention, and the local layers rotate with their own base frequency;
-* the MLP is GeGLU (tanh GELU), and the final logits may be soft-capped.
+* layers interleave a sliding window (``layer_windows``: Gemma 3 five local layers, then a
+  global one, each with its own base frequency; Gemma 2 every other layer) with full attention;
+* the MLP is GeGLU (tanh GELU), and the final logits may be soft-capped; Gemma 2 also caps the
+  attention scores (``attention_softcap``: the runner then attends through the gathered SDPA
+  backend, whose math path applies it).
 
 The weights, the KV cache, tensor parallelism and quantization are the Llama model's: only the
 decoder layer, the norm and the forward differ.
@@ -45,6 +47,8 @@ class GemmaConfigLike(LlamaConfigLike, Protocol):
     def query_pre_attn_scalar(self) -> float | None: ...
     @property
     def final_logit_softcapping(self) -> float | None: ...
+    @property
+    def attn_logit_softcapping(self) -> float | None: ...
 
 
 class GemmaDecoderLayer(torch.nn.Module):
@@ -66,6 +70,7 @@ class GemmaDecoderLayer(torch.nn.Module):
             norm=OffsetRMSNorm,
             scale=None if scalar is None else scalar**-0.5,
             window=self.window,
+            softcap=config.attn_logit_softcapping,
         )
         self.mlp = LlamaMLP(config, scheme, layout)
         size, eps = config.hidden_size, config.rms_norm_eps
@@ -87,7 +92,8 @@ class GemmaDecoderLayer(torch.nn.Module):
 
 
 class GemmaForCausalLM(LlamaForCausalLM):
-    """Gemma 3's text decoder (``Gemma3ForCausalLM``) over paged attention."""
+    """Gemma 2 and Gemma 3's text decoders (``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``)
+    over paged attention."""
 
     decoder_layer = GemmaDecoderLayer
     norm = OffsetRMSNorm
@@ -100,6 +106,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
     ) -> None:
         super().__init__(config, quantization, parallel)
         self.config: GemmaConfigLike = config
+        self.attention_softcap = config.attn_logit_softcapping
         if config.layer_windows is not None:
             # Full-attention layers read the step's own metadata; each window gets its own.
             self.sliding_window = None

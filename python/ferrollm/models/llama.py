@@ -95,7 +95,8 @@ class LlamaAttention(nn.Module):
     """Self-attention with GQA, optional q/k/v and o_proj biases and optional q/k norm.
 
     Other families set the q/k norm's class (``norm``), the score ``scale`` (default
-    ``head_dim ** -0.5``), a ``window`` of this layer's own (see ``PagedAttention``) and the
+    ``head_dim ** -0.5``), a ``window`` of this layer's own and a ``softcap`` on its scores
+    (see ``PagedAttention``) and the
     ``rotary`` function that applies the step's cos/sin (GLM's partial interleaved rope).
     """
 
@@ -109,6 +110,7 @@ class LlamaAttention(nn.Module):
         norm: type[RMSNorm] = RMSNorm,
         scale: float | None = None,
         window: int | None = None,
+        softcap: float | None = None,
         rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = apply_rotary,
     ) -> None:
         super().__init__()
@@ -129,7 +131,7 @@ class LlamaAttention(nn.Module):
         qk_norm = config.qk_norm
         self.q_norm = norm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = norm(self.head_dim, config.rms_norm_eps) if qk_norm else None
-        self.attn = PagedAttention(layer_idx, scale or self.head_dim**-0.5, window)
+        self.attn = PagedAttention(layer_idx, scale or self.head_dim**-0.5, window, softcap)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext
@@ -285,6 +287,8 @@ class LlamaForCausalLM(nn.Module):
         self.sliding_window = config.sliding_window
         #: Other windows some layers use instead (none here; see ``CausalLM.layer_windows``).
         self.layer_windows: tuple[int, ...] = ()
+        #: The cap on attention scores (none here; see ``CausalLM.attention_softcap``).
+        self.attention_softcap: float | None = None
         #: How this rank splits fused checkpoint tensors, by layer suffix.
         self.fused_parts = self.layout.fused_parts(config)
 

@@ -25,6 +25,7 @@ from ferrollm.models.phi3 import Phi3ConfigLike, Phi3ForCausalLM
 #: runs on ``LlamaForCausalLM``, what sets those families apart (biases, q/k norm, sliding
 #: window, tied embeddings) resolved into ``ModelConfig``, not into classes.
 _OWN_CLASSES: Mapping[str, type[LlamaForCausalLM]] = {
+    "Gemma2ForCausalLM": GemmaForCausalLM,
     "Gemma3ForCausalLM": GemmaForCausalLM,
     "MixtralForCausalLM": MoeForCausalLM,
     "Qwen2MoeForCausalLM": MoeForCausalLM,
