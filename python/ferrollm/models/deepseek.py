@@ -74,7 +74,11 @@ class MlaAttention(nn.Module):
         super().__init__()
         mla = _mla(config)
         self.num_heads = heads
-        self.nope, self.rope, self.rank = mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.kv_lora_rank
+        self.nope, self.rope, self.rank = (
+            mla.qk_nope_head_dim,
+            mla.qk_rope_head_dim,
+            mla.kv_lora_rank,
+        )
         self.v_head_dim = mla.v_head_dim
         hidden, bias = config.hidden_size, config.attention_bias
         q_size = heads * (self.nope + self.rope)
@@ -85,9 +89,13 @@ class MlaAttention(nn.Module):
         if mla.q_lora_rank is None:
             self.q_proj = Linear(hidden, [("q_proj", q_size)], bias=False, scheme=scheme)
         else:
-            self.q_a_proj = Linear(hidden, [("q_a_proj", mla.q_lora_rank)], bias=bias, scheme=scheme)
+            self.q_a_proj = Linear(
+                hidden, [("q_a_proj", mla.q_lora_rank)], bias=bias, scheme=scheme
+            )
             self.q_a_layernorm = RMSNorm(mla.q_lora_rank, LATENT_NORM_EPS)
-            self.q_b_proj = Linear(mla.q_lora_rank, [("q_b_proj", q_size)], bias=False, scheme=scheme)
+            self.q_b_proj = Linear(
+                mla.q_lora_rank, [("q_b_proj", q_size)], bias=False, scheme=scheme
+            )
         self.kv_a_proj_with_mqa = Linear(
             hidden, [("kv_a_proj_with_mqa", mla.cache_head_dim)], bias=bias, scheme=scheme
         )
@@ -107,13 +115,12 @@ class MlaAttention(nn.Module):
     ) -> torch.Tensor:
         """``x [T, hidden]`` -> ``[T, hidden]``; writes ``[c, k_pe]`` of each token to the cache."""
         num_tokens = x.shape[0]
-        q_nope, q_pe = self._query(x).split([self.nope, self.rope], dim=-1)
-        latent, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)
+        q_nope, q_pe = torch.split(self._query(x), [self.nope, self.rope], dim=-1)
+        latent, k_pe = torch.split(self.kv_a_proj_with_mqa(x), [self.rank, self.rope], dim=-1)
         latent = self.kv_a_layernorm(latent).view(num_tokens, 1, self.rank)
         q_pe = self.rotary(q_pe, cos, sin)
         k_pe = self.rotary(k_pe.reshape(num_tokens, 1, self.rope), cos, sin)
-        w_kv = self.kv_b_proj.weight.view(self.num_heads, self.nope + self.v_head_dim, self.rank)  # type: ignore[union-attr]
-        w_uk, w_uv = w_kv.split([self.nope, self.v_head_dim], dim=1)
+        w_uk, w_uv = self._absorbed()
         q = torch.cat((torch.einsum("thn,hnr->thr", q_nope, w_uk), q_pe), dim=-1)
         kv = torch.cat((latent, k_pe), dim=-1)  # the cache row: one head, both key and value
         o = self.attn(q, kv, kv, ctx)[..., : self.rank]
@@ -121,14 +128,23 @@ class MlaAttention(nn.Module):
         out: torch.Tensor = self.o_proj(o.reshape(num_tokens, -1))
         return out
 
+    def _absorbed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``W_UK [heads, qk_nope_head_dim, rank]`` and ``W_UV [heads, v_head_dim, rank]``:
+        views of ``kv_b_proj``'s weight, whose rows are each head's k_nope then v."""
+        weight = self.kv_b_proj.weight
+        assert weight is not None  # dense: built without a scheme
+        w_kv = weight.view(self.num_heads, self.nope + self.v_head_dim, self.rank)
+        return torch.split(w_kv, [self.nope, self.v_head_dim], dim=1)  # type: ignore[return-value]
+
     def _query(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, heads, qk_nope_head_dim + qk_rope_head_dim]``."""
+        q: torch.Tensor
         if self.q_proj is not None:
             q = self.q_proj(x)
         else:
             assert self.q_a_proj and self.q_a_layernorm and self.q_b_proj  # set together
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        return q.view(x.shape[0], self.num_heads, self.nope + self.rope)  # type: ignore[no-any-return]
+        return q.view(x.shape[0], self.num_heads, self.nope + self.rope)
 
 
 def mla_softmax_scale(config: DeepseekConfigLike) -> float:
@@ -179,7 +195,9 @@ class DeepseekMoe(nn.Module):
         moe = _moe(config)
         hidden, act, size = config.hidden_size, config.hidden_act, moe.expert_intermediate_size
         self.gate = DeepseekRouter(hidden, moe)
-        self.experts = nn.ModuleList(Expert(hidden, size, act, scheme) for _ in range(moe.num_experts))
+        self.experts = nn.ModuleList(
+            Expert(hidden, size, act, scheme) for _ in range(moe.num_experts)
+        )
         self.shared_experts = (
             Expert(hidden, size * moe.num_shared_experts, act, scheme)
             if moe.num_shared_experts
@@ -199,7 +217,11 @@ class DeepseekDecoderLayer(LlamaDecoderLayer):
     """Llama's pre-norm block with latent attention and, past the dense layers, experts."""
 
     def __init__(
-        self, config: DeepseekConfigLike, layer_idx: int, scheme: str | None, layout: LlamaShardLayout
+        self,
+        config: DeepseekConfigLike,
+        layer_idx: int,
+        scheme: str | None,
+        layout: LlamaShardLayout,
     ) -> None:
         attention = MlaAttention(config, layer_idx, scheme, layout.num_heads)
         dense = layer_idx < _moe(config).first_k_dense_replace
@@ -232,7 +254,7 @@ class DeepseekForCausalLM(LlamaForCausalLM):
         super().__init__(config, quantization, parallel)
         self.config: DeepseekConfigLike = config
 
-    def build_rotary(self, config: DeepseekConfigLike) -> RotaryEmbedding:  # type: ignore[override]
+    def build_rotary(self, config: DeepseekConfigLike) -> RotaryEmbedding:
         """Rope over the ``qk_rope_head_dim`` features of the query heads and shared key."""
         mla = _mla(config)
         return RotaryEmbedding(
