@@ -110,7 +110,14 @@ class PagedKernelMetadata:
     parallel: bool
     #: The decode rows as one gathered group (None: no decode row), planned on first call:
     #: only a cache the kernel cannot take needs it (module docstring).
-    decode_group: Callable[[], RowGroup | None] = field(default=lambda: None)
+    decode_group: Callable[[], RowGroup | None] = field(default=lambda: _no_decode_group())
+
+
+def _no_decode_group() -> RowGroup | None:
+    raise ValueError(
+        "a KV cache whose values are its keys needs the decode group that "
+        "`PagedKernelBackend.prepare` plans; this metadata was built without it"
+    )
 
 
 class PagedKernelBackend:
