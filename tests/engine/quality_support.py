@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from ferrollm.engine.build import load_model
-from ferrollm.executor.kv_cache import KVCacheSpec
 from ferrollm.executor.loader import load_model_source
 from ferrollm.executor.runner import teacher_forced_scores
 from ferrollm.executor.sizing import resolve_kv_dtype
@@ -23,7 +22,6 @@ def scores(path: Path, dtype: torch.dtype, quantization: str | None, ids: np.nda
     the engine picks for this mode."""
     source = load_model_source(path)
     model = load_model(source, CPU, dtype, quantization)
-    c = source.config
     kv_dtype = resolve_kv_dtype(get_platform("cpu"), "auto", dtype, quantization)
-    spec = KVCacheSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, kv_dtype)
+    spec = model.kv_cache_spec(16, kv_dtype)
     return model, teacher_forced_scores(model, ids, spec, CPU)

@@ -141,7 +141,11 @@ def test_missing_architectures_fall_back_on_model_type() -> None:
         ({"num_key_value_heads": 3}, ValueError, "must be a multiple of `num_key_value_heads`"),
         ({"hidden_act": "gelu"}, UnsupportedModelError, "`hidden_act` must be 'silu'"),
         ({"rms_norm_eps": 0}, ValueError, "`rms_norm_eps` must be a positive number"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, UnsupportedModelError, "'yarn'"),
+        (
+            {"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}},
+            UnsupportedModelError,
+            "'dynamic'",
+        ),
         ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, ValueError, "original_max"),
     ],
 )
@@ -404,3 +408,123 @@ def test_phi3_without_long_rope() -> None:
     # Phi-3-mini-4k: plain rope, a 2047-token window.
     c = ModelConfig.from_hf_dict({**PHI3, "rope_scaling": None, "sliding_window": 2047})
     assert (c.rope_scaling, c.sliding_window, c.architecture) == (None, 2047, "Phi3ForCausalLM")
+
+
+#: The DeepSeek-V2/V3 keys of a config.json (a tiny V2 with group-limited routing).
+DEEPSEEK_V2: dict[str, Any] = {
+    **BASE,
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "kv_lora_rank": 32,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "moe_intermediate_size": 32,
+    "n_group": 4,
+    "topk_group": 2,
+    "topk_method": "group_limited_greedy",
+    "routed_scaling_factor": 1.5,
+    "first_k_dense_replace": 1,
+    "head_dim": 8,  # transformers writes the rope part here
+}
+DEEPSEEK_V3 = {
+    **DEEPSEEK_V2,
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "q_lora_rank": 24,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "norm_topk_prob": True,
+}
+
+
+def test_deepseek_v2_latent_attention_and_router() -> None:
+    c = ModelConfig.from_hf_dict(DEEPSEEK_V2)
+    assert c.mla is not None and c.deepseek_moe is not None
+    assert c.head_dim == 24  # the query/key heads: nope + rope, not config.json's rope part
+    assert (c.mla.kv_lora_rank, c.mla.q_lora_rank, c.mla.cache_head_dim) == (32, None, 40)
+    assert c.mla.rope_interleave
+    moe = c.deepseek_moe
+    assert (moe.scoring_func, moe.topk_method, moe.num_groups, moe.topk_groups) == (
+        "softmax",
+        "group_limited_greedy",
+        4,
+        2,
+    )
+    assert (moe.num_shared_experts, moe.first_k_dense_replace, moe.renormalize) == (1, 1, False)
+    assert moe.routed_scaling_factor == 1.5 and c.moe is None
+    greedy = ModelConfig.from_hf_dict({**DEEPSEEK_V2, "topk_method": "greedy"}).deepseek_moe
+    assert greedy is not None and (greedy.num_groups, greedy.topk_groups) == (1, 1)
+
+
+def test_deepseek_v3_is_sigmoid_noaux_tc_with_its_own_rope_layout() -> None:
+    c = ModelConfig.from_hf_dict(DEEPSEEK_V3)
+    assert c.mla is not None and c.deepseek_moe is not None
+    assert c.mla.q_lora_rank == 24 and c.mla.rope_interleave
+    assert (c.deepseek_moe.scoring_func, c.deepseek_moe.topk_method) == ("sigmoid", "noaux_tc")
+    assert c.deepseek_moe.renormalize
+    halves = ModelConfig.from_hf_dict({**DEEPSEEK_V3, "rope_interleave": False})
+    assert halves.mla is not None and not halves.mla.rope_interleave
+    assert config().mla is None and config().deepseek_moe is None
+
+
+@pytest.mark.parametrize(
+    ("rope", "attention_factor", "truncate"),
+    [
+        # DeepSeek-V2's: equal mscales cancel in the cos/sin factor (the softmax keeps its own).
+        (
+            {
+                "type": "yarn",
+                "factor": 40,
+                "mscale": 0.707,
+                "mscale_all_dim": 0.707,
+                "original_max_position_embeddings": 4096,
+                "beta_fast": 32,
+                "beta_slow": 1,
+            },
+            1.0,
+            True,
+        ),
+        (
+            {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "truncate": False,
+            },
+            0.1 * math.log(4.0) + 1.0,
+            False,
+        ),
+    ],
+)
+def test_yarn_resolves_its_attention_factor(
+    rope: dict[str, Any], attention_factor: float, truncate: bool
+) -> None:
+    c = ModelConfig.from_hf_dict({**DEEPSEEK_V2, "rope_scaling": rope})
+    assert c.rope_scaling is not None and c.rope_scaling.rope_type == "yarn"
+    assert c.rope_scaling.attention_factor == pytest.approx(attention_factor)
+    assert c.rope_scaling.truncate is truncate
+    assert (c.rope_scaling.beta_fast, c.rope_scaling.beta_slow) == (32.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("base", "changes", "message"),
+    [
+        (DEEPSEEK_V2, {"kv_lora_rank": None}, "`kv_lora_rank` is missing"),
+        (DEEPSEEK_V2, {"scoring_func": "sigmoid"}, "`scoring_func` must be 'softmax'"),
+        (DEEPSEEK_V2, {"topk_method": "noaux_tc"}, "`topk_method` must be one of greedy"),
+        (DEEPSEEK_V3, {"scoring_func": "softmax"}, "`scoring_func` must be 'sigmoid'"),
+        (DEEPSEEK_V2, {"n_group": 3}, "`n_group` \\(3\\) must divide"),
+        (DEEPSEEK_V2, {"first_k_dense_replace": -1}, "`first_k_dense_replace` must be a non-neg"),
+        (DEEPSEEK_V2, {"rope_scaling": {"type": "yarn", "factor": 4}}, "`original_max_position"),
+    ],
+)
+def test_deepseek_errors_name_the_field(
+    base: dict[str, Any], changes: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_hf_dict({**base, **changes})

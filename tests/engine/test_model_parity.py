@@ -18,7 +18,7 @@ import torch
 import transformers  # the oracle; pinned in requirements/dev.txt, so never skipped
 
 from ferrollm import NewRequest, SamplingParams, Scheduler, SchedulerConfig
-from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
+from ferrollm.executor.kv_cache import KVCache
 from ferrollm.executor.runner import ModelRunner, profile_run
 from ferrollm.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, UnsupportedModelError
 from ferrollm.models.llama import LlamaForCausalLM
@@ -61,6 +61,34 @@ PHI3_LONGROPE = {
     "original_max_position_embeddings": MAX_MODEL_LEN,
 }
 PHI3_IDS = {"eos_token_id": 2, "pad_token_id": 0}  # Phi3Config's 32000 lie past VOCAB
+# Latent attention (a 32-wide latent and 8 rotated features cached per token), 8 experts in 4
+# groups, top-2 from the best 2 groups, one shared expert, layer 0 dense.
+DEEPSEEK = {
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_group": 4,
+    "topk_group": 2,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "moe_intermediate_size": 32,
+}
+# YaRN whose mscale and mscale_all_dim differ, so both the cos/sin factor and the softmax
+# scale move; its original context (32) lies inside MAX_MODEL_LEN.
+DEEPSEEK_YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 32,
+    "mscale": 1.0,
+    "mscale_all_dim": 0.5,
+    "beta_fast": 32,
+    "beta_slow": 1,
+}
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama3": ("LlamaConfig", {"rope_parameters": LLAMA3_ROPE}),
     "mistral": ("MistralConfig", {"sliding_window": 7}),
@@ -132,6 +160,20 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     # Fused qkv_proj / gate_up_proj checkpoint tensors, a window; then long rope over 12 of
     # each head's 16 dims (Phi-4-mini's partial rotary).
     "phi3": ("Phi3Config", {**PHI3_IDS, "sliding_window": 7}),
+    # V2: plain q_proj, softmax scores, group-limited greedy routing, scaled weights, YaRN.
+    "deepseek-v2": (
+        "DeepseekV2Config",
+        {
+            **DEEPSEEK,
+            "q_lora_rank": None,
+            "topk_method": "group_limited_greedy",
+            "routed_scaling_factor": 1.5,
+            "rope_parameters": DEEPSEEK_YARN,
+        },
+    ),
+    # V3: q through its low-rank bottleneck, sigmoid scores with a correction bias (randomized
+    # in `Family`), renormalised top-k weights.
+    "deepseek-v3": ("DeepseekV3Config", {**DEEPSEEK, "q_lora_rank": 24, "norm_topk_prob": True}),
     "phi3-longrope": (
         "Phi3Config",
         {
@@ -161,6 +203,10 @@ def _randomize_biases(model: torch.nn.Module) -> None:
                 param.normal_(0.0, 0.1)
             elif name.endswith("norm.weight"):
                 param.add_(torch.randn_like(param), alpha=0.1)
+        for name, buffer in model.named_buffers():
+            # DeepSeek-V3's router bias, zero at init, which would hide it being ignored.
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0.0, 0.1)
 
 
 class Family:
@@ -171,7 +217,7 @@ class Family:
 
     def __init__(self, name: str) -> None:
         config_cls, extra = FAMILIES[name]
-        hf_config = getattr(transformers, config_cls)(**SMALL, **extra)
+        hf_config = getattr(transformers, config_cls)(**{**SMALL, **extra})
         model_cls = transformers.AutoModelForCausalLM.from_config
         torch.manual_seed(sum(map(ord, name)))
         self.hf = model_cls(hf_config, dtype=torch.float32).eval()
@@ -228,10 +274,8 @@ class Run:
 
 
 def make_runner(family: Family, num_blocks: int, dtype: torch.dtype) -> ModelRunner:
-    cfg, cpu = family.config, torch.device("cpu")
-    spec = KVCacheSpec(
-        cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, BLOCK_SIZE, dtype
-    )
+    cpu = torch.device("cpu")
+    spec = family.model(dtype).kv_cache_spec(BLOCK_SIZE, dtype)
     # The CPU platform's attention (the paged kernel), the backend a CPU engine runs.
     backend = CpuPlatform().attention_backend()
     return ModelRunner(family.model(dtype), KVCache(spec, num_blocks, cpu), cpu, dtype, backend)
@@ -349,10 +393,7 @@ def test_bfloat16_stays_close_to_float32(family: Family) -> None:
 
 
 def test_profile_run_takes_a_full_step_on_a_two_block_cache(family: Family) -> None:
-    cfg = family.config
-    spec = KVCacheSpec(
-        cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 4, torch.float32
-    )
+    spec = family.model().kv_cache_spec(4, torch.float32)
     profile_run(family.model(), spec, torch.device("cpu"), num_tokens=61, num_samples=5)
 
 
@@ -387,5 +428,7 @@ def test_load_weights_names_bad_tensors(family: Family) -> None:
     name = family.name("model.layers.0.self_attn.k_proj.weight")
     if "qkv_proj" in model.fused_checkpoint and family.name is str:  # q, k and v in one tensor
         name = "model.layers.0.self_attn.qkv_proj.weight"
+    if family.config.mla is not None:  # latent attention: no k_proj
+        name = "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"
     with pytest.raises(ValueError, match="shape"):
         model.load_weights([(name, state[name][:-1])])

@@ -260,6 +260,7 @@ def test_blocks_come_from_the_budget_and_are_logged(
         plan = _plan(tiny, kv_cache_memory=BPB * 100, max_num_seqs=4)
     assert (plan.num_blocks, plan.max_model_len, plan.budget_bytes) == (100, 256, BPB * 100)
     assert "KV cache: 100 blocks of 4 tokens" in caplog.text
+    assert f"{BPB // BLOCK} bytes per token" in caplog.text
 
 
 def test_blocks_are_capped_by_what_the_sequences_can_use(tiny: Any) -> None:

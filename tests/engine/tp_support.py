@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.engine.build import load_model
-from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
+from ferrollm.executor.kv_cache import KVCache
 from ferrollm.executor.loader import load_model_source
 from ferrollm.executor.runner import ModelRunner, SyntheticPlan
 
@@ -54,10 +54,7 @@ def _run_case(case: dict[str, Any], parallel: ParallelState) -> dict[str, Any]:
     source = load_model_source(case["path"])
     dtype = _DTYPES[case.get("dtype", "float32")]
     model = load_model(source, CPU, dtype, case.get("quantization"), parallel)
-    config = source.config
-    spec = KVCacheSpec(
-        config.num_hidden_layers, model.num_local_kv_heads, config.head_dim, BLOCK_SIZE, dtype
-    )
+    spec = model.kv_cache_spec(BLOCK_SIZE, dtype)
     blocks_per_seq = -(-(max(map(len, PROMPTS)) + NUM_DECODE_STEPS) // BLOCK_SIZE)
     tables = np.arange(1, 1 + blocks_per_seq * len(PROMPTS), dtype=np.int32).reshape(
         len(PROMPTS), -1

@@ -13,7 +13,7 @@ from ferrollm.distributed.driver import Driver
 from ferrollm.distributed.startup import GroupMember
 from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.executor.compiled_decode import CompiledDecode, build_compiled_decode
-from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
+from ferrollm.executor.kv_cache import KVCache
 from ferrollm.executor.loader import ModelSource
 from ferrollm.executor.runner import ModelRunner
 from ferrollm.executor.sizing import (
@@ -85,13 +85,7 @@ def build_runner(
         )
         kv_dtype = resolve_kv_dtype(platform, config.kv_cache_dtype, dtype, quantization)
         model = load_model(source, platform.device, dtype, quantization, parallel=parallel)
-        spec = KVCacheSpec(
-            source.config.num_hidden_layers,
-            model.num_local_kv_heads,
-            source.config.head_dim,
-            config.block_size,
-            kv_dtype,
-        )
+        spec = model.kv_cache_spec(config.block_size, kv_dtype)
         kv_plan = plan_kv_cache(
             model, spec, platform, config, source.config.max_position_embeddings
         )

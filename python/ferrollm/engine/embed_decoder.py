@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
+from ferrollm.executor.kv_cache import KVCache
 from ferrollm.executor.runner import ModelRunner, StepInputs
 from ferrollm.platforms import Platform
 
@@ -40,9 +40,7 @@ class DecoderEncoder:
         source = load_model_source(path)
         c = source.config
         self.model = load_model(source, platform.device, dtype)
-        self.spec = KVCacheSpec(
-            c.num_hidden_layers, c.num_key_value_heads, c.head_dim, EMBED_BLOCK_SIZE, dtype
-        )
+        self.spec = self.model.kv_cache_spec(EMBED_BLOCK_SIZE, dtype)
         self.config = DecoderShape(c.hidden_size, c.max_position_embeddings)
         self.platform = platform
         self._runner: ModelRunner | None = None

@@ -2,6 +2,10 @@
 
 Per layer a K and a V tensor ``[num_blocks, block_size, num_kv_heads, head_dim]``; ``layer(i)``
 gives that layer's ``(k, v)``, which is what ``ferrollm.layers.attention`` reads and writes.
+A cache whose values are its keys (``KVCacheSpec.values_are_keys``: multi-head latent
+attention, whose one "head" per token is the compressed latent that serves as both) holds one
+tensor per layer and gives it as both ``k`` and ``v``: half the memory, and the backends'
+second write of each slot stores the same values again.
 Block 0 is the scheduler's null block: it pads block tables and is never allocated, so its
 contents never matter.
 """
@@ -26,12 +30,20 @@ class KVCacheSpec:
     head_dim: int
     block_size: int
     dtype: torch.dtype
+    #: One tensor per layer serves as K and V (multi-head latent attention's latent cache).
+    values_are_keys: bool = False
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one token's cache takes across all layers (K and V, or the one latent)."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        tensors = 1 if self.values_are_keys else 2
+        return tensors * self.num_layers * self.num_kv_heads * self.head_dim * elem
 
     @property
     def bytes_per_block(self) -> int:
         """Bytes one block takes across all layers, K and V."""
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+        return self.block_size * self.bytes_per_token
 
     def num_blocks_for(self, num_bytes: int) -> int:
         """How many blocks fit in ``num_bytes`` (the null block included)."""
@@ -55,8 +67,7 @@ class KVCache:
         self.device = device
         shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
         self._layers = [
-            (_zeros(shape, spec.dtype, device), _zeros(shape, spec.dtype, device))
-            for _ in range(spec.num_layers)
+            _layer(shape, spec.dtype, device, spec.values_are_keys) for _ in range(spec.num_layers)
         ]
 
     @property
@@ -85,7 +96,15 @@ class KVCache:
         pairs = torch.from_numpy(block_copies.astype(np.int64)).to(self.device)
         for k, v in self._layers:
             k[pairs[:, 1]] = k[pairs[:, 0]]
-            v[pairs[:, 1]] = v[pairs[:, 0]]
+            if v is not k:
+                v[pairs[:, 1]] = v[pairs[:, 0]]
+
+
+def _layer(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, values_are_keys: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    k = _zeros(shape, dtype, device)
+    return (k, k) if values_are_keys else (k, _zeros(shape, dtype, device))
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

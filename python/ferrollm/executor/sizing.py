@@ -153,11 +153,12 @@ def plan_kv_cache(
     num_blocks = min(spec.num_blocks_for(budget), usable)
     max_model_len = _fit_max_model_len(config, max_model_len, num_blocks, spec.block_size, budget)
     logger.info(
-        "KV cache: %d blocks of %d tokens (%d tokens, %.2f GiB of a %.2f GiB budget, %s); "
-        "max_model_len %d",
+        "KV cache: %d blocks of %d tokens (%d tokens, %d bytes per token, %.2f GiB of a "
+        "%.2f GiB budget, %s); max_model_len %d",
         num_blocks,
         spec.block_size,
         (num_blocks - 1) * spec.block_size,
+        spec.bytes_per_token,
         num_blocks * spec.bytes_per_block / 2**30,
         budget / 2**30,
         str(spec.dtype).removeprefix("torch."),

@@ -2,6 +2,9 @@
 
 Routing (`select_experts`) is a softmax over the router's logits in float32, then the top-k,
 optionally renormalised to sum to one (transformers' order: softmax before top-k).
+DeepSeek's router (`select_grouped_experts`) first keeps only the best ``topk_groups`` of
+``num_groups`` equal groups of experts, then takes the top-k among those; V3's sigmoid scores
+choose with a per-expert correction bias added, but weigh with the scores without it.
 
 The dispatch (`dispatch`) groups rows by expert instead of looping over tokens: the step's
 ``T * k`` (token, expert) assignments are sorted by expert (stably, so each expert's rows stay
@@ -60,6 +63,45 @@ def select_experts(
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids
+
+
+def select_grouped_experts(
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    scoring_func: str,
+    num_groups: int,
+    topk_groups: int,
+    renormalize: bool,
+    scaling_factor: float = 1.0,
+    correction_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek's ``(weights [T, k] float32, expert ids [T, k])`` from ``router_logits``.
+
+    ``scoring_func`` "softmax" (V2: a group scores its best expert) or "sigmoid" (V3: a group
+    scores the sum of its best two, ``correction_bias`` added for choosing only). One group
+    (``num_groups`` 1) is plain top-k. Weights are renormalised with ``renormalize`` and then
+    multiplied by ``scaling_factor``."""
+    logits = router_logits.float()
+    scores = torch.softmax(logits, dim=-1) if scoring_func == "softmax" else logits.sigmoid()
+    choice = scores if correction_bias is None else scores + correction_bias.float()
+    if num_groups > 1:
+        grouped = choice.view(choice.shape[0], num_groups, -1)
+        if scoring_func == "softmax":
+            group_scores = grouped.max(dim=-1).values
+        else:
+            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        groups = torch.topk(group_scores, topk_groups, dim=-1).indices
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
+        # transformers zeroes V2's dropped softmax scores and sets V3's to -inf; either way a
+        # kept expert outranks a dropped one wherever the top-k is taken among kept ones.
+        dropped = 0.0 if scoring_func == "softmax" else float("-inf")
+        choice = grouped.masked_fill(~keep[..., None], dropped).view_as(choice)
+    ids = torch.topk(choice, top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scaling_factor, ids
 
 
 def dispatch(

@@ -1,4 +1,4 @@
-"""Rotary position embeddings (rotate-half layout), with Llama 3 and long-rope scaling.
+"""Rotary position embeddings (rotate-half layout), with Llama 3, long-rope and YaRN scaling.
 
 The layout is Hugging Face's: a head's first half pairs with its second half. GGUF files store
 Llama Q/K weights permuted for llama.cpp's interleaved layout; the loader undoes that, so the
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 #: Rope types this module implements (``rope_scaling["rope_type"]``); None means plain RoPE.
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 
 
 def rope_inv_freq(
@@ -53,6 +53,8 @@ def rope_inv_freq(
         return inv_freq / float(rope_scaling["factor"])
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, rope_scaling)
+    if rope_type == "yarn":
+        return _yarn_inv_freq(head_dim, rope_theta, rope_scaling)
     raise ValueError(
         f"`rope_scaling.rope_type` must be one of {', '.join(SUPPORTED_ROPE_TYPES)}; "
         f"got {rope_type!r}"
@@ -82,10 +84,34 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: Mapping[str, Any]) -> torc
     return torch.where(is_medium, smoothed, scaled)
 
 
+def _yarn_inv_freq(dim: int, base: float, scaling: Mapping[str, Any]) -> torch.Tensor:
+    # YaRN (DeepSeek-V2/V3): frequencies interpolated by `factor` below the `beta_slow`
+    # rotations over the original context, kept above `beta_fast`, a linear ramp between.
+    # Mirrors transformers' _compute_yarn_parameters op for op.
+    factor = float(scaling["factor"])
+    original = float(scaling["original_max_position_embeddings"])
+
+    def correction_dim(num_rotations: float) -> float:
+        return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = correction_dim(float(scaling["beta_fast"]))
+    high = correction_dim(float(scaling["beta_slow"]))
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no zero-width ramp
+    pos_freqs = base ** (torch.arange(0, dim, 2, device="cpu").float() / dim)
+    ramp = torch.arange(dim // 2, dtype=torch.float32, device="cpu")
+    ramp = torch.clamp((ramp - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp
+    return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+
+
 def rope_attention_factor(rope_scaling: Mapping[str, Any] | None) -> float:
-    """The scale on cos/sin: long rope's ``attention_factor`` (resolved in ``ModelConfig``),
-    else 1."""
-    if rope_scaling is None or _rope_type(rope_scaling) != "longrope":
+    """The scale on cos/sin: long rope's and YaRN's ``attention_factor`` (resolved in
+    ``ModelConfig``), else 1."""
+    if rope_scaling is None or _rope_type(rope_scaling) not in ("longrope", "yarn"):
         return 1.0
     return float(rope_scaling["attention_factor"])
 
@@ -167,3 +193,14 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def apply_interleaved_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate features ``(0, 1), (2, 3) ...`` of each head of ``x [T, heads, head_dim]`` up to
+    ``cos``'s width by the per-token angles; the features past it pass unchanged."""
+    rotary_dim = cos.shape[-1]
+    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    pairs = rot.reshape(*rot.shape[:-1], rotary_dim // 2, 2)
+    rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+    rot = rot * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+    return torch.cat((rot, rest), dim=-1)

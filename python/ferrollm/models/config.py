@@ -22,6 +22,12 @@ from ferrollm.models.config_fields import (
     int_field,
     optional_int_field,
 )
+from ferrollm.models.deepseek_config import (
+    DeepseekMoeParams,
+    MlaParams,
+    deepseek_moe_params,
+    mla_params,
+)
 from ferrollm.models.glm_config import GLM_MODEL_TYPES, glm_dialect
 from ferrollm.models.moe_config import MoeParams, moe_params
 
@@ -100,11 +106,19 @@ SUPPORTED_ARCHITECTURES: Mapping[str, ArchitectureInfo] = MappingProxyType(
         "Phi3ForCausalLM": ArchitectureInfo(
             "phi3", False, False, False, False, 4096, None, partial_rotary=True
         ),
+        # DeepSeek-V2/V3 (models/deepseek.py): multi-head latent attention over a cache of the
+        # compressed latent, YaRN rope; grouped routing to experts plus shared experts.
+        "DeepseekV2ForCausalLM": ArchitectureInfo(
+            "deepseek_v2", None, None, False, False, 2048, None
+        ),
+        "DeepseekV3ForCausalLM": ArchitectureInfo(
+            "deepseek_v3", None, None, False, False, 4096, None
+        ),
     }
 )
 
 #: Rope scaling types ferrollm implements; "default" (or no scaling) becomes None.
-SUPPORTED_ROPE_TYPES = ("linear", "llama3", "longrope")
+SUPPORTED_ROPE_TYPES = ("linear", "llama3", "longrope", "yarn")
 
 
 @dataclass(frozen=True)
@@ -120,13 +134,19 @@ class RopeScaling(Mapping[str, Any]):
     # llama3 only:
     low_freq_factor: float | None = None
     high_freq_factor: float | None = None
-    #: llama3 and longrope: the context the model was pretrained on.
+    #: llama3, longrope and yarn: the context the model was pretrained on.
     original_max_position_embeddings: int | None = None
     # longrope only: per-frequency divisors of the inverse frequencies, for contexts up to
     # the original one and past it, and the scale on cos/sin (resolved: never None there).
     short_factor: tuple[float, ...] | None = None
     long_factor: tuple[float, ...] | None = None
     attention_factor: float | None = None
+    # yarn only (``attention_factor`` too, resolved): the ramp between interpolated and kept
+    # frequencies, whether its ends are rounded, and DeepSeek's softmax scale term.
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    truncate: bool | None = None
+    mscale_all_dim: float | None = None
 
     def __getitem__(self, key: str) -> Any:
         value = getattr(self, key, None) if key in self._names() else None
@@ -198,6 +218,11 @@ class ModelConfig:
     #: the share of each head's dims that rope turns, from its start (GLM: 0.5, Phi-4-mini:
     #: 0.75); the rest pass through.
     partial_rotary_factor: float = 1.0
+    #: multi-head latent attention's sizes (DeepSeek-V2/V3; ``head_dim`` is then the query
+    #: and key heads' ``qk_nope_head_dim + qk_rope_head_dim``); None for other families.
+    mla: MlaParams | None = None
+    #: DeepSeek's router, experts and shared experts; None for other families.
+    deepseek_moe: DeepseekMoeParams | None = None
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -230,6 +255,11 @@ class ModelConfig:
         )
         rope = _rope_parameters(config, "full_attention")
         partial = _partial_rotary_factor(config, rope) if info.partial_rotary else 1.0
+        mla = mla_params(config, info.model_type)
+        rotary_dim = int(head_dim * partial)
+        if mla is not None:  # config.json's head_dim is the rope part (transformers sets it)
+            head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+            rotary_dim = mla.qk_rope_head_dim
         max_len = int_field(
             config, "max_position_embeddings", default=info.default_max_position_embeddings
         )
@@ -245,7 +275,7 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=float_field(config, "rms_norm_eps", default=1e-6),
             rope_theta=_rope_theta(config, rope),
-            rope_scaling=_rope_scaling(rope, config, max_len, int(head_dim * partial)),
+            rope_scaling=_rope_scaling(rope, config, max_len, rotary_dim),
             max_position_embeddings=max_len,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=attention_bias,
@@ -266,6 +296,8 @@ class ModelConfig:
             attn_logit_softcapping=_optional_float(config, "attn_logit_softcapping"),
             moe=moe_params(config, info.model_type, num_layers),
             partial_rotary_factor=partial,
+            mla=mla,
+            deepseek_moe=deepseek_moe_params(config, info.model_type),
         )
 
 
@@ -391,6 +423,8 @@ def _rope_scaling(
         )
     if rope_type == "longrope":
         return _longrope_scaling(params, config or {}, max_position_embeddings, rotary_dim)
+    if rope_type == "yarn":
+        return _yarn_scaling(params, max_position_embeddings)
     factor = float_field(params, "factor", default=1.0)
     if rope_type == "linear":
         return RopeScaling("linear", factor)
@@ -424,6 +458,39 @@ def _longrope_scaling(
         short_factor=_rope_factors(params, "short_factor", rotary_dim),
         long_factor=_rope_factors(params, "long_factor", rotary_dim),
         attention_factor=float_field({"attention_factor": attention}, "attention_factor", 1.0),
+    )
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction ``0.1 * mscale * ln(factor) + 1`` (1 without scaling)."""
+    return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_scaling(params: Mapping[str, Any], max_len: int) -> RopeScaling:
+    """YaRN as transformers' ``_compute_yarn_parameters`` resolves it: ``factor`` defaults to
+    ``max_position_embeddings / original``; the cos/sin scale is the config's
+    ``attention_factor``, else ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)``
+    when both are set, else ``mscale(factor)``."""
+    key = "original_max_position_embeddings"
+    original = int_field(params, key)
+    factor = float_field({"factor": params.get("factor") or max_len / original}, "factor", 1.0)
+    mscale, all_dim = params.get("mscale"), params.get("mscale_all_dim")
+    attention = params.get("attention_factor")
+    if attention is None:
+        attention = (
+            yarn_mscale(factor, float(mscale)) / yarn_mscale(factor, float(all_dim))
+            if mscale and all_dim
+            else yarn_mscale(factor)
+        )
+    return RopeScaling(
+        "yarn",
+        factor,
+        original_max_position_embeddings=original,
+        attention_factor=float_field({"attention_factor": attention}, "attention_factor", 1.0),
+        beta_fast=float(params.get("beta_fast") or 32),
+        beta_slow=float(params.get("beta_slow") or 1),
+        truncate=bool(params.get("truncate", True)),
+        mscale_all_dim=float(all_dim) if all_dim else None,
     )
 
 

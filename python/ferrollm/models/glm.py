@@ -28,7 +28,7 @@ from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.layers.attention import AttentionContext
 from ferrollm.layers.linear import Linear, Weight
 from ferrollm.layers.norm import RMSNorm
-from ferrollm.layers.rotary import RotaryEmbedding
+from ferrollm.layers.rotary import RotaryEmbedding, apply_interleaved_rotary
 from ferrollm.models.llama import (
     LlamaAttention,
     LlamaConfigLike,
@@ -55,17 +55,6 @@ class GlmConfigLike(LlamaConfigLike, Protocol):
 
     @property
     def partial_rotary_factor(self) -> float: ...
-
-
-def apply_interleaved_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate features ``(0, 1), (2, 3) ...`` of each head of ``x [T, heads, head_dim]`` up to
-    ``cos``'s width by the per-token angles; the features past it pass unchanged."""
-    rotary_dim = cos.shape[-1]
-    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
-    pairs = rot.reshape(*rot.shape[:-1], rotary_dim // 2, 2)
-    rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    rot = rot * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
-    return torch.cat((rot, rest), dim=-1)
 
 
 class GlmDecoderLayer(LlamaDecoderLayer):

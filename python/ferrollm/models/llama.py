@@ -33,6 +33,7 @@ from torch import nn
 from ferrollm.distributed.collectives import gather_to_driver
 from ferrollm.distributed.shard_plan import ShardPlan
 from ferrollm.distributed.state import SINGLE, ParallelState
+from ferrollm.executor.kv_cache import KVCacheSpec
 from ferrollm.layers.activation import ACTIVATIONS
 from ferrollm.layers.attention import AttentionContext, PagedAttention
 from ferrollm.layers.linear import (
@@ -305,6 +306,17 @@ class LlamaForCausalLM(nn.Module):
     def num_local_kv_heads(self) -> int:
         """KV heads this rank keeps in its KV cache."""
         return self.layout.num_kv_heads
+
+    def kv_cache_spec(self, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
+        """The paged KV cache this rank's layers read and write: K and V of every local KV
+        head (a family with another cache layout overrides it: ``ferrollm.models.deepseek``)."""
+        return KVCacheSpec(
+            self.config.num_hidden_layers,
+            self.num_local_kv_heads,
+            self.config.head_dim,
+            block_size,
+            dtype,
+        )
 
     def set_max_model_len(self, max_model_len: int) -> None:
         """The longest sequence the engine will run, known once its KV cache is sized: long

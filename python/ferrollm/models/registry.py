@@ -10,6 +10,7 @@ import torch
 
 from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.models.config import SUPPORTED_ARCHITECTURES, resolve_architecture
+from ferrollm.models.deepseek import DeepseekConfigLike, DeepseekForCausalLM
 from ferrollm.models.gemma import GemmaConfigLike, GemmaForCausalLM
 from ferrollm.models.glm import (
     ChatGlmForCausalLM,
@@ -35,6 +36,8 @@ _OWN_CLASSES: Mapping[str, type[LlamaForCausalLM]] = {
     "ChatGLMModel": ChatGlmForCausalLM,
     "ChatGLMForConditionalGeneration": ChatGlmForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
+    "DeepseekV2ForCausalLM": DeepseekForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekForCausalLM,
 }
 
 #: Architecture name -> model class, for every name of ``SUPPORTED_ARCHITECTURES`` (the one
@@ -52,7 +55,9 @@ def resolve_model_class(architectures: str | Sequence[str]) -> type[LlamaForCaus
     return MODEL_REGISTRY[resolve_architecture(architectures)]
 
 
-class ModelConfigLike(GemmaConfigLike, MoeConfigLike, GlmConfigLike, Phi3ConfigLike, Protocol):
+class ModelConfigLike(
+    GemmaConfigLike, MoeConfigLike, GlmConfigLike, Phi3ConfigLike, DeepseekConfigLike, Protocol
+):
     """A model config that also names its architecture."""
 
     @property
