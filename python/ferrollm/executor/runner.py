@@ -89,7 +89,11 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = device
         self.dtype = dtype
-        self.backend = backend_for(model.attention_softcap, backend or TorchSDPABackend())
+        self.backend = backend_for(
+            backend or TorchSDPABackend(),
+            softcap=model.attention_softcap,
+            values_are_keys=kv_cache.spec.values_are_keys,
+        )
         #: Compiled graphs for decode steps (``set_compiled``); None = every step eager.
         self.compiled: DecodeGraphs | None = None
 

@@ -89,10 +89,14 @@ class CappingBackend(AttentionBackend, Protocol):
         ...
 
 
-def backend_for(softcap: float | None, backend: AttentionBackend) -> AttentionBackend:
-    """``backend``, or where a model caps its attention scores (``softcap``) and ``backend``
-    cannot, the gathered SDPA backend, whose math path can (``TorchSDPABackend``)."""
-    if softcap is None or isinstance(backend, TorchSDPABackend):
+def backend_for(
+    backend: AttentionBackend, *, softcap: float | None = None, values_are_keys: bool = False
+) -> AttentionBackend:
+    """``backend``, or the gathered SDPA backend (``TorchSDPABackend``) where a model needs
+    what only it does: capped attention scores (``softcap``, its math path), or one cache
+    tensor serving as both keys and values (``values_are_keys``: latent attention; the CPU
+    kernel writes its two caches through two exclusive borrows)."""
+    if (softcap is None and not values_are_keys) or isinstance(backend, TorchSDPABackend):
         return backend
     return TorchSDPABackend()
 

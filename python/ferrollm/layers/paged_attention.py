@@ -15,17 +15,11 @@ exactly its new tokens: no cache read at all); and the gather-then-SDPA path of
 prefix), where torch's blocked GEMMs beat a walk per query: on SmolLM2 shapes, 64 new tokens
 over 448 cached took 1.5 ms gathered vs 5.4 ms in the kernel, 512 over 1536 23 ms vs 168 ms.
 Decode numbers are in ``benches/attention.py``.
-
-A cache whose values are its keys (``KVCacheSpec.values_are_keys``, one tensor as both: latent
-attention) is never handed to the kernel, which writes its two caches through two exclusive
-borrows: its decode rows are gathered for SDPA too (planned on the first such layer of a step).
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -108,16 +102,6 @@ class PagedKernelMetadata:
     sliding_window: int | None
     #: Run the kernel on rayon's pool (see ``PagedKernelBackend``).
     parallel: bool
-    #: The decode rows as one gathered group (None: no decode row), planned on first call:
-    #: only a cache the kernel cannot take needs it (module docstring).
-    decode_group: Callable[[], RowGroup | None] = field(default=lambda: _no_decode_group())
-
-
-def _no_decode_group() -> RowGroup | None:
-    raise ValueError(
-        "a KV cache whose values are its keys needs the decode group that "
-        "`PagedKernelBackend.prepare` plans; this metadata was built without it"
-    )
 
 
 class PagedKernelBackend:
@@ -155,15 +139,13 @@ class PagedKernelBackend:
         fresh_rows = np.flatnonzero(is_fresh)
         kernel_rows = np.flatnonzero(is_decode).astype(np.int32)
         gathered_rows = np.flatnonzero(~is_decode & ~is_fresh)
-        cu64, q_lens64 = cu.astype(np.int64), q_lens.astype(np.int64)
-
-        def gather(rows: np.ndarray) -> RowGroup | None:
-            if len(rows) == 0:
-                return None
-            group = plan_group(batch, rows, cu64, q_lens64, block_size, sliding_window)
-            return group_to_device(group, int(cu[-1]), device)
-
-        gathered = gather(gathered_rows)
+        gathered = None
+        if len(gathered_rows) > 0:
+            cu64 = cu.astype(np.int64)
+            group = plan_group(
+                batch, gathered_rows, cu64, q_lens.astype(np.int64), block_size, sliding_window
+            )
+            gathered = group_to_device(group, int(cu[-1]), device)
 
         def tensor(a: np.ndarray, dtype: type) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
@@ -179,7 +161,6 @@ class PagedKernelBackend:
             gathered=gathered,
             sliding_window=sliding_window,
             parallel=self._parallel(q_lens, context_lens, kernel_rows),
-            decode_group=functools.cache(lambda: gather(kernel_rows)),
         )
 
     def _parallel(self, q_lens: np.ndarray, context_lens: np.ndarray, rows: np.ndarray) -> bool:
@@ -205,8 +186,6 @@ class PagedKernelBackend:
     ) -> torch.Tensor:
         """Write the step's K/V and attend decodes in one op; SDPA for the multi-token rows."""
         m = metadata
-        if kv_cache[0] is kv_cache[1]:
-            return self._forward_values_are_keys(q, k, kv_cache[0], m, scale)
         op = paged_attention if torch.compiler.is_compiling() else _paged_attention
         out: torch.Tensor = op(
             q,
@@ -224,20 +203,6 @@ class PagedKernelBackend:
             m.sliding_window,
             m.parallel,
         )
-        self._attend_multi_token(q, k, v, kv_cache, m, scale, out)
-        return out
-
-    def _attend_multi_token(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        m: PagedKernelMetadata,
-        scale: float,
-        out: torch.Tensor,
-    ) -> None:
-        """Fill ``out`` for the fresh prefills (SDPA) and the gathered rows."""
         gqa = q.shape[1] != k.shape[1]
         for start, end in m.fresh:
             qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
@@ -250,22 +215,4 @@ class PagedKernelBackend:
             k_flat, v_flat = (c.view(-1, c.shape[2], c.shape[3]) for c in kv_cache)
             o = attend_group(q, k_flat, v_flat, group, scale, gqa)
             out.index_copy_(0, group.out_dst, o.index_select(0, group.out_src))
-
-    def _forward_values_are_keys(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        cache: torch.Tensor,
-        m: PagedKernelMetadata,
-        scale: float,
-    ) -> torch.Tensor:
-        """``forward`` over one tensor serving as both caches, without the kernel."""
-        flat = cache.view(-1, cache.shape[2], cache.shape[3])
-        flat.index_copy_(0, m.slot_mapping, k.to(flat.dtype))
-        out = torch.empty_like(q)
-        self._attend_multi_token(q, k, k, (cache, cache), m, scale, out)
-        decodes = m.decode_group()
-        if decodes is not None:
-            o = attend_group(q, flat, flat, decodes, scale, q.shape[1] != k.shape[1])
-            out.index_copy_(0, decodes.out_dst, o.index_select(0, decodes.out_src))
         return out
