@@ -162,11 +162,11 @@ def build_tiny_model(
     sizes: dict[str, Any] | None = None,
 ) -> Path:
     """Save a seeded random ``family`` model (and the tiny tokenizer) to ``directory``;
-    ``sizes`` overrides `TINY_SIZES` (head counts that divide by 3, say)."""
+    ``sizes`` overrides `TINY_SIZES` and the family's own (head counts that divide by 3, say)."""
     import transformers
 
     class_name, overrides = {**TINY_FAMILIES, **MORE_FAMILIES}[family]
-    config = getattr(transformers, class_name)(**{**TINY_SIZES, **(sizes or {}), **overrides})
+    config = getattr(transformers, class_name)(**{**TINY_SIZES, **overrides, **(sizes or {})})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
     _randomize(model, seed)
