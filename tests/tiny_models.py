@@ -14,6 +14,7 @@ misnamed or unloaded tensor) and large enough that greedy decoding is not a sequ
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -270,6 +271,7 @@ GGUF_FAMILIES = {
     "qwen3": "qwen3",
     "llama-bias": "llama",
     "gemma2": "gemma2",
+    "phi3": "phi3",
 }
 
 
@@ -297,6 +299,8 @@ def write_tiny_gguf(hf_dir: Path, path: Path, arch: str, quant_type: str | None 
         writer.add_sliding_window(config["sliding_window"])
         writer.add_float32("gemma2.attn_logit_softcapping", config["attn_logit_softcapping"])
         writer.add_float32("gemma2.final_logit_softcapping", config["final_logit_softcapping"])
+    elif arch == "phi3":
+        _write_gguf_phi3(writer, config)
     else:
         writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
     _write_gguf_tokenizer(writer, hf_dir, config["vocab_size"])
@@ -306,6 +310,26 @@ def write_tiny_gguf(hf_dir: Path, path: Path, arch: str, quant_type: str | None 
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _write_gguf_phi3(writer: Any, config: dict[str, Any]) -> None:
+    # convert_hf_to_gguf.py's Phi3MiniModel: rotary dims, original context and the long-rope
+    # cos/sin scale as keys, no scaling type; the factors as two F32 tensors; window 0 if none.
+    import numpy as np
+
+    rope = config["rope_parameters"]
+    heads, hidden = config["num_attention_heads"], config["hidden_size"]
+    writer.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * hidden) // heads)
+    writer.add_sliding_window(config.get("sliding_window") or 0)
+    if rope.get("rope_type") != "longrope":
+        return
+    original = config["original_max_position_embeddings"]
+    scale = config["max_position_embeddings"] / original
+    writer.add_rope_scaling_orig_ctx_len(original)
+    attention = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0
+    writer.add_rope_scaling_attn_factors(attention)
+    writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
+    writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
 
 
 def _write_gguf_tokenizer(writer: Any, hf_dir: Path, vocab_size: int) -> None:

@@ -17,7 +17,7 @@ from ferrollm.executor.loader import ModelSource, load_model_source
 from ferrollm.executor.loader_gguf import hf_config_from_gguf, hf_tensor_name
 from ferrollm.models.config import UnsupportedModelError
 
-TINY_GGUF_FAMILIES = ["tied", "mistral", "qwen2", "qwen3", "llama-bias", "gemma2"]
+TINY_GGUF_FAMILIES = ["tied", "mistral", "qwen2", "qwen3", "llama-bias", "gemma2", "phi3"]
 CONFIG_FIELDS = (
     "vocab_size",
     "hidden_size",
@@ -44,6 +44,8 @@ CONFIG_FIELDS = (
     "query_pre_attn_scalar",
     "attn_logit_softcapping",
     "final_logit_softcapping",
+    "partial_rotary_factor",
+    "sliding_window",
 )
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from ferrollm.distributed.shard_plan import WHOLE, ShardPlan
+from ferrollm.executor import gguf_phi3
 from ferrollm.executor.chat_templates import builtin_chat_template
 from ferrollm.executor.gguf_reader import GGUFFile, GGUFTensor
 from ferrollm.executor.gguf_tokenizer import add_bos_token, build_tokenizer_json, special_token
@@ -37,6 +38,7 @@ GGUF_ARCHITECTURES: Mapping[str, str] = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 _FILE_TYPE_DTYPES = {0: "float32", 1: "float16", 32: "bfloat16"}  # general.file_type
 _GLOBAL_TENSORS = {
@@ -67,6 +69,7 @@ _GEMMA_LAYER_TENSORS = {
 _ARCH_LAYER_TENSORS: Mapping[str, Mapping[str, str]] = {
     "gemma2": _GEMMA_LAYER_TENSORS,
     "gemma3": _GEMMA_LAYER_TENSORS,
+    "phi3": gguf_phi3.PHI3_LAYER_TENSORS,
 }
 #: Architectures whose norms scale by ``1 + w``: llama.cpp's converter stores ``w + 1``.
 _OFFSET_NORM_ARCHITECTURES = frozenset(["gemma2", "gemma3"])
@@ -80,8 +83,9 @@ _DENSE_TYPES = frozenset(["F32", "F16", "BF16", "F64"])
 #: A tensor's rows: a dense array, or a quantized tensor (whose rows reorder the same way).
 _Rows = TypeVar("_Rows", "np.ndarray[Any, Any]", "GgmlBlocks")
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-#: Tensors with no transformers counterpart: llama.cpp's precomputed llama3 rope factors.
-_IGNORED_TENSORS = frozenset(["rope_freqs.weight"])
+#: Tensors with no transformers counterpart: llama.cpp's precomputed llama3 rope factors;
+#: long rope's factors, which are config values (`rope_factor_lists`).
+_IGNORED_TENSORS = frozenset(["rope_freqs.weight", *gguf_phi3.ROPE_FACTOR_TENSORS])
 
 
 class GGUFCheckpoint(ModelSource):
@@ -102,7 +106,9 @@ class GGUFCheckpoint(ModelSource):
         return cls(
             path,
             file,
-            config=ModelConfig.from_hf_dict(hf_config_from_gguf(meta, tensor_names)),
+            config=ModelConfig.from_hf_dict(
+                hf_config_from_gguf(meta, tensor_names, gguf_phi3.rope_factor_lists(file))
+            ),
             tokenizer_json=build_tokenizer_json(meta),
             chat_template=meta.get("tokenizer.chat_template") or builtin_chat_template(meta),
             special_tokens=_special_tokens(meta),
@@ -272,8 +278,13 @@ def _reverse_permute(array: _Rows, num_heads: int) -> _Rows:
     return array[order]  # type: ignore[no-any-return]
 
 
-def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: Sequence[str]) -> dict[str, Any]:
-    """A ``config.json``-style dict rebuilt from GGUF metadata (``<arch>.*`` keys)."""
+def hf_config_from_gguf(
+    meta: Mapping[str, Any],
+    tensor_names: Sequence[str],
+    rope_factors: Mapping[str, Sequence[float]] | None = None,
+) -> dict[str, Any]:
+    """A ``config.json``-style dict rebuilt from GGUF metadata (``<arch>.*`` keys) and the
+    long-rope factors its tensors hold (`rope_factor_lists`)."""
     arch = str(meta.get("general.architecture"))
     if arch not in GGUF_ARCHITECTURES:
         raise UnsupportedModelError(
@@ -322,6 +333,7 @@ def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: Sequence[str]) ->
             if arch in _OFFSET_NORM_ARCHITECTURES
             else {}
         ),
+        **(gguf_phi3.phi3_fields(meta, rope_factors or {}) if arch == "phi3" else {}),
     }
 
 
