@@ -272,6 +272,7 @@ GGUF_FAMILIES = {
     "llama-bias": "llama",
     "gemma2": "gemma2",
     "phi3": "phi3",
+    "glm4": "glm4",
 }
 
 
@@ -292,7 +293,7 @@ def write_tiny_gguf(hf_dir: Path, path: Path, arch: str, quant_type: str | None 
     writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
-    if arch in ("qwen3", "gemma2"):
+    if arch in ("qwen3", "gemma2", "glm4"):
         writer.add_key_length(config["head_dim"])
         writer.add_value_length(config["head_dim"])
     if arch == "gemma2":
@@ -301,6 +302,9 @@ def write_tiny_gguf(hf_dir: Path, path: Path, arch: str, quant_type: str | None 
         writer.add_float32("gemma2.final_logit_softcapping", config["final_logit_softcapping"])
     elif arch == "phi3":
         _write_gguf_phi3(writer, config)
+    elif arch == "glm4":  # Glm4Model: rope over partial_rotary_factor of head_dim
+        partial = config["rope_parameters"].get("partial_rotary_factor", 0.5)
+        writer.add_rope_dimension_count(int(config["head_dim"] * partial))
     else:
         writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
     _write_gguf_tokenizer(writer, hf_dir, config["vocab_size"])

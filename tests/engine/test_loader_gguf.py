@@ -17,7 +17,7 @@ from ferrollm.executor.loader import ModelSource, load_model_source
 from ferrollm.executor.loader_gguf import hf_config_from_gguf, hf_tensor_name
 from ferrollm.models.config import UnsupportedModelError
 
-TINY_GGUF_FAMILIES = ["tied", "mistral", "qwen2", "qwen3", "llama-bias", "gemma2", "phi3"]
+TINY_GGUF_FAMILIES = ["tied", "mistral", "qwen2", "qwen3", "llama-bias", "gemma2", "phi3", "glm4"]
 CONFIG_FIELDS = (
     "vocab_size",
     "hidden_size",

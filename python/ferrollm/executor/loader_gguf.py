@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from ferrollm.distributed.shard_plan import WHOLE, ShardPlan
-from ferrollm.executor import gguf_phi3
+from ferrollm.executor import gguf_glm4, gguf_phi3
 from ferrollm.executor.chat_templates import builtin_chat_template
 from ferrollm.executor.gguf_reader import GGUFFile, GGUFTensor
 from ferrollm.executor.gguf_tokenizer import add_bos_token, build_tokenizer_json, special_token
@@ -39,6 +39,7 @@ GGUF_ARCHITECTURES: Mapping[str, str] = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "glm4": "Glm4ForCausalLM",
 }
 _FILE_TYPE_DTYPES = {0: "float32", 1: "float16", 32: "bfloat16"}  # general.file_type
 _GLOBAL_TENSORS = {
@@ -70,6 +71,7 @@ _ARCH_LAYER_TENSORS: Mapping[str, Mapping[str, str]] = {
     "gemma2": _GEMMA_LAYER_TENSORS,
     "gemma3": _GEMMA_LAYER_TENSORS,
     "phi3": gguf_phi3.PHI3_LAYER_TENSORS,
+    "glm4": gguf_glm4.GLM4_LAYER_TENSORS,
 }
 #: Architectures whose norms scale by ``1 + w``: llama.cpp's converter stores ``w + 1``.
 _OFFSET_NORM_ARCHITECTURES = frozenset(["gemma2", "gemma3"])
@@ -334,6 +336,7 @@ def hf_config_from_gguf(
             else {}
         ),
         **(gguf_phi3.phi3_fields(meta, rope_factors or {}) if arch == "phi3" else {}),
+        **(gguf_glm4.glm4_fields(meta, int(head_dim or 0)) if arch == "glm4" else {}),
     }
 
 

@@ -1,7 +1,7 @@
-"""Phi-3 GGUF files as llama.cpp's converter writes them: fused q/k/v and gate/up tensors,
-long-rope factors as tensors, partial rotary and the window as keys. (The tiny "phi3" family
-also runs through test_loader_gguf's sweep: config fields and weights equal to its HF
-checkpoint's.)"""
+"""Phi-3 and GLM-4 GGUF files as llama.cpp's converter writes them. Phi-3: fused q/k/v and
+gate/up tensors, long-rope factors as tensors, partial rotary and the window as keys; GLM-4:
+fused gate/up, post-block norms, partial rotary. (The tiny "phi3" and "glm4" families also run
+through test_loader_gguf's sweep: config fields and weights equal to their HF checkpoints'.)"""
 
 from __future__ import annotations
 
@@ -41,21 +41,23 @@ def test_phi3_gguf_long_rope_is_the_hf_one(
     assert ours.sliding_window is None  # written as 0
 
 
-def test_q8_0_phi3_gguf_keeps_its_fused_layers_quantized_and_its_greedy_tokens(
+@pytest.mark.parametrize("family", ["phi3", "glm4"])
+def test_a_q8_0_gguf_keeps_its_fused_layers_quantized_and_its_greedy_tokens(
+    family: str,
     tiny_model_factory: Callable[..., Path],
     tiny_gguf_factory: Callable[[str], Path],
     tmp_path: Path,
 ) -> None:
     quantized_path = tmp_path / "q8.gguf"
-    write_tiny_gguf(tiny_model_factory("phi3"), quantized_path, "phi3", "Q8_0")
+    write_tiny_gguf(tiny_model_factory(family), quantized_path, family, "Q8_0")
     options = {"dtype": "float32", "max_num_seqs": 4, "kv_cache_memory": "4MiB"}
-    quantized, dense = LLM(quantized_path, **options), LLM(tiny_gguf_factory("phi3"), **options)
+    quantized, dense = LLM(quantized_path, **options), LLM(tiny_gguf_factory(family), **options)
     layer = quantized.engine.runner.model.model.layers[0]  # type: ignore[attr-defined]
     for fused in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj):
         assert fused.quantized is not None and fused.quantized.scheme == "Q8_0"
         assert fused.weight is None or fused.weight.dtype != torch.float32
     # A few tokens: the random tiny model has near-ties that Q8_0's rounding flips later on.
-    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     ours, theirs = quantized.generate(PROMPTS, params), dense.generate(PROMPTS, params)
     for a, b in zip(ours, theirs, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
