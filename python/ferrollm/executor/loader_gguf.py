@@ -37,6 +37,18 @@ GGUF_ARCHITECTURES: Mapping[str, str] = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+}
+#: A "llama" file with experts (``llama.expert_count``) is Mixtral.
+_MIXTRAL = "MixtralForCausalLM"
+#: Whether llama.cpp renormalises the top-k router weights when the file has no
+#: ``<arch>.expert_weights_norm``: Mixtral always, Qwen2-MoE never, Qwen3-MoE always.
+_EXPERT_WEIGHTS_NORM = {"llama": True, "qwen2moe": False, "qwen3moe": True}
+_MODEL_TYPES = {
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 _FILE_TYPE_DTYPES = {0: "float32", 1: "float16", 32: "bfloat16"}  # general.file_type
 _GLOBAL_TENSORS = {
@@ -56,7 +68,20 @@ _LAYER_TENSORS = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+#: llama.cpp's stacked experts ``[num_experts, rows, cols]`` -> each expert's projection.
+_EXPERT_TENSORS = {
+    "ffn_gate_exps": "gate_proj",
+    "ffn_up_exps": "up_proj",
+    "ffn_down_exps": "down_proj",
+}
+#: Routers stay dense under ``keep_quantized`` (`ferrollm.models.moe`).
+_ROUTERS = (".mlp.gate.weight", ".mlp.shared_expert_gate.weight")
 #: Per architecture, layer tensors named otherwise: Gemma's ``ffn_norm`` is the norm before the
 #: MLP, and it has a norm after each block besides.
 _GEMMA_LAYER_TENSORS = {
@@ -114,7 +139,7 @@ class GGUFCheckpoint(ModelSource):
         from gguf import GGMLQuantizationType
 
         return any(
-            len(t.shape) == 2 and GGMLQuantizationType(t.ggml_type).name not in _DENSE_TYPES
+            len(t.shape) >= 2 and GGMLQuantizationType(t.ggml_type).name not in _DENSE_TYPES
             for t in self._file.tensors
         )
 
@@ -141,18 +166,15 @@ class GGUFCheckpoint(ModelSource):
         except ImportError as err:  # optional: only GGUF files need it
             raise ImportError("loading .gguf weights needs the `gguf` package") from err
 
-        tensors = self._file.tensors
+        num_parts = sum(t.shape[0] if _expert_names(t.name) else 1 for t in self._file.tensors)
         requantized: dict[str, str] = {}
-        with progress_bar(len(tensors), "Loading weights") as tick:
-            for tensor in tensors:
+        with progress_bar(num_parts, "Loading weights") as tick:
+            for tensor, name, data, columns in self._parts(shard, keep_quantized):
                 tick()
-                name = hf_tensor_name(tensor.name, self._arch)
-                if name is None:  # known and unused (warned about at open where it matters)
-                    continue
                 kind = GGMLQuantizationType(tensor.ggml_type)
-                data, columns = self._sliced(tensor, name, shard, keep_quantized)
                 self.num_bytes_read += data.nbytes
-                if keep_quantized and tensor.ggml_type in block_types():
+                keep = keep_quantized and not name.endswith(_ROUTERS)
+                if keep and tensor.ggml_type in block_types():
                     yield name, self._unpermuted(tensor, _blocks(data, tensor.ggml_type))
                     continue
                 array = dequantize(data, kind)
@@ -164,7 +186,7 @@ class GGUFCheckpoint(ModelSource):
                 if not array.flags.writeable:  # F32 comes back as a view of the memory map
                     array = array.copy()
                 weight = torch.from_numpy(array)
-                if keep_quantized and kind.name not in _DENSE_TYPES and weight.dim() == 2:
+                if keep and kind.name not in _DENSE_TYPES and weight.dim() == 2:
                     block, size = GGML_QUANT_SIZES[kind]
                     scheme = "int4" if size * 8 / block <= 4.5 else "int8"
                     blocks = quantize_dense(weight, scheme)
@@ -179,6 +201,28 @@ class GGUFCheckpoint(ModelSource):
                 kind_name,
                 scheme,
             )
+
+    def _parts(
+        self, shard: ShardPlan, keep_quantized: bool
+    ) -> Iterator[tuple[GGUFTensor, str, np.ndarray[Any, Any], slice | None]]:
+        """Each tensor (or, of a stacked ``[experts, rows, cols]`` one, each expert's matrix, a
+        contiguous run of its bytes) with its transformers name, its bytes (`_sliced`) and the
+        columns to keep of their dequantization. Unused tensors are skipped."""
+        for tensor in self._file.tensors:
+            experts = _expert_names(tensor.name)
+            if experts is None:
+                name = hf_tensor_name(tensor.name, self._arch)
+                if name is not None:  # None: known and unused
+                    yield tensor, name, *self._sliced(tensor, name, shard, keep_quantized)
+                continue
+            if shard.world_size > 1:
+                # The plan slices each expert's matrix, not llama.cpp's stacks of them.
+                raise shard.refusal(
+                    tensor.name, "GGUF stacked experts are not split; load the safetensors files"
+                )
+            data = self._file.data(tensor)
+            for e in range(tensor.shape[0]):
+                yield tensor, experts.format(e), data[e], None
 
     def _sliced(
         self, tensor: GGUFTensor, name: str, shard: ShardPlan, keep_quantized: bool
@@ -216,7 +260,7 @@ class GGUFCheckpoint(ModelSource):
         # GPT-J-style rope there); transformers uses NeoX-style halves, so undo it. Qwen files
         # are written unpermuted. The interleave stays within each head, so a slice of whole
         # heads undoes it with its own head count.
-        if self.config.model_type != "llama":
+        if self.config.model_type not in ("llama", "mixtral"):  # Mixtral: a "llama" file
             return array
         share = array.shape[0] / tensor.shape[0]
         if ".attn_q." in tensor.name:
@@ -240,6 +284,15 @@ def _blocks(data: np.ndarray[Any, Any], ggml_type: int) -> GgmlBlocks:
         warnings.simplefilter("ignore", UserWarning)
         rows = torch.from_numpy(data)
     return GgmlBlocks(rows, ggml_type, data.shape[1] // size * values)
+
+
+def _expert_names(gguf_name: str) -> str | None:
+    """``"model.layers.N.mlp.experts.{}.<proj>.weight"`` for a stacked expert tensor of layer N
+    (format it with the expert's index), None for any other tensor."""
+    match = _LAYER_NAME.fullmatch(gguf_name)
+    if match is None or match[2] not in _EXPERT_TENSORS:
+        return None
+    return f"model.layers.{match[1]}.mlp.experts.{{}}.{_EXPERT_TENSORS[match[2]]}.{match[3]}"
 
 
 def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
@@ -284,21 +337,17 @@ def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: Sequence[str]) ->
     def get(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default)
 
-    if get("expert_count") or any("_exps." in name for name in tensor_names):
-        # llama.cpp's stacked ffn_{gate,up,down}_exps tensors: not read yet (models/moe.py
-        # runs Mixtral / Qwen MoE from safetensors).
-        raise UnsupportedModelError(
-            f"GGUF mixture-of-experts models (`{arch}.expert_count`) are not supported; "
-            "load the safetensors checkpoint instead"
-        )
+    architecture = GGUF_ARCHITECTURES[arch]
+    if arch == "llama" and get("expert_count"):
+        architecture = _MIXTRAL
     num_heads = int(get("attention.head_count"))
     hidden_size = int(get("embedding_length"))
     head_dim = get("attention.key_length") or (
         get("rope.dimension_count") if arch == "llama" else None
     )
     return {
-        "architectures": [GGUF_ARCHITECTURES[arch]],
-        "model_type": arch,
+        "architectures": [architecture],
+        "model_type": _MODEL_TYPES.get(architecture, arch),
         "vocab_size": int(get("vocab_size") or len(meta["tokenizer.ggml.tokens"])),
         "hidden_size": hidden_size,
         "intermediate_size": int(get("feed_forward_length")),
@@ -317,6 +366,7 @@ def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: Sequence[str]) ->
         "eos_token_id": _eos_token_ids(meta),
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
         "dtype": _FILE_TYPE_DTYPES.get(int(meta.get("general.file_type", -1))),
+        **(_moe_fields(arch, meta, tensor_names) if architecture in _MODEL_TYPES else {}),
         **(
             _gemma_fields(arch, meta, int(head_dim or 0))
             if arch in _OFFSET_NORM_ARCHITECTURES
@@ -343,6 +393,28 @@ def _gemma_fields(arch: str, meta: Mapping[str, Any], head_dim: int) -> dict[str
         "query_pre_attn_scalar": scalar,
         "attn_logit_softcapping": meta.get(f"{arch}.attn_logit_softcapping"),
         "final_logit_softcapping": meta.get(f"{arch}.final_logit_softcapping"),
+    }
+
+
+def _moe_fields(arch: str, meta: Mapping[str, Any], tensor_names: Sequence[str]) -> dict[str, Any]:
+    """The mixture-of-experts fields (``ferrollm.models.moe_config``) as llama.cpp reads them.
+    Layers without a router (``ffn_gate_inp``) run the dense MLP: Qwen's ``mlp_only_layers``,
+    which the file has no key for."""
+
+    def get(key: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{key}", default)
+
+    num_layers = int(get("block_count"))
+    names = set(tensor_names)
+    return {
+        "num_experts": int(get("expert_count")),
+        "num_experts_per_tok": int(get("expert_used_count")),
+        "moe_intermediate_size": get("expert_feed_forward_length"),
+        "shared_expert_intermediate_size": get("expert_shared_feed_forward_length"),
+        "norm_topk_prob": bool(get("expert_weights_norm", _EXPERT_WEIGHTS_NORM[arch])),
+        "mlp_only_layers": [
+            i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" not in names
+        ],
     }
 
 
