@@ -17,7 +17,7 @@ from ferrollm.executor.gguf_reader import GGUFFile
 from ferrollm.executor.gguf_tokenizer import build_tokenizer_json
 from ferrollm.executor.loader import ModelSource, load_model_source
 from ferrollm.executor.loader_gguf import hf_tensor_name
-from tiny_models import write_tiny_gguf
+from tiny_gguf import write_tiny_gguf
 
 TINY_GGUF_FAMILIES = ["tied", "mistral", "qwen2", "qwen3", "llama-bias", "gemma2"]
 CONFIG_FIELDS = (
