@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from test_loader_gguf import CONFIG_FIELDS, assert_same_weights
@@ -101,7 +102,8 @@ def test_quantized_moe_gguf_keeps_experts_in_their_blocks_and_decodes_as_dequant
     monkeypatch.setattr(registry, "DENSE_COPY_BUDGET", 0)  # the block kernels at every size
     hf_dir = tiny_model_factory("qwen2-moe")
     q8 = write_tiny_gguf(hf_dir, tmp_path / "q8.gguf", "qwen2moe", "Q8_0")
-    model = load_model(load_model_source(q8), torch.device("cpu"), torch.float32, "native")
+    source = load_model_source(q8)
+    model = load_model(source, torch.device("cpu"), torch.float32, "native")
     mlp = model.model.layers[1].mlp  # layer 0 is dense
     experts = [*mlp.experts, mlp.shared_expert]
     assert len(experts) == 5
@@ -109,6 +111,17 @@ def test_quantized_moe_gguf_keeps_experts_in_their_blocks_and_decodes_as_dequant
         assert layer.weight is None and layer.quantized is not None
         assert layer.quantized.scheme == "Q8_0"
     assert mlp.gate.weight is not None and mlp.gate.quantized is None  # the router: float
+    # Each routed expert's down_proj is its own run of the stacked tensor's bytes, in place.
+    mapped = np.frombuffer(source._file._map, np.uint8)  # type: ignore[attr-defined]
+    starts = []
+    for expert in mlp.experts:
+        assert expert.down_proj.quantized is not None
+        (segment,) = expert.down_proj.quantized.segments
+        offset = segment.data.data_ptr() - mapped.ctypes.data
+        assert offset >= 0 and offset + segment.data.numel() <= mapped.nbytes
+        starts.append(offset)
+    run = mlp.experts[0].down_proj.quantized.segments[0].data.numel()
+    assert np.diff(starts).tolist() == [run] * (len(starts) - 1)
 
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     prompts = ["The quick brown fox", "What is the capital of France?", "def f(x):"]
