@@ -1,8 +1,8 @@
 """Tiny random-weight Hugging Face models, one per supported family, built on the fly.
 
 Shared by ``tests/engine`` and ``tests/server`` (``tests/`` is on ``sys.path`` through the
-root ``conftest.py``): ``build_tiny_model(family, directory)`` saves a seeded model and
-``write_tiny_gguf`` converts one to GGUF.
+root ``conftest.py``): ``build_tiny_model(family, directory)`` saves a seeded model, and
+``tiny_gguf.write_tiny_gguf`` converts one to GGUF.
 
 Each directory holds config.json, generation_config.json, safetensors weights, and a small
 byte-level BPE tokenizer (tokenizer.json, tokenizer_config.json, a ChatML chat template), so the
@@ -14,7 +14,6 @@ misnamed or unloaded tensor) and large enough that greedy decoding is not a sequ
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -262,127 +261,3 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
                 param.copy_((1.0 if "embed_tokens" in name else 0.3) * noise)
             else:
                 param.copy_(0.08 * noise)
-
-
-GGUF_FAMILIES = {
-    "tied": "llama",
-    "mistral": "llama",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "llama-bias": "llama",
-    "gemma2": "gemma2",
-    "phi3": "phi3",
-    "glm4": "glm4",
-}
-
-
-def write_tiny_gguf(hf_dir: Path, path: Path, arch: str, quant_type: str | None = None) -> Path:
-    """Convert a tiny saved model to a GGUF, as llama.cpp's converter would: all F32, or with
-    every weight matrix (embeddings included) in ``quant_type`` ("Q4_1", "Q8_0", ...)."""
-    import gguf
-
-    config = json.loads((hf_dir / "config.json").read_text())
-    writer = gguf.GGUFWriter(path, arch)
-    writer.add_name("tiny")
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_vocab_size(config["vocab_size"])
-    if arch in ("qwen3", "gemma2", "glm4"):
-        writer.add_key_length(config["head_dim"])
-        writer.add_value_length(config["head_dim"])
-    if arch == "gemma2":
-        writer.add_sliding_window(config["sliding_window"])
-        writer.add_float32("gemma2.attn_logit_softcapping", config["attn_logit_softcapping"])
-        writer.add_float32("gemma2.final_logit_softcapping", config["final_logit_softcapping"])
-    elif arch == "phi3":
-        _write_gguf_phi3(writer, config)
-    elif arch == "glm4":  # Glm4Model: rope over partial_rotary_factor of head_dim
-        partial = config["rope_parameters"].get("partial_rotary_factor", 0.5)
-        writer.add_rope_dimension_count(int(config["head_dim"] * partial))
-    else:
-        writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
-    _write_gguf_tokenizer(writer, hf_dir, config["vocab_size"])
-    _write_gguf_tensors(writer, hf_dir, config, arch, quant_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
-def _write_gguf_phi3(writer: Any, config: dict[str, Any]) -> None:
-    # convert_hf_to_gguf.py's Phi3MiniModel: rotary dims, original context and the long-rope
-    # cos/sin scale as keys, no scaling type; the factors as two F32 tensors; window 0 if none.
-    import numpy as np
-
-    rope = config["rope_parameters"]
-    heads, hidden = config["num_attention_heads"], config["hidden_size"]
-    writer.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * hidden) // heads)
-    writer.add_sliding_window(config.get("sliding_window") or 0)
-    if rope.get("rope_type") != "longrope":
-        return
-    original = config["original_max_position_embeddings"]
-    scale = config["max_position_embeddings"] / original
-    writer.add_rope_scaling_orig_ctx_len(original)
-    attention = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0
-    writer.add_rope_scaling_attn_factors(attention)
-    writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
-    writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
-
-
-def _write_gguf_tokenizer(writer: Any, hf_dir: Path, vocab_size: int) -> None:
-    tokenizer = json.loads((hf_dir / "tokenizer.json").read_text())
-    vocab = tokenizer["model"]["vocab"]
-    special = {t["content"] for t in tokenizer["added_tokens"] if t["special"]}
-    tokens = sorted(vocab, key=vocab.__getitem__)
-    types = [3 if t in special else 1 for t in tokens]  # 3: control
-    padding = range(len(tokens), vocab_size)  # llama.cpp pads to the model's vocab, unused
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
-    writer.add_token_list([*tokens, *(f"[PAD{i}]" for i in padding)])
-    writer.add_token_types([*types, *(5 for _ in padding)])  # 5: unused
-    merges = tokenizer["model"]["merges"]
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_pad_token_id(0)
-    writer.add_unk_token_id(0)
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(CHATML_TEMPLATE)
-
-
-def _write_gguf_tensors(
-    writer: Any, hf_dir: Path, config: dict[str, Any], arch: str, quant_type: str | None
-) -> None:
-    import gguf
-    from safetensors.torch import load_file
-
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], config["num_hidden_layers"])
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    for hf_name, tensor in load_file(hf_dir / "model.safetensors").items():
-        array = tensor.float().numpy()
-        if arch == "llama" and ".q_proj." in hf_name:
-            array = _llama_cpp_permute(array, heads)
-        if arch == "llama" and ".k_proj." in hf_name:
-            array = _llama_cpp_permute(array, kv_heads)
-        if arch == "gemma2" and hf_name.endswith("norm.weight"):
-            array = array + 1.0  # llama.cpp stores Gemma's norms as 1 + w
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        if quant_type is not None and array.ndim == 2:
-            kind = gguf.GGMLQuantizationType[quant_type]
-            writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
-        else:
-            writer.add_tensor(name, array)
-
-
-def _llama_cpp_permute(array: Any, num_heads: int) -> Any:
-    # convert_hf_to_gguf.py's LlamaModel.permute: rotary halves -> interleaved pairs.
-    shape = array.shape
-    grouped = array.reshape(num_heads, 2, shape[0] // num_heads // 2, *shape[1:])
-    return grouped.swapaxes(1, 2).reshape(shape)

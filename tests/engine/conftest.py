@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny_models import GGUF_FAMILIES, TINY_FAMILIES, build_tiny_model, write_tiny_gguf
+from tiny_gguf import GGUF_FAMILIES, write_tiny_gguf
+from tiny_models import TINY_FAMILIES, build_tiny_model
 
 
 @pytest.fixture(scope="session")

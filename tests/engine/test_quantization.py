@@ -44,7 +44,8 @@ from ferrollm.layers.linear import Linear, dense_copies_pay
 from ferrollm.models import registry
 from ferrollm.platforms import get_platform
 from ferrollm.tokenizer import Tokenizer
-from tiny_models import build_tiny_model, write_tiny_gguf
+from tiny_gguf import write_tiny_gguf
+from tiny_models import build_tiny_model
 
 CPU = torch.device("cpu")
 TEXT = Path(__file__).resolve().parents[1] / "data" / "psf_license.txt"

@@ -25,7 +25,8 @@ from ferrollm.executor.loader import load_model_source
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.moe import expert_slice
 from ferrollm.models.registry import resolve_model_class
-from tiny_models import build_tiny_model, write_tiny_gguf
+from tiny_gguf import write_tiny_gguf
+from tiny_models import build_tiny_model
 
 #: Heads that split three ways (and two ways with the query heads cutting a 32-column block).
 SIX_HEADS = {"hidden_size": 96, "num_attention_heads": 6, "intermediate_size": 192}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -18,10 +18,11 @@ import numpy as np
 from ferrollm.distributed.shard_plan import WHOLE, ShardPlan
 from ferrollm.executor import gguf_glm4, gguf_phi3
 from ferrollm.executor.chat_templates import builtin_chat_template
+from ferrollm.executor.gguf_config import OFFSET_NORM_ARCHITECTURES, hf_config_from_gguf
 from ferrollm.executor.gguf_reader import GGUFFile, GGUFTensor
 from ferrollm.executor.gguf_tokenizer import add_bos_token, build_tokenizer_json, special_token
 from ferrollm.executor.source import ModelSource, SpecialTokens, progress_bar
-from ferrollm.models.config import ModelConfig, UnsupportedModelError
+from ferrollm.models.config import ModelConfig
 
 if TYPE_CHECKING:  # opening a file (config, tokenizer) needs no torch: `ferrollm.preflight`
     import torch
@@ -31,17 +32,6 @@ if TYPE_CHECKING:  # opening a file (config, tokenizer) needs no torch: `ferroll
 
 logger = logging.getLogger(__name__)
 
-#: ``general.architecture`` -> the transformers architecture it loads as.
-GGUF_ARCHITECTURES: Mapping[str, str] = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "gemma2": "Gemma2ForCausalLM",
-    "gemma3": "Gemma3ForCausalLM",
-    "phi3": "Phi3ForCausalLM",
-    "glm4": "Glm4ForCausalLM",
-}
-_FILE_TYPE_DTYPES = {0: "float32", 1: "float16", 32: "bfloat16"}  # general.file_type
 _GLOBAL_TENSORS = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -59,7 +49,20 @@ _LAYER_TENSORS = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+#: llama.cpp's stacked experts ``[num_experts, rows, cols]`` -> each expert's projection.
+_EXPERT_TENSORS = {
+    "ffn_gate_exps": "gate_proj",
+    "ffn_up_exps": "up_proj",
+    "ffn_down_exps": "down_proj",
+}
+#: Routers stay dense under ``keep_quantized`` (`ferrollm.models.moe`).
+_ROUTERS = (".mlp.gate.weight", ".mlp.shared_expert_gate.weight")
 #: Per architecture, layer tensors named otherwise: Gemma's ``ffn_norm`` is the norm before the
 #: MLP, and it has a norm after each block besides.
 _GEMMA_LAYER_TENSORS = {
@@ -73,13 +76,6 @@ _ARCH_LAYER_TENSORS: Mapping[str, Mapping[str, str]] = {
     "phi3": gguf_phi3.PHI3_LAYER_TENSORS,
     "glm4": gguf_glm4.GLM4_LAYER_TENSORS,
 }
-#: Architectures whose norms scale by ``1 + w``: llama.cpp's converter stores ``w + 1``.
-_OFFSET_NORM_ARCHITECTURES = frozenset(["gemma2", "gemma3"])
-#: llama.cpp's Gemma layouts: one layer in this many attends globally, the others within the
-#: window; and the layer count of the 27B models, whose query scale is not ``head_dim``.
-_GEMMA_SLIDING_WINDOW_PATTERN = {"gemma2": 2, "gemma3": 6}
-_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
-_GEMMA_END_OF_TURN = "<end_of_turn>"
 #: Types stored as plain floats (no quantization to keep).
 _DENSE_TYPES = frozenset(["F32", "F16", "BF16", "F64"])
 #: A tensor's rows: a dense array, or a quantized tensor (whose rows reorder the same way).
@@ -122,7 +118,7 @@ class GGUFCheckpoint(ModelSource):
         from gguf import GGMLQuantizationType
 
         return any(
-            len(t.shape) == 2 and GGMLQuantizationType(t.ggml_type).name not in _DENSE_TYPES
+            len(t.shape) >= 2 and GGMLQuantizationType(t.ggml_type).name not in _DENSE_TYPES
             for t in self._file.tensors
         )
 
@@ -149,30 +145,27 @@ class GGUFCheckpoint(ModelSource):
         except ImportError as err:  # optional: only GGUF files need it
             raise ImportError("loading .gguf weights needs the `gguf` package") from err
 
-        tensors = self._file.tensors
+        num_parts = sum(t.shape[0] if _expert_names(t.name) else 1 for t in self._file.tensors)
         requantized: dict[str, str] = {}
-        with progress_bar(len(tensors), "Loading weights") as tick:
-            for tensor in tensors:
+        with progress_bar(num_parts, "Loading weights") as tick:
+            for tensor, name, data, columns in self._parts(shard, keep_quantized):
                 tick()
-                name = hf_tensor_name(tensor.name, self._arch)
-                if name is None:  # known and unused (warned about at open where it matters)
-                    continue
                 kind = GGMLQuantizationType(tensor.ggml_type)
-                data, columns = self._sliced(tensor, name, shard, keep_quantized)
                 self.num_bytes_read += data.nbytes
-                if keep_quantized and tensor.ggml_type in block_types():
+                keep = keep_quantized and not name.endswith(_ROUTERS)
+                if keep and tensor.ggml_type in block_types():
                     yield name, self._unpermuted(tensor, _blocks(data, tensor.ggml_type))
                     continue
                 array = dequantize(data, kind)
                 if columns is not None:
                     array = array[:, columns]
                 array = self._unpermuted(tensor, array)
-                if self._arch in _OFFSET_NORM_ARCHITECTURES and name.endswith("norm.weight"):
+                if self._arch in OFFSET_NORM_ARCHITECTURES and name.endswith("norm.weight"):
                     array = array - 1.0  # back to transformers' offset from one
                 if not array.flags.writeable:  # F32 comes back as a view of the memory map
                     array = array.copy()
                 weight = torch.from_numpy(array)
-                if keep_quantized and kind.name not in _DENSE_TYPES and weight.dim() == 2:
+                if keep and kind.name not in _DENSE_TYPES and weight.dim() == 2:
                     block, size = GGML_QUANT_SIZES[kind]
                     scheme = "int4" if size * 8 / block <= 4.5 else "int8"
                     blocks = quantize_dense(weight, scheme)
@@ -187,6 +180,28 @@ class GGUFCheckpoint(ModelSource):
                 kind_name,
                 scheme,
             )
+
+    def _parts(
+        self, shard: ShardPlan, keep_quantized: bool
+    ) -> Iterator[tuple[GGUFTensor, str, np.ndarray[Any, Any], slice | None]]:
+        """Each tensor (or, of a stacked ``[experts, rows, cols]`` one, each expert's matrix, a
+        contiguous run of its bytes) with its transformers name, its bytes (`_sliced`) and the
+        columns to keep of their dequantization. Unused tensors are skipped."""
+        for tensor in self._file.tensors:
+            experts = _expert_names(tensor.name)
+            if experts is None:
+                name = hf_tensor_name(tensor.name, self._arch)
+                if name is not None:  # None: known and unused
+                    yield tensor, name, *self._sliced(tensor, name, shard, keep_quantized)
+                continue
+            if shard.world_size > 1:
+                # The plan slices each expert's matrix, not llama.cpp's stacks of them.
+                raise shard.refusal(
+                    tensor.name, "GGUF stacked experts are not split; load the safetensors files"
+                )
+            data = self._file.data(tensor)
+            for e in range(tensor.shape[0]):
+                yield tensor, experts.format(e), data[e], None
 
     def _sliced(
         self, tensor: GGUFTensor, name: str, shard: ShardPlan, keep_quantized: bool
@@ -224,7 +239,7 @@ class GGUFCheckpoint(ModelSource):
         # GPT-J-style rope there); transformers uses NeoX-style halves, so undo it. Qwen files
         # are written unpermuted. The interleave stays within each head, so a slice of whole
         # heads undoes it with its own head count.
-        if self.config.model_type != "llama":
+        if self.config.model_type not in ("llama", "mixtral"):  # Mixtral: a "llama" file
             return array
         share = array.shape[0] / tensor.shape[0]
         if ".attn_q." in tensor.name:
@@ -248,6 +263,15 @@ def _blocks(data: np.ndarray[Any, Any], ggml_type: int) -> GgmlBlocks:
         warnings.simplefilter("ignore", UserWarning)
         rows = torch.from_numpy(data)
     return GgmlBlocks(rows, ggml_type, data.shape[1] // size * values)
+
+
+def _expert_names(gguf_name: str) -> str | None:
+    """``"model.layers.N.mlp.experts.{}.<proj>.weight"`` for a stacked expert tensor of layer N
+    (format it with the expert's index), None for any other tensor."""
+    match = _LAYER_NAME.fullmatch(gguf_name)
+    if match is None or match[2] not in _EXPERT_TENSORS:
+        return None
+    return f"model.layers.{match[1]}.mlp.experts.{{}}.{_EXPERT_TENSORS[match[2]]}.{match[3]}"
 
 
 def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
@@ -278,116 +302,6 @@ def _reverse_permute(array: _Rows, num_heads: int) -> _Rows:
 
         return array.rows(torch.from_numpy(order))
     return array[order]  # type: ignore[no-any-return]
-
-
-def hf_config_from_gguf(
-    meta: Mapping[str, Any],
-    tensor_names: Sequence[str],
-    rope_factors: Mapping[str, Sequence[float]] | None = None,
-) -> dict[str, Any]:
-    """A ``config.json``-style dict rebuilt from GGUF metadata (``<arch>.*`` keys) and the
-    long-rope factors its tensors hold (`rope_factor_lists`)."""
-    arch = str(meta.get("general.architecture"))
-    if arch not in GGUF_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"GGUF architecture {arch!r} is not supported; supported: "
-            f"{', '.join(GGUF_ARCHITECTURES)}"
-        )
-
-    def get(key: str, default: Any = None) -> Any:
-        return meta.get(f"{arch}.{key}", default)
-
-    if get("expert_count") or any("_exps." in name for name in tensor_names):
-        # llama.cpp's stacked ffn_{gate,up,down}_exps tensors: not read yet (models/moe.py
-        # runs Mixtral / Qwen MoE from safetensors).
-        raise UnsupportedModelError(
-            f"GGUF mixture-of-experts models (`{arch}.expert_count`) are not supported; "
-            "load the safetensors checkpoint instead"
-        )
-    num_heads = int(get("attention.head_count"))
-    hidden_size = int(get("embedding_length"))
-    head_dim = get("attention.key_length") or (
-        get("rope.dimension_count") if arch == "llama" else None
-    )
-    return {
-        "architectures": [GGUF_ARCHITECTURES[arch]],
-        "model_type": arch,
-        "vocab_size": int(get("vocab_size") or len(meta["tokenizer.ggml.tokens"])),
-        "hidden_size": hidden_size,
-        "intermediate_size": int(get("feed_forward_length")),
-        "num_hidden_layers": int(get("block_count")),
-        "num_attention_heads": num_heads,
-        "num_key_value_heads": int(get("attention.head_count_kv", num_heads)),
-        "head_dim": int(head_dim) if head_dim else hidden_size // num_heads,
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(get("rope.freq_base", 10000.0)),
-        "rope_scaling": _rope_scaling(meta, arch, tensor_names),
-        "max_position_embeddings": int(get("context_length")),
-        # llama.cpp drops output.weight when the head is tied to the embeddings.
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-        **_optional_biases(tensor_names),
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": _eos_token_ids(meta),
-        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
-        "dtype": _FILE_TYPE_DTYPES.get(int(meta.get("general.file_type", -1))),
-        **(
-            _gemma_fields(arch, meta, int(head_dim or 0))
-            if arch in _OFFSET_NORM_ARCHITECTURES
-            else {}
-        ),
-        **(gguf_phi3.phi3_fields(meta, rope_factors or {}) if arch == "phi3" else {}),
-        **(gguf_glm4.glm4_fields(meta, int(head_dim or 0)) if arch == "glm4" else {}),
-    }
-
-
-def _gemma_fields(arch: str, meta: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
-    """What a Gemma file leaves implicit, as llama.cpp reads it: the window's layout (every
-    other layer global in Gemma 2, every sixth in Gemma 3), the query scale (``head_dim``, but
-    hidden / heads in the 27B models, whose head_dim is not that), and Gemma 2's caps."""
-    scalar = head_dim
-    if int(meta[f"{arch}.block_count"]) == _GEMMA_27B_LAYERS[arch]:
-        scalar = int(meta[f"{arch}.embedding_length"]) // int(meta[f"{arch}.attention.head_count"])
-    tokens = meta["tokenizer.ggml.tokens"]
-    end_of_turn = [tokens.index(_GEMMA_END_OF_TURN)] if _GEMMA_END_OF_TURN in tokens else []
-    return {
-        # Instruction-tuned turns end in <end_of_turn>, which the file does not name as eos
-        # (transformers' generation_config.json lists both).
-        "eos_token_id": _eos_token_ids(meta) + end_of_turn,
-        "sliding_window": int(meta[f"{arch}.attention.sliding_window"]),
-        "sliding_window_pattern": _GEMMA_SLIDING_WINDOW_PATTERN[arch],
-        "query_pre_attn_scalar": scalar,
-        "attn_logit_softcapping": meta.get(f"{arch}.attn_logit_softcapping"),
-        "final_logit_softcapping": meta.get(f"{arch}.final_logit_softcapping"),
-    }
-
-
-def _optional_biases(tensor_names: Sequence[str]) -> dict[str, bool]:
-    # GGUF metadata has no bias flags: a Llama's optional biases show only as tensors. (Qwen2's
-    # q/k/v bias is implied by its architecture, whatever this says.)
-    return {
-        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
-        "mlp_bias": "blk.0.ffn_gate.bias" in tensor_names,
-    }
-
-
-def _rope_scaling(
-    meta: Mapping[str, Any], arch: str, tensor_names: Sequence[str]
-) -> dict[str, Any] | None:
-    if "rope_freqs.weight" in tensor_names:
-        # Llama 3.1+ files store precomputed per-frequency factors instead of the scaling
-        # parameters; transformers ignores them too, so parity holds, but long prompts drift.
-        logger.warning("GGUF llama3 rope factors (rope_freqs) are not applied")
-    rope_type = meta.get(f"{arch}.rope.scaling.type")
-    if rope_type in (None, "none"):
-        return None
-    return {"rope_type": rope_type, "factor": meta.get(f"{arch}.rope.scaling.factor", 1.0)}
-
-
-def _eos_token_ids(meta: Mapping[str, Any]) -> list[int]:
-    # llama.cpp also ends generation at the end-of-turn / end-of-message tokens when named.
-    keys = ("eos_token_id", "eot_token_id", "eom_token_id")
-    ids = [meta.get(f"tokenizer.ggml.{key}") for key in keys]
-    return [int(i) for i in ids if i is not None]
 
 
 def _special_tokens(meta: Mapping[str, Any]) -> SpecialTokens:
