@@ -152,9 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if _worker_rank() is not None:  # a tensor-parallel rank > 0 of a launcher-placed group
-        from ferrollm.distributed.worker import run_worker
+        from ferrollm.distributed.worker import exit_now, run_worker
 
-        return run_worker(lambda: split_options(serve_options(args))[0])
+        exit_now(run_worker(lambda: split_options(serve_options(args))[0]))
     try:
         options = serve_options(args)
     except EngineConfigError as e:

@@ -319,7 +319,9 @@ for n in range(3):
         arrays[f"{n}.embed_indices"] = step.embeds.token_indices.numpy()
         arrays[f"{n}.embed_rows"] = step.embeds.rows.numpy()
 np.savez(sys.argv[1], **arrays)
-torch.distributed.destroy_process_group()
+# As the worker ends (ferrollm.distributed.worker.exit_now): no gloo teardown.
+from ferrollm.distributed.worker import exit_now
+exit_now(0)
 """
 
 

@@ -23,7 +23,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -123,8 +123,10 @@ def _serve(
     while True:
         op, step = channel.receive()
         if op is Op.SHUTDOWN:
+            # No destroy_process_group: tearing gloo down while rank 0 still holds its side
+            # aborted the process now and then ("terminate called without an active
+            # exception", exit -6); the group ends with the process (`exit_now`).
             logger.info("tensor-parallel rank %d: shut down by rank 0", env.rank)
-            torch.distributed.destroy_process_group()
             return 0
         if op is Op.PING:
             channel.answer_ping()
@@ -152,5 +154,14 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> EngineConfig:
     return EngineConfig.from_dict(json.loads(environ[WORKER_OPTIONS_ENV]))
 
 
+def exit_now(code: int) -> NoReturn:
+    """End the worker process with ``code``, its logs flushed, without the interpreter's
+    teardown (whose destructors would tear the process group down: see `_serve`)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(run_worker(config_from_env, spawned=True))
+    exit_now(run_worker(config_from_env, spawned=True))
