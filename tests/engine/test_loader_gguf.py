@@ -48,6 +48,15 @@ CONFIG_FIELDS = (
 )
 
 
+def assert_same_config(ours: Any, theirs: Any) -> None:
+    """Every field of `CONFIG_FIELDS` equal (floats to GGUF's float32 precision)."""
+    for field in CONFIG_FIELDS:
+        expected = getattr(theirs, field)
+        if isinstance(expected, float):  # GGUF stores float32
+            expected = pytest.approx(expected, rel=1e-6)
+        assert getattr(ours, field) == expected, field
+
+
 def assert_same_weights(
     ours: Iterable[tuple[str, torch.Tensor]], expected: dict[str, torch.Tensor], tied: bool
 ) -> None:
@@ -84,11 +93,7 @@ def test_tiny_gguf_loads_as_its_hf_checkpoint(
     # Through llama.cpp's q/k permutation and back, GQA included: every weight is exact.
     hf_source = load_model_source(tiny_model_factory(family))
     gguf_source = load_model_source(tiny_gguf_factory(family))
-    for field in CONFIG_FIELDS:
-        ours, theirs = getattr(gguf_source.config, field), getattr(hf_source.config, field)
-        if isinstance(theirs, float):  # GGUF stores float32
-            theirs = pytest.approx(theirs, rel=1e-6)
-        assert ours == theirs, field
+    assert_same_config(gguf_source.config, hf_source.config)
     assert gguf_source.chat_template == hf_source.chat_template
     assert gguf_source.special_tokens == hf_source.special_tokens
     expected = dict(hf_source.iter_weights(torch.float32))

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_loader_gguf import CONFIG_FIELDS, assert_same_weights
+from test_loader_gguf import assert_same_config, assert_same_weights
 
 from ferrollm.executor.gguf_config import hf_config_from_gguf
 from ferrollm.executor.loader import load_model_source
@@ -44,11 +44,7 @@ def test_tiny_moe_gguf_loads_as_its_hf_checkpoint(
     ours, theirs = gguf_source.config, hf_source.config
     assert (ours.architecture, ours.model_type) == (theirs.architecture, theirs.model_type)
     assert ours.moe is not None and ours.moe == theirs.moe
-    for field in CONFIG_FIELDS:
-        expected = getattr(theirs, field)
-        if isinstance(expected, float):  # GGUF stores float32
-            expected = pytest.approx(expected, rel=1e-6)
-        assert getattr(ours, field) == expected, field
+    assert_same_config(ours, theirs)
     expected_weights = {per_expert_name(k): v for k, v in hf_source.iter_weights(torch.float32)}
     assert_same_weights(gguf_source.iter_weights(torch.float32), expected_weights, tied=False)
 
