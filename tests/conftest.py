@@ -1,6 +1,12 @@
-"""Shared pytest set-up: the `cuda` and `npu` markers skip when that hardware is absent."""
+"""Shared pytest set-up: the `cuda` and `npu` markers skip when that hardware is absent.
+
+Without a GPU, Triton kernels (the CUDA platform's paged decode attention) run under Triton's
+interpreter, so their tests run on the CPU too; Triton reads the switch when a kernel is
+defined, hence here, before any test module imports one.
+"""
 
 import importlib.util
+import os
 
 import pytest
 
@@ -11,6 +17,10 @@ def _has_cuda() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+if not _has_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

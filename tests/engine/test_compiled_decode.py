@@ -26,7 +26,8 @@ from ferrollm import LLM, SamplingParams
 from ferrollm.config import EngineConfig, EngineConfigError
 from ferrollm.distributed.state import ParallelState
 from ferrollm.engine import AsyncEngine, RequestOutput
-from ferrollm.executor.compiled_decode import CompiledDecode, bucket_for, build_compiled_decode
+from ferrollm.executor.buckets import bucket_for
+from ferrollm.executor.compiled_decode import CompiledDecode, build_compiled_decode
 from ferrollm.executor.kv_cache import KVCache, KVCacheSpec
 from ferrollm.executor.loader import load_model_source
 from ferrollm.layers.attention import TorchSDPABackend

@@ -12,10 +12,10 @@ import torch
 from ferrollm.distributed.driver import Driver
 from ferrollm.distributed.startup import GroupMember
 from ferrollm.distributed.state import SINGLE, ParallelState
-from ferrollm.executor.compiled_decode import CompiledDecode, build_compiled_decode
+from ferrollm.executor.compiled_decode import build_compiled_decode
 from ferrollm.executor.kv_cache import KVCache
 from ferrollm.executor.loader import ModelSource
-from ferrollm.executor.runner import ModelRunner
+from ferrollm.executor.runner import DecodeGraphs, ModelRunner
 from ferrollm.executor.sizing import (
     KVCachePlan,
     plan_kv_cache,
@@ -61,8 +61,8 @@ class BuiltRunner:
     kv_plan: KVCachePlan
     #: The linear layers' weight scheme (None = dense).
     quantization: str | None
-    #: The compiled decode graphs, or None (eager).
-    compiled: CompiledDecode | None
+    #: The compiled decode graphs (CPU) or captured CUDA graphs, or None (eager).
+    compiled: DecodeGraphs | None
 
 
 def build_runner(
@@ -100,7 +100,14 @@ def build_runner(
     make_runner = ModelRunner if group is None else group.make_runner
     runner = make_runner(model, kv_cache, platform.device, dtype, platform.attention_backend())
     # Every rank decides alike (a tensor-parallel shard stays eager; "on" is refused there).
-    compiled = build_compiled_decode(
+    compiled = platform.decode_graphs(
+        config.compile,
+        model,
+        kv_cache,
+        runner.backend,
+        kv_plan.max_model_len,
+        config.max_num_seqs,
+    ) or build_compiled_decode(
         config.compile,
         model,
         kv_cache,

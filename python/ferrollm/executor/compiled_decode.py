@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from ferrollm.config import EngineConfigError
+from ferrollm.executor.buckets import BUCKETS, bucket_for
 from ferrollm.layers.attention import AttentionBackend, AttentionContext
 from ferrollm.layers.linear import QUANTIZED_MAX_ROWS, Linear
 from ferrollm.layers.paged_attention import PagedKernelBackend, PagedKernelMetadata
@@ -52,8 +53,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Row counts a decode step is padded up to.
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 #: The largest step compiled: the largest batch measured faster compiled (module docstring).
 MAX_COMPILED_ROWS = 32
 #: Where the inductor caches live unless ``TORCHINDUCTOR_CACHE_DIR`` or ``FERROLLM_COMPILE_CACHE``
@@ -86,11 +85,6 @@ def isa_tag() -> str:
     tag = f"cpu-{aten}-{_core.cpu_features().cap}"
     onednn = os.environ.get("ONEDNN_MAX_CPU_ISA")
     return f"{tag}-onednn-{onednn.lower()}" if onednn else tag
-
-
-def bucket_for(rows: int) -> int | None:
-    """The smallest bucket holding ``rows`` rows, or None when none does."""
-    return next((b for b in BUCKETS if b >= rows), None)
 
 
 def build_compiled_decode(

@@ -63,7 +63,11 @@ class StepInputs(PagedBatch, Protocol):
 
 
 class DecodeGraphs(Protocol):
-    """Decode steps run another way (``compiled_decode.CompiledDecode`` has it)."""
+    """Decode steps run another way (``compiled_decode.CompiledDecode`` on the CPU,
+    ``ferrollm.platforms.cuda_graphs.CudaGraphDecode`` on CUDA)."""
+
+    #: The most rows a step it takes can have.
+    max_rows: int
 
     def accepts(self, plan: StepInputs) -> bool:
         """Whether ``run`` can take ``plan``."""

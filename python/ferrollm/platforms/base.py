@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from ferrollm.layers.attention import AttentionBackend
+
+if TYPE_CHECKING:
+    from ferrollm.executor.kv_cache import KVCache
+    from ferrollm.executor.runner import CausalLM, DecodeGraphs
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,20 @@ class Platform(ABC):
     @abstractmethod
     def memory_info(self) -> MemoryInfo:
         """Free and total bytes of the memory the KV cache would live in."""
+
+    def decode_graphs(
+        self,
+        mode: str,
+        model: CausalLM,
+        kv_cache: KVCache,
+        backend: AttentionBackend,
+        max_model_len: int,
+        max_num_seqs: int,
+    ) -> DecodeGraphs | None:
+        """Device graphs of the decode step as ``mode`` (``EngineConfig.compile``) asks, built
+        and warmed up, or None where this device has none (the CPU's compiled decode is built
+        apart, in ``ferrollm.executor.compiled_decode``)."""
+        return None
 
     def set_device(self, index: int) -> None:  # noqa: B027 (the CPU has one "device")
         """Make device ``index`` the current one (a tensor-parallel rank's own device), so

@@ -1,15 +1,32 @@
-"""The CUDA platform: the same gather + SDPA paged attention, running on the GPU.
+"""The CUDA platform: Triton paged decode attention, CUDA-graph decode steps, NCCL.
 
-SDPA picks a fused kernel (memory-efficient attention) for the boolean masks the backend
-builds; a flash-attention paged kernel can replace the backend later without touching models.
+Decode steps attend through ``triton_attention``'s paged kernel and replay captured CUDA graphs
+(``cuda_graphs``); prefill and mixed steps run the gathered SDPA path, whose fused kernels
+(flash / memory-efficient attention) suit long queries. Without Triton (a torch build that lacks
+it) every step runs the gathered SDPA path eagerly.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+from typing import TYPE_CHECKING
+
 import torch
 
+from ferrollm.executor.buckets import bucket_for
 from ferrollm.layers.attention import AttentionBackend, TorchSDPABackend
+from ferrollm.options import EngineConfigError
 from ferrollm.platforms.base import MemoryInfo, Platform
+
+if TYPE_CHECKING:
+    from ferrollm.executor.kv_cache import KVCache
+    from ferrollm.executor.runner import CausalLM, DecodeGraphs
+
+logger = logging.getLogger(__name__)
+
+#: The most rows a captured decode graph takes (the largest bucket); larger steps run eagerly.
+MAX_GRAPH_ROWS = 256
 
 
 class CudaPlatform(Platform):
@@ -26,8 +43,52 @@ class CudaPlatform(Platform):
         return bool(torch.cuda.is_available())
 
     def attention_backend(self) -> AttentionBackend:
-        """Plain-torch paged attention on the GPU."""
-        return TorchSDPABackend()
+        """Triton's paged decode kernel with SDPA for longer queries, or SDPA alone where
+        Triton is missing."""
+        if importlib.util.find_spec("triton") is None:
+            logger.warning("triton is not installed: decode attention gathers its context (slower)")
+            return TorchSDPABackend()
+        from ferrollm.platforms.triton_attention import TritonPagedBackend
+
+        return TritonPagedBackend()
+
+    def decode_graphs(
+        self,
+        mode: str,
+        model: CausalLM,
+        kv_cache: KVCache,
+        backend: AttentionBackend,
+        max_model_len: int,
+        max_num_seqs: int,
+    ) -> DecodeGraphs | None:
+        """CUDA graphs of the decode step, captured, unless ``mode`` is "off" or they cannot
+        run: a backend other than the Triton one (no Triton, latent attention), a
+        tensor-parallel shard (its collectives are not captured here), or a mixture of experts
+        (it reads per-expert counts back each layer). "auto" then runs eagerly; "on" raises
+        EngineConfigError naming ``compile``."""
+        from ferrollm.platforms.triton_attention import TritonPagedBackend
+
+        reason = None
+        if not isinstance(backend, TritonPagedBackend):
+            reason = f"CUDA graphs need the Triton paged attention; this model uses {backend.name}"
+        elif getattr(getattr(model, "parallel", None), "world_size", 1) > 1:
+            reason = "CUDA graphs are not captured with tensor parallelism"
+        elif not getattr(model, "compilable", True):
+            reason = "a mixture-of-experts model cannot be captured (data-dependent shapes)"
+        if mode == "off" or (mode == "auto" and reason is not None):
+            return None
+        if reason is not None:
+            raise EngineConfigError("compile", f"`compile` on: {reason}")
+        assert isinstance(backend, TritonPagedBackend)
+        from ferrollm.platforms.cuda_graphs import CudaGraphDecode
+
+        max_bucket = bucket_for(min(max_num_seqs, MAX_GRAPH_ROWS))
+        assert max_bucket is not None
+        graphs = CudaGraphDecode(
+            model, kv_cache, backend, -(-max_model_len // kv_cache.block_size), max_bucket
+        )
+        graphs.warm_up()
+        return graphs
 
     def set_device(self, index: int) -> None:
         """``torch.cuda.set_device`` (NOT RUN with more than one GPU: none was available)."""
