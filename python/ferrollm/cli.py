@@ -50,6 +50,11 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
         "auto (the compute dtype; bfloat16 on CPU with quantized weights), float32, bfloat16",
     ),
     "--compile": ("compile", str, "compiled decode steps: auto (CPU, not float32), on, off"),
+    "--load-format": (
+        "load_format",
+        str,
+        "weights: auto (read the checkpoint's), dummy (random; a directory's shape only)",
+    ),
     "--device": ("device", str, "cpu, cuda or npu (default: detected)"),
     "--block-size": ("block_size", int, "tokens per KV-cache block"),
     "--max-input-tokens": ("max_input_tokens", int, "prompt tokens at most (maxInputTokenLen)"),

@@ -69,6 +69,11 @@ QUANTIZATION_NAMES = ("auto", "none", "int8", "int4")
 #: a reduced-precision dtype, where it measured faster; off in float32, the parity mode), "on"
 #: or "off".
 COMPILE_NAMES = ("auto", "on", "off")
+#: Where weights come from: "auto" reads the checkpoint's; "dummy" fills every parameter with
+#: small seeded random values on the device instead (``ferrollm.executor.dummy_weights``), so a
+#: directory holding only config.json and a tokenizer runs: speed measurements on a model's
+#: shape without its weights (vLLM's ``--load-format dummy``).
+LOAD_FORMATS = ("auto", "dummy")
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,10 @@ class EngineConfig:
     #: or "off". Graphs are cached on disk (``$FERROLLM_COMPILE_CACHE``, default
     #: ``~/.cache/ferrollm/inductor``) and built at start-up.
     compile: str = "auto"
+    #: "auto" (read the checkpoint's weights) or "dummy" (random weights, none read: the
+    #: directory needs only config.json and a tokenizer; for benchmarks). "dummy" needs a
+    #: Hugging Face directory and dense weights (`quantization` auto or none).
+    load_format: str = "auto"
     #: "cpu", "cuda" or "npu"; None = detected (npu, then cuda, then cpu).
     device: str | None = None
     #: Tokens per KV-cache block.
@@ -153,6 +162,7 @@ class EngineConfig:
                     "model", f"`model` must be a path or None; got {self.model!r}"
                 )
             object.__setattr__(self, "model", os.fspath(self.model))
+        _check_load_format(self)
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         object.__setattr__(
             self, "kv_cache_dtype", dtype_name(self.kv_cache_dtype, "kv_cache_dtype")
@@ -237,6 +247,7 @@ def _check_fields(config: EngineConfig) -> None:
         )
     one_of("quantization", config.quantization, QUANTIZATION_NAMES)
     one_of("compile", config.compile, COMPILE_NAMES)
+    one_of("load_format", config.load_format, LOAD_FORMATS)
     one_of("logprobs_mode", config.logprobs_mode, LOGPROBS_MODES)
     one_of("task", config.task, TASKS)
     if config.task == "embed":
@@ -256,6 +267,27 @@ def _check_fields(config: EngineConfig) -> None:
     ):
         raise EngineConfigError(
             "seed", f"`seed` must be a non-negative integer; got {config.seed!r}"
+        )
+
+
+def _check_load_format(config: EngineConfig) -> None:
+    """What dummy weights need that the options alone show (a directory holding one .gguf
+    file is refused when it is opened: ``ferrollm.executor.loader``). ``model`` is a str here."""
+    if config.load_format != "dummy":
+        return
+    model = config.model
+    if model is None or model.endswith(".gguf"):
+        what = "the default model (a GGUF file)" if model is None else repr(model)
+        raise EngineConfigError(
+            "load_format",
+            f"`load_format` dummy needs a Hugging Face model directory (config.json and a "
+            f"tokenizer); got {what}",
+        )
+    if config.quantization not in ("auto", "none"):
+        raise EngineConfigError(
+            "load_format",
+            f"`load_format` dummy fills dense weights; it cannot be used with `quantization` "
+            f"{config.quantization} (use auto or none)",
         )
 
 
@@ -313,6 +345,7 @@ _GENERATION_ONLY = {
     "quantization": "auto",
     "kv_cache_dtype": "auto",
     "compile": "auto",
+    "load_format": "auto",
     "kv_cache_memory": None,
     "max_model_len": None,
     "max_beam_width": None,

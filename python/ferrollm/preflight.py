@@ -33,7 +33,7 @@ def check_serving(config: EngineConfig) -> None:
         return
     try:
         path = Path(config.model) if config.model is not None else default_model_path()
-        load_model_source(path)
+        load_model_source(path, config.load_format)
     except (OSError, ValueError) as e:  # a missing file, a bad format, an unsupported model
         what = f"model {str(config.model)!r}" if config.model is not None else "the default model"
         raise PreflightError(f"{what} cannot be served: {e}") from e

@@ -114,7 +114,7 @@ def _serve(
     member = GroupMember(parallel, store, channel, timeout, options_fingerprint(config))
     try:
         config = config.for_platform(platform)
-        source = load_model_source(config.model or _default_model())
+        source = load_model_source(config.model or _default_model(), config.load_format)
     except Exception as e:
         member.fail_startup(e)
         raise

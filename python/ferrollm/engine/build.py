@@ -13,6 +13,7 @@ from ferrollm.distributed.driver import Driver
 from ferrollm.distributed.startup import GroupMember
 from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.executor.compiled_decode import build_compiled_decode
+from ferrollm.executor.dummy_weights import fill_dummy_weights
 from ferrollm.executor.kv_cache import KVCache
 from ferrollm.executor.loader import ModelSource
 from ferrollm.executor.runner import DecodeGraphs, ModelRunner
@@ -43,9 +44,13 @@ def load_model(
     ``quantization`` is the linear layers' scheme (None = dense); a quantized file's tensors
     then arrive quantized and are packed without a float copy of the model. ``parallel``
     builds this rank's shard and reads only its slices of the checkpoint (ValueError naming
-    ``tensor_parallel_size`` when the model or its format cannot split that way).
+    ``tensor_parallel_size`` when the model or its format cannot split that way). A source
+    opened with ``load_format`` dummy has no weights: the model is filled with random ones.
     """
     model = build_model(source.config, device, dtype, quantization, parallel)
+    if source.dummy_weights:
+        fill_dummy_weights(model)
+        return model
     weights = source.iter_weights(
         dtype, keep_quantized=quantization is not None, shard=model.shard_plan()
     )

@@ -107,7 +107,7 @@ class LLMEngine:
         with ``tensor_parallel_size`` > 1, as rank 0 of the group it forms."""
         platform = get_platform(config.device)
         config = config.for_platform(platform)
-        source = load_model_source(config.model or default_model_path())
+        source = load_model_source(config.model or default_model_path(), config.load_format)
         driver = start_driver(config, platform)
         try:
             built = build_runner(config, platform, source, driver)

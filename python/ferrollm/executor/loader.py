@@ -7,6 +7,10 @@ holding two copies of its weights. Two formats:
 * a Hugging Face directory (``config.json``, ``model.safetensors`` or a sharded index,
   ``tokenizer.json``, ``tokenizer_config.json``, ``generation_config.json``): `loader_hf`;
 * a single ``.gguf`` file (llama.cpp), dequantized with the ``gguf`` package: `loader_gguf`.
+
+With ``load_format="dummy"`` a directory opens without its weights (it need hold none):
+``ModelSource.dummy_weights`` says so, and `ferrollm.engine.build.load_model` fills the model
+with random values instead of reading (``ferrollm.executor.dummy_weights``).
 """
 
 from __future__ import annotations
@@ -16,15 +20,18 @@ from pathlib import Path
 
 # Re-exported: callers open checkpoints here and name what they get back from here too.
 from ferrollm.executor.source import ModelSource, SpecialTokens
+from ferrollm.options import EngineConfigError
 
 __all__ = ["ModelSource", "SpecialTokens", "load_model_source"]
 
 
-def load_model_source(path: str | os.PathLike[str]) -> ModelSource:
+def load_model_source(path: str | os.PathLike[str], load_format: str = "auto") -> ModelSource:
     """Open a Hugging Face model directory or a ``.gguf`` file.
 
     A directory holding no config.json but exactly one ``.gguf`` file opens that file.
     Raises FileNotFoundError for a missing path and ValueError for an unrecognised layout.
+    ``load_format`` is ``EngineConfig.load_format``: "dummy" opens a directory without its
+    weights, and refuses a ``.gguf`` file (EngineConfigError naming ``load_format``).
     """
     path = Path(path).expanduser()
     if not path.exists():
@@ -40,7 +47,13 @@ def load_model_source(path: str | os.PathLike[str]) -> ModelSource:
     if path.is_dir():
         from ferrollm.executor.loader_hf import HFCheckpoint
 
-        return HFCheckpoint.open(path)
+        return HFCheckpoint.open(path, dummy_weights=load_format == "dummy")
+    if load_format == "dummy":
+        raise EngineConfigError(
+            "load_format",
+            f"`load_format` dummy needs a Hugging Face model directory (config.json and a "
+            f"tokenizer); got the file {str(path)!r}",
+        )
     if path.suffix == ".gguf":
         from ferrollm.executor.loader_gguf import GGUFCheckpoint
 

@@ -32,8 +32,9 @@ class HFCheckpoint(ModelSource):
         self.weight_map = dict(weight_map)
 
     @classmethod
-    def open(cls, directory: Path) -> HFCheckpoint:
-        """Read config, generation config, tokenizer and the weight index of ``directory``."""
+    def open(cls, directory: Path, dummy_weights: bool = False) -> HFCheckpoint:
+        """Read config, generation config, tokenizer and the weight index of ``directory``;
+        with ``dummy_weights`` (``load_format`` dummy) no weights are looked for or read."""
         config = ModelConfig.from_hf_dict(
             _read_json(directory / "config.json"),
             _read_json(directory / "generation_config.json", missing_ok=True),
@@ -42,11 +43,12 @@ class HFCheckpoint(ModelSource):
         tokenizer_config = _read_json(directory / "tokenizer_config.json", missing_ok=True)
         return cls(
             directory,
-            _weight_map(directory),
+            {} if dummy_weights else _weight_map(directory),
             config=config,
             tokenizer_json=tokenizer_json,
             chat_template=_chat_template(directory, tokenizer_config),
             special_tokens=_special_tokens(directory, tokenizer_json, tokenizer_config),
+            dummy_weights=dummy_weights,
         )
 
     def iter_weights(

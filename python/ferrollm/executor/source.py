@@ -53,6 +53,7 @@ class ModelSource(abc.ABC):
         tokenizer_json: str,
         chat_template: str | None,
         special_tokens: SpecialTokens,
+        dummy_weights: bool = False,
     ) -> None:
         self.path = path
         self.config = config
@@ -61,6 +62,9 @@ class ModelSource(abc.ABC):
         self.special_tokens = special_tokens
         #: Bytes of tensor data read from the file so far (what a shard plan saves shows here).
         self.num_bytes_read = 0
+        #: Opened with ``load_format`` dummy: there is nothing to read (``iter_weights`` yields
+        #: nothing), and the model is filled with random values instead.
+        self.dummy_weights = dummy_weights
 
     @property
     def is_quantized(self) -> bool:
