@@ -40,3 +40,12 @@ def test_tensor_parallel_flags_reach_the_engine_config() -> None:
         options("--tensor-parallel-size", "0")
     with pytest.raises(EngineConfigError, match=r"tensor_parallel_size.*task"):
         options("--tensor-parallel-size", "2", "--task", "embed")
+
+
+def test_load_format_reaches_the_engine_config(tmp_path: Path) -> None:
+    engine, _ = split_options(options(str(tmp_path), "--load-format", "dummy"))
+    assert (engine.model, engine.load_format) == (str(tmp_path), "dummy")
+    assert split_options(options())[0].load_format == "auto"
+    with pytest.raises(EngineConfigError, match="load_format") as e:
+        options(str(tmp_path), "--load-format", "random")
+    assert e.value.field == "load_format"
