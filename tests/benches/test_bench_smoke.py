@@ -38,6 +38,14 @@ RESULT_LINES: dict[str, list[str]] = {
         rf"beam width=2: ferrollm f32 {NUM} tok/s \(fast mode {NUM}\), peak KV blocks \d+$",
         r"KV blocks: beam group of 2 \d+, 2 independent sequences \d+",
     ],
+    "cuda_decode.py": [
+        rf"bandwidth device=cpu copy=0.06 GiB: {NUM} GB/s",
+        rf"decode batch=1 graphs=off: {NUM} tok/s, step {NUM} ms, floor {NUM} ms \(weights "
+        rf"{NUM} GB \+ kv {NUM} GB at {NUM} GB/s\), \d+% of roofline$",
+        rf"decode batch=2 graphs=off: {NUM} tok/s",
+        rf"prefill len=32 graphs=off: {NUM} tok/s",
+        r"  failed: none$",
+    ],
     "embed.py": [rf"embed batch   1: ferrollm +{NUM} texts/s  sentence-transformers +{NUM}"],
     "grammar_backends.py": [
         rf"grammar_backends backend=ferrollm-llguidance rows1={NUM} \S+ rows32={NUM} \S+$",
