@@ -2,8 +2,8 @@
 
 What a benchmark of a large model needs (decode is memory-bound, so its speed depends on the
 bytes of the weights, not their values) without shipping them. Every parameter is filled in
-place, on its device and in its dtype, so a 16 GB model is ready in about a second on a GPU,
-and nothing is read or copied from the host:
+place, on its device and in its dtype: no file is read, and nothing is made on the host and
+copied over (no float32 copy either):
 
 * norm scales are 1 (an `OffsetRMSNorm`, which stores the offset from one, gets 0), so
   activations keep their scale through the layers as in a trained model;
