@@ -20,7 +20,7 @@ import torch
 
 from ferrollm import LLM, SamplingParams
 from ferrollm.executor.runner import SyntheticPlan
-from ferrollm.layers.attention import TorchSDPABackend
+from ferrollm.layers.attention import TorchSDPABackend, backend_for
 from ferrollm.platforms import cuda_graphs
 from ferrollm.platforms.cpu import CpuPlatform
 from ferrollm.platforms.cuda import CudaPlatform
@@ -194,3 +194,10 @@ def test_compile_on_refuses_a_backend_without_the_kernel(
     monkeypatch.setattr(CpuPlatform, "attention_backend", lambda self: TorchSDPABackend())
     with pytest.raises(ValueError, match="CUDA graphs need the Triton paged attention"):
         LLM(tiny_model_factory("tied"), device="cpu", compile="on", **OPTIONS)
+
+
+def test_capped_scores_keep_the_kernel_but_a_latent_cache_does_not() -> None:
+    triton_backend = TritonPagedBackend()
+    assert backend_for(triton_backend, softcap=30.0) is triton_backend
+    fallback = backend_for(triton_backend, values_are_keys=True)
+    assert type(fallback) is TorchSDPABackend

@@ -93,12 +93,14 @@ def backend_for(
     backend: AttentionBackend, *, softcap: float | None = None, values_are_keys: bool = False
 ) -> AttentionBackend:
     """``backend``, or the gathered SDPA backend (``TorchSDPABackend``) where a model needs
-    what only it does: capped attention scores (``softcap``, its math path), or one cache
-    tensor serving as both keys and values (``values_are_keys``: latent attention; the CPU
-    kernel writes its two caches through two exclusive borrows)."""
-    if (softcap is None and not values_are_keys) or isinstance(backend, TorchSDPABackend):
-        return backend
-    return TorchSDPABackend()
+    what only it does: capped attention scores (``softcap``: its math path, which its
+    subclasses such as the CUDA platform's Triton backend keep), or one cache tensor serving as
+    both keys and values (``values_are_keys``: latent attention; the CPU kernel writes its two
+    caches through two exclusive borrows, and the Triton kernel's tiles are sized for heads of
+    at most 256, not a 576-wide latent)."""
+    caps = softcap is None or isinstance(backend, TorchSDPABackend)
+    shares = not values_are_keys or type(backend) is TorchSDPABackend
+    return backend if caps and shares else TorchSDPABackend()
 
 
 @dataclass(frozen=True)
