@@ -37,10 +37,8 @@ def as_oracle(model: Any, device: str) -> Any:
     model = model.to(device).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
-    if device != "cpu" and getattr(model.config, "_experts_implementation", None) not in (
-        None,
-        "eager",
-    ):
+    experts = getattr(model.config, "_experts_implementation", None)
+    if device != "cpu" and experts not in (None, "eager"):
         # Off the CPU transformers runs experts through grouped (and, decoding, batched)
         # matmul kernels made for bfloat16; the eager loop is plain float32 matmuls.
         model.set_experts_implementation("eager")
