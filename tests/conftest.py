@@ -1,4 +1,10 @@
-"""Shared pytest set-up: the `cuda` and `npu` markers skip when that hardware is absent.
+"""Shared pytest set-up: the `cuda` and `npu` markers skip when that hardware is absent, and
+``--device`` picks the device the engine parity tests run on.
+
+``--device cpu`` (the default) keeps every test on the CPU. ``--device cuda`` runs the tests
+that take the ``device`` fixture (tests/engine: test_model_parity, test_default_model,
+test_engine) on the GPU, our engine and the transformers oracle both; without a CUDA device it
+is a usage error, never a quiet fall-back to the CPU.
 
 Without a GPU, Triton kernels (the CUDA platform's paged decode attention) run under Triton's
 interpreter, so their tests run on the CPU too; Triton reads the switch when a kernel is
@@ -9,6 +15,9 @@ import importlib.util
 import os
 
 import pytest
+
+#: What ``--device`` accepts.
+DEVICES = ("cpu", "cuda")
 
 
 def _has_cuda() -> bool:
@@ -21,6 +30,31 @@ def _has_cuda() -> bool:
 
 if not _has_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="device of the engine parity tests (our engine and the transformers oracle): "
+        "cpu (default) or cuda",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("device") == "cuda" and not _has_cuda():
+        raise pytest.UsageError(
+            "--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is "
+            "False); run on a GPU machine, or leave --device out to test on the CPU"
+        )
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig: pytest.Config) -> str:
+    """The ``--device`` the parity tests run on: "cpu" or "cuda"."""
+    value: str = pytestconfig.getoption("device")
+    return value
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -17,6 +17,7 @@ from ferrollm.layers.attention import TorchSDPABackend
 from ferrollm.layers.fused_moe import select_grouped_experts
 from ferrollm.models.config import ModelConfig
 from ferrollm.models.deepseek import DeepseekForCausalLM
+from ferrollm.platforms.cpu import CpuPlatform
 
 #: deepseek-ai/DeepSeek-V2-Lite's config.json, less its training-only keys.
 DEEPSEEK_V2_LITE: dict[str, Any] = {
@@ -156,7 +157,7 @@ def test_grouped_router_matches_a_per_token_reference(
 def test_latent_cache_on_the_sdpa_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     # The parity families run the CPU platform's paged-kernel backend; the portable SDPA
     # backend takes the one cache tensor as both K and V too.
-    monkeypatch.setattr(parity.CpuPlatform, "attention_backend", lambda self: TorchSDPABackend())
+    monkeypatch.setattr(CpuPlatform, "attention_backend", lambda self: TorchSDPABackend())
     family = Family("deepseek-v3")
     run, prompts = run_ours(family, {0: PROMPTS}, max_num_batched_tokens=7)
     assert_matches_reference(family, run, prompts)

