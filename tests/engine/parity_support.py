@@ -42,6 +42,10 @@ def as_oracle(model: Any, device: str) -> Any:
         # Off the CPU transformers runs experts through grouped (and, decoding, batched)
         # matmul kernels made for bfloat16; the eager loop is plain float32 matmuls.
         model.set_experts_implementation("eager")
+    if getattr(model.config, "attn_logit_softcapping", None) is not None:
+        # Capped scores exist only in the eager attention: SDPA drops the cap (with a warning),
+        # and transformers 5.17 picked SDPA for Gemma 2 on a GPU where 5.23 picks eager here.
+        model.set_attn_implementation("eager")
     return model
 
 

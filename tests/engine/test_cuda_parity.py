@@ -103,10 +103,11 @@ class Subject:
 
 @pytest.fixture(scope="module", params=["default", *TINY_FAMILIES])
 def subject(
-    request: pytest.FixtureRequest, smollm2_gguf: Path, tiny_model_factory: Callable[..., Path]
+    request: pytest.FixtureRequest, tiny_model_factory: Callable[..., Path]
 ) -> Iterator[Subject]:
     name: str = request.param
     if name == "default":
+        smollm2_gguf: Path = request.getfixturevalue("smollm2_gguf")  # only this one needs it
         reference = Reference.from_gguf(smollm2_gguf, DEVICE, NUM_NEW_TOKENS)
         subject = Subject(smollm2_gguf, DEFAULT_PROMPTS, reference, dict(ENGINE))
     else:
