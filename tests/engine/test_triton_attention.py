@@ -141,20 +141,35 @@ def rerun(forward: Callable[[], torch.Tensor], pool: Any) -> Captured:
     return Captured(replay=replay, output=output)
 
 
-@pytest.fixture
-def graph_engine(tiny_model_factory: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> LLM:
+#: On a GPU the step is captured both ways (compiled by inductor first, and eager); on the CPU
+#: only eager (the interpreted Triton kernel cannot go through inductor).
+FUSE = ["1", "0"] if DEVICE.type == "cuda" else ["0"]
+
+
+@pytest.fixture(params=FUSE, ids=lambda fuse: f"fuse={fuse}")
+def graph_engine(
+    request: pytest.FixtureRequest,
+    tiny_model_factory: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> LLM:
     """The tiny model served the CUDA platform's way: Triton decode attention, decode steps
     through `CudaGraphDecode` (on the CPU: the kernel interpreted, capture replaced by reruns)."""
-    device = "cuda" if DEVICE.type == "cuda" else "cpu"
+    monkeypatch.setenv("FERROLLM_CUDA_GRAPH_FUSE", request.param)
     if DEVICE.type != "cuda":
-        monkeypatch.setattr(CpuPlatform, "attention_backend", lambda self: TritonPagedBackend())
-        monkeypatch.setattr(CpuPlatform, "decode_graphs", CudaPlatform.decode_graphs)
-        monkeypatch.setattr(cuda_graphs, "capture", rerun)
-        monkeypatch.setattr(cuda_graphs.torch.cuda, "graph_pool_handle", lambda: None)
-    llm = LLM(tiny_model_factory("tied"), device=device, compile="on", **OPTIONS)
+        fake_cuda_graphs(monkeypatch)
+    llm = LLM(tiny_model_factory("tied"), device=DEVICE.type, compile="on", **OPTIONS)
     graphs = llm.engine.runner.compiled
     assert isinstance(graphs, CudaGraphDecode) and graphs.buckets == (1, 2, 4)
+    assert (graphs._compiled is not None) == (request.param == "1")
     return llm
+
+
+def fake_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU platform with the CUDA platform's decode path, graphs "captured" as reruns."""
+    monkeypatch.setattr(CpuPlatform, "attention_backend", lambda self: TritonPagedBackend())
+    monkeypatch.setattr(CpuPlatform, "decode_graphs", CudaPlatform.decode_graphs)
+    monkeypatch.setattr(cuda_graphs, "capture", rerun)
+    monkeypatch.setattr(cuda_graphs.torch.cuda, "graph_pool_handle", lambda: None)
 
 
 def test_graph_decode_equals_eager_decode(
@@ -204,3 +219,32 @@ def test_capped_scores_keep_the_kernel_but_a_latent_cache_does_not() -> None:
     assert backend_for(triton_backend, softcap=30.0) is triton_backend
     fallback = backend_for(triton_backend, values_are_keys=True)
     assert type(fallback) is TorchSDPABackend
+
+
+def test_a_failed_fused_step_falls_back_to_capturing_the_eager_one(
+    tiny_model_factory: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake_cuda_graphs(monkeypatch)
+    monkeypatch.setenv("FERROLLM_CUDA_GRAPH_FUSE", "1")
+
+    def broken_compile(fn: Any, **options: Any) -> Callable[..., torch.Tensor]:
+        def compiled(*args: Any) -> torch.Tensor:
+            raise RuntimeError("inductor says no")
+
+        return compiled
+
+    monkeypatch.setattr(cuda_graphs.torch, "compile", broken_compile)
+    llm = LLM(tiny_model_factory("tied"), device="cpu", compile="on", **OPTIONS)
+    graphs = llm.engine.runner.compiled
+    assert isinstance(graphs, CudaGraphDecode) and graphs._compiled is None
+    assert "the fused decode step failed; capturing the eager one" in caplog.text
+    (output,) = llm.generate(PROMPTS[:1], GREEDY)
+    assert len(output.outputs[0].token_ids) == NUM_NEW_TOKENS
+
+
+def test_the_fuse_switch_takes_only_0_or_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FERROLLM_CUDA_GRAPH_FUSE", "yes")
+    with pytest.raises(ValueError, match="FERROLLM_CUDA_GRAPH_FUSE must be 0 or 1; got 'yes'"):
+        cuda_graphs.fuse_by_default()

@@ -80,12 +80,13 @@ class CudaPlatform(Platform):
         if reason is not None:
             raise EngineConfigError("compile", f"`compile` on: {reason}")
         assert isinstance(backend, TritonPagedBackend)
-        from ferrollm.platforms.cuda_graphs import CudaGraphDecode
+        from ferrollm.platforms.cuda_graphs import CudaGraphDecode, fuse_by_default
 
         max_bucket = bucket_for(min(max_num_seqs, MAX_GRAPH_ROWS))
         assert max_bucket is not None
+        max_blocks = -(-max_model_len // kv_cache.block_size)
         graphs = CudaGraphDecode(
-            model, kv_cache, backend, -(-max_model_len // kv_cache.block_size), max_bucket
+            model, kv_cache, backend, max_blocks, max_bucket, fuse=fuse_by_default()
         )
         graphs.warm_up()
         return graphs
