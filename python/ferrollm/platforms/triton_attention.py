@@ -110,10 +110,14 @@ def _paged_decode_kernel(  # type: ignore[no-untyped-def]  # pointers and conste
             scores = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             scores = tl.dot(q, tl.trans(k))
-        scores = scores * scale
+        # float32 throughout: compiled into an inductor graph, the float arguments arrive as
+        # float64 constants, and the loop-carried maxima and sums must keep one type.
+        scores = (scores * scale).to(tl.float32)
         if HAS_CAP:
             # tanh(x) = 2 sigmoid(2x) - 1, in float32.
-            scores = softcap * (2.0 / (1.0 + tl.exp(-2.0 * scores / softcap)) - 1.0)
+            scores = (softcap * (2.0 / (1.0 + tl.exp(-2.0 * scores / softcap)) - 1.0)).to(
+                tl.float32
+            )
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         p = tl.exp(scores - m_new[:, None])
