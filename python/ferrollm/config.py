@@ -65,9 +65,10 @@ POOLING_NAMES = ("mean", "cls", "last", "max")
 #: Weight quantization: "auto" keeps what the checkpoint has (where the compute dtype allows),
 #: "none" runs dense weights (dequantizing a quantized file), "int8"/"int4" quantize at load.
 QUANTIZATION_NAMES = ("auto", "none", "int8", "int4")
-#: Compiled decode steps (``ferrollm.executor.compiled_decode``): "auto" (on for CPU steps in
-#: a reduced-precision dtype, where it measured faster; off in float32, the parity mode), "on"
-#: or "off".
+#: Compiled decode steps (``ferrollm.executor.compiled_decode`` on the CPU, CUDA graphs on
+#: CUDA: ``ferrollm.platforms.cuda_graphs``): "auto" (on the CPU in a reduced-precision dtype,
+#: where it measured faster, off in float32, the parity mode; on CUDA in every dtype), "on" or
+#: "off".
 COMPILE_NAMES = ("auto", "on", "off")
 #: Where weights come from: "auto" reads the checkpoint's; "dummy" fills every parameter with
 #: small seeded random values on the device instead (``ferrollm.executor.dummy_weights``), so a
