@@ -49,7 +49,11 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
         str,
         "auto (the compute dtype; bfloat16 on CPU with quantized weights), float32, bfloat16",
     ),
-    "--compile": ("compile", str, "compiled decode steps (CPU: inductor, not float32; CUDA: CUDA graphs): auto, on, off"),
+    "--compile": (
+        "compile",
+        str,
+        "compiled decode steps (CPU: inductor, not float32; CUDA: CUDA graphs): auto, on, off",
+    ),
     "--load-format": (
         "load_format",
         str,
