@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import transformers  # the oracle; pinned in requirements/dev.txt, so never skipped
 
@@ -270,3 +271,19 @@ def assert_stream_adds_up(outputs: list[RequestOutput]) -> RequestOutput:
     streamed = [lp for o in outputs for lp in o.outputs[0].new_logprobs or []]
     assert streamed == (completion.logprobs or [])
     return final
+
+
+def count_compiled_steps(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Rows of each step ``llm``'s decode graphs (compiled or captured) run from now on (to
+    prove they ran)."""
+    compiled = llm.engine.runner.compiled
+    assert compiled is not None
+    rows: list[int] = []
+    run = compiled.run
+
+    def counted(plan: Any) -> torch.Tensor:
+        rows.append(len(plan.input_ids))
+        return run(plan)
+
+    monkeypatch.setattr(compiled, "run", counted)
+    return rows

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 import transformers
+from parity_support import count_compiled_steps
 
 from cpu_support import AVX2_ONLY, fake_cpu
 from ferrollm import LLM, SamplingParams
@@ -74,21 +75,6 @@ def eager(model_dir: Path) -> LLM:
     llm = LLM(model_dir, compile="off", **OPTIONS)
     assert llm.engine.runner.compiled is None
     return llm
-
-
-def count_compiled_steps(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Rows of each step the compiled graphs run from now on (to prove they ran)."""
-    compiled = llm.engine.runner.compiled
-    assert compiled is not None
-    rows: list[int] = []
-    run = compiled.run
-
-    def counted(plan: Any) -> torch.Tensor:
-        rows.append(len(plan.input_ids))
-        return run(plan)
-
-    monkeypatch.setattr(compiled, "run", counted)
-    return rows
 
 
 def tokens_and_logprobs(output: RequestOutput) -> tuple[list[int], torch.Tensor]:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from parity_support import count_compiled_steps
 
 from ferrollm import LLM, SamplingParams
 from ferrollm.executor.runner import SyntheticPlan
@@ -176,16 +177,7 @@ def fake_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_graph_decode_equals_eager_decode(
     graph_engine: LLM, tiny_model_factory: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    graphs = graph_engine.engine.runner.compiled
-    assert graphs is not None
-    rows: list[int] = []
-    run = graphs.run
-
-    def counted(plan: Any) -> torch.Tensor:
-        rows.append(len(plan.input_ids))
-        return run(plan)
-
-    monkeypatch.setattr(graphs, "run", counted)
+    rows = count_compiled_steps(graph_engine, monkeypatch)
     batch = graph_engine.generate(PROMPTS, GREEDY)
     assert 3 in rows, "three rows decode together, padded to the bucket of 4"
     # The same device's eager steps (on the CPU here, under the fixture's patch, the kernel
