@@ -24,8 +24,10 @@ else:  # Python 3.10: the same parser, as a package (mypy's dependency there)
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "python" / "ferrollm"
-#: Device runtimes that come with the device's own stack, never from PyPI through ferrollm.
-OPTIONAL_DEVICE_MODULES = frozenset({"torch_npu"})
+#: Device runtimes that come with the device's own stack, never from PyPI through ferrollm:
+#: torch_npu with Ascend's, Triton with torch's CUDA builds (the CUDA platform imports it only
+#: when it is there, and attends through SDPA otherwise).
+OPTIONAL_DEVICE_MODULES = frozenset({"torch_npu", "triton"})
 
 
 def _normalize(name: str) -> str:
