@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from ferrollm.config import EngineConfigError
-from ferrollm.executor.buckets import BUCKETS, bucket_for
+from ferrollm.executor.buckets import BUCKETS, bucket_for, graph_blocker
 from ferrollm.layers.attention import AttentionBackend, AttentionContext
 from ferrollm.layers.linear import QUANTIZED_MAX_ROWS, Linear
 from ferrollm.layers.paged_attention import PagedKernelBackend, PagedKernelMetadata
@@ -106,11 +106,8 @@ def build_compiled_decode(
     ``compile``.
     """
     supported = isinstance(backend, PagedKernelBackend) and kv_cache.device.type == "cpu"
-    # A tensor-parallel shard's forward holds collectives, which are not compiled here.
-    sharded = getattr(getattr(model, "parallel", None), "world_size", 1) > 1
-    # A mixture of experts slices its rows by per-expert counts read back each layer.
-    dynamic = not getattr(model, "compilable", True)
-    skip = not supported or sharded or dynamic or dtype == torch.float32
+    blocker = graph_blocker(model)
+    skip = not supported or blocker is not None or dtype == torch.float32
     if mode == "off" or (mode == "auto" and skip):
         return None
     if not isinstance(backend, PagedKernelBackend) or not supported:
@@ -118,12 +115,8 @@ def build_compiled_decode(
             "compile",
             f"`compile` on needs the CPU's paged attention kernel; this device uses {backend.name}",
         )
-    if sharded:
-        raise EngineConfigError("compile", "`compile` on cannot be used with tensor parallelism")
-    if dynamic:
-        raise EngineConfigError(
-            "compile", "`compile` on cannot run a mixture-of-experts model (data-dependent shapes)"
-        )
+    if blocker is not None:
+        raise EngineConfigError("compile", f"`compile` on cannot run {blocker}")
     max_blocks = -(-max_model_len // kv_cache.block_size)
     max_rows = min(max_num_seqs, MAX_COMPILED_ROWS)
     if _has_packed_copies(model):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ferrollm.executor.buckets import bucket_for
+from ferrollm.executor.buckets import bucket_for, graph_blocker
 from ferrollm.layers.attention import AttentionBackend, TorchSDPABackend
 from ferrollm.options import EngineConfigError
 from ferrollm.platforms.base import MemoryInfo, Platform
@@ -62,19 +62,16 @@ class CudaPlatform(Platform):
         max_num_seqs: int,
     ) -> DecodeGraphs | None:
         """CUDA graphs of the decode step, captured, unless ``mode`` is "off" or they cannot
-        run: a backend other than the Triton one (no Triton, latent attention), a
-        tensor-parallel shard (its collectives are not captured here), or a mixture of experts
-        (it reads per-expert counts back each layer). "auto" then runs eagerly; "on" raises
-        EngineConfigError naming ``compile``."""
+        run: a backend other than the Triton one (no Triton, latent attention), or a model
+        ``graph_blocker`` names (tensor parallelism, a mixture of experts). "auto" then runs
+        eagerly; "on" raises EngineConfigError naming ``compile``."""
         from ferrollm.platforms.triton_attention import TritonPagedBackend
 
         reason = None
         if not isinstance(backend, TritonPagedBackend):
             reason = f"CUDA graphs need the Triton paged attention; this model uses {backend.name}"
-        elif getattr(getattr(model, "parallel", None), "world_size", 1) > 1:
-            reason = "CUDA graphs are not captured with tensor parallelism"
-        elif not getattr(model, "compilable", True):
-            reason = "a mixture-of-experts model cannot be captured (data-dependent shapes)"
+        elif (blocker := graph_blocker(model)) is not None:
+            reason = f"CUDA graphs cannot run {blocker}"
         if mode == "off" or (mode == "auto" and reason is not None):
             return None
         if reason is not None:
