@@ -72,6 +72,23 @@ TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     ),
 }
 
+DEEPSEEK_SIZES: dict[str, Any] = {
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_group": 4,
+    "topk_group": 2,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "moe_intermediate_size": 32,
+    "routed_scaling_factor": 1.5,
+    "norm_topk_prob": True,
+}
+
 #: Families ``build_tiny_model`` also builds, outside the per-family sweeps of `TINY_FAMILIES`
 #: (so the engine tests run once per family there do not multiply; tensor parallelism tests
 #: these). Mixture of experts: Mixtral, and Qwen2-MoE with a shared expert, layer 0 dense (every
@@ -109,6 +126,14 @@ MORE_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "glm": ("GlmConfig", {"head_dim": 16}),
     "glm4": ("Glm4Config", {"head_dim": 16}),
     "chatglm": ("GlmConfig", {"head_dim": 16, "rope_theta": 50000.0}),
+    # DeepSeek: latent attention (a 32-wide latent, 8 rotated dims), 8 grouped experts, one
+    # shared, layer 0 dense. V2 projects q directly and routes group-limited greedy; V3 goes
+    # through a q latent and routes by sigmoid with its correction bias (`_randomize`).
+    "deepseek-v2": (
+        "DeepseekV2Config",
+        {**DEEPSEEK_SIZES, "q_lora_rank": None, "topk_method": "group_limited_greedy"},
+    ),
+    "deepseek-v3": ("DeepseekV3Config", {**DEEPSEEK_SIZES, "q_lora_rank": 24}),
 }
 
 CHATML_TEMPLATE = (
@@ -261,3 +286,7 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
                 param.copy_((1.0 if "embed_tokens" in name else 0.3) * noise)
             else:
                 param.copy_(0.08 * noise)
+        for name, buffer in model.named_buffers():
+            # DeepSeek-V3's router bias: zero at init, which would hide it being dropped.
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.1 * torch.randn(buffer.shape, generator=generator))

@@ -11,6 +11,7 @@ import test_model_parity as parity
 import torch
 from test_model_parity import PROMPTS, Family, assert_matches_reference, run_ours
 
+from ferrollm.distributed.shard_plan import TensorSlice
 from ferrollm.distributed.state import ParallelState
 from ferrollm.executor.kv_cache import KVCache
 from ferrollm.layers.attention import TorchSDPABackend
@@ -173,7 +174,30 @@ def test_deepseek_v3_rope_in_halves(monkeypatch: pytest.MonkeyPatch) -> None:
     assert_matches_reference(family, run, prompts)
 
 
-def test_tensor_parallelism_is_refused_naming_the_option() -> None:
+def test_a_rank_of_two_holds_half_the_heads_and_expert_features_and_the_whole_latent() -> None:
     config = ModelConfig.from_hf_dict(DEEPSEEK_V2_LITE)
-    with pytest.raises(ValueError, match="`tensor_parallel_size` 2"), torch.device("meta"):
-        DeepseekForCausalLM(config, None, ParallelState(0, 2))
+    with torch.device("meta"):  # shapes only
+        model = DeepseekForCausalLM(config, None, ParallelState(1, 2))
+    attn = model.model.layers[1].self_attn
+    assert attn.num_heads == 8
+    assert attn.q_proj is not None and attn.q_proj.out_features == 8 * (128 + 64)
+    assert attn.kv_b_proj.out_features == 8 * (128 + 128)
+    assert attn.o_proj.in_features == 8 * 128
+    assert attn.kv_a_proj_with_mqa.out_features == 512 + 64  # the latent, whole
+    moe = model.model.layers[1].mlp
+    assert moe.experts[0].down_proj.in_features == 1408 // 2
+    assert moe.shared_experts.down_proj.in_features == 2 * 1408 // 2
+    # Every rank caches the same latent rows: bytes per token do not shrink with the group.
+    assert model.kv_cache_spec(16, torch.bfloat16).bytes_per_token == 31104
+    plan = model.shard_plan().slices
+    assert plan["model.layers.3.self_attn.kv_b_proj.weight"] == TensorSlice(0, 8 * 256, 16 * 256)
+    assert plan["model.layers.3.self_attn.o_proj.weight"] == TensorSlice(1, 8 * 128, 16 * 128)
+    assert plan["model.layers.3.mlp.experts.63.down_proj.weight"] == TensorSlice(1, 704, 1408)
+    assert "model.layers.3.self_attn.kv_a_proj_with_mqa.weight" not in plan
+
+
+def test_heads_that_cannot_split_are_refused_naming_the_option() -> None:
+    config = ModelConfig.from_hf_dict(DEEPSEEK_V2_LITE)
+    with pytest.raises(ValueError, match="`tensor_parallel_size` 3") as err, torch.device("meta"):
+        DeepseekForCausalLM(config, None, ParallelState(0, 3))
+    assert "`num_attention_heads` (16) must divide evenly" in str(err.value)

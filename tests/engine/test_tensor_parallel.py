@@ -127,16 +127,23 @@ def test_two_ranks_match_one_for_mixtures_of_experts(
     models: Callable[..., str], tmp_path: Path
 ) -> None:
     # Every rank holds every expert's half of the features; one reduce per sparse layer.
+    # DeepSeek also splits its latent attention's heads, the latent cache whole on each rank.
     dense = [
         _case("mixtral", models("mixtral")),  # Mixtral's block_sparse_moe.experts.N.w1 names
         _case("qwen2-moe", models("qwen2-moe")),  # shared expert, a dense layer between
+        _case("deepseek-v2", models("deepseek-v2")),  # q_proj, group-limited routing
+        _case("deepseek-v3", models("deepseek-v3")),  # q latent, sigmoid routing + bias
     ]
-    quantized = [_case("qwen2-moe-int8", models("qwen2-moe"), "int8")]
+    quantized = [
+        _case("qwen2-moe-int8", models("qwen2-moe"), "int8"),
+        _case("deepseek-v3-int8", models("deepseek-v3"), "int8"),
+    ]
     ranks = run_group(dense + quantized, 2, tmp_path)
     reference = run_single(dense + quantized)
     _assert_matches({c["name"]: reference[c["name"]] for c in dense}, ranks, exact=True)
     _assert_matches({c["name"]: reference[c["name"]] for c in quantized}, ranks, exact=False)
     _assert_reads_its_share({name: reference[name] for name in ("mixtral", "qwen2-moe")}, ranks)
+    assert [r["deepseek-v3"]["num_local_kv_heads"] for r in ranks] == [1, 1]  # the latent
 
 
 def test_expert_features_that_cannot_split_are_refused(models: Callable[..., str]) -> None:

@@ -26,8 +26,13 @@ its correction bias; ``ferrollm.models.deepseek_config``) and add an ungated sha
 ``mlp.experts.gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]``; both load. V3's
 multi-token-prediction layers (past ``num_hidden_layers``) are not run and not loaded.
 
-Tensor parallelism is not implemented for these families (refused, naming
-``tensor_parallel_size``).
+**Tensor parallelism.** Rank ``r`` keeps its share of the query heads: their rows of
+``q_proj`` / ``q_b_proj`` and of ``kv_b_proj`` (each head's W_UK and W_UV), their columns of
+``o_proj`` (row-parallel, one all-reduce). The latent projections (``q_a_proj``,
+``kv_a_proj_with_mqa``) and their norms are small and shared by every head, so every rank
+holds them whole, and every rank caches the same latent rows: the latent cache is not split
+(per-token cache bytes are the same at any ``tensor_parallel_size``). Routed and shared experts
+split their intermediate features as in ``ferrollm.models.moe``: one all-reduce per sparse layer.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ferrollm.distributed.collectives import all_reduce
+from ferrollm.distributed.shard_plan import ShardPlan, TensorSlice
 from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.executor.kv_cache import KVCacheSpec
 from ferrollm.layers.attention import AttentionContext, PagedAttention
@@ -49,8 +56,15 @@ from ferrollm.layers.norm import RMSNorm
 from ferrollm.layers.rotary import RotaryEmbedding, apply_interleaved_rotary, apply_rotary
 from ferrollm.models.config import yarn_mscale
 from ferrollm.models.deepseek_config import DeepseekMoeParams, MlaParams
-from ferrollm.models.llama import LlamaConfigLike, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
-from ferrollm.models.llama_parallel import LlamaShardLayout
+from ferrollm.models.llama import (
+    LlamaConfigLike,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaMLP,
+    row_linear,
+)
+from ferrollm.models.llama_parallel import INT4_ROW_MULTIPLE, QUANT_GROUP, LlamaShardLayout
+from ferrollm.models.moe import expert_slice, expert_slices, split_stacked_experts
 
 #: The eps of the q and kv latents' norms: transformers' default, which no config overrides.
 LATENT_NORM_EPS = 1e-6
@@ -69,11 +83,15 @@ class MlaAttention(nn.Module):
     """Multi-head latent attention in the absorbed form (module docstring)."""
 
     def __init__(
-        self, config: DeepseekConfigLike, layer_idx: int, scheme: str | None, heads: int
+        self,
+        config: DeepseekConfigLike,
+        layer_idx: int,
+        scheme: str | None,
+        layout: LlamaShardLayout,
     ) -> None:
         super().__init__()
         mla = _mla(config)
-        self.num_heads = heads
+        heads = self.num_heads = layout.num_heads  # this rank's query heads
         self.nope, self.rope, self.rank = (
             mla.qk_nope_head_dim,
             mla.qk_rope_head_dim,
@@ -104,8 +122,8 @@ class MlaAttention(nn.Module):
         self.kv_b_proj = Linear(
             self.rank, [("kv_b_proj", heads * (self.nope + self.v_head_dim))], bias=False
         )
-        self.o_proj = Linear(
-            heads * self.v_head_dim, [("o_proj", hidden)], bias=config.o_proj_bias, scheme=scheme
+        self.o_proj = row_linear(
+            heads * self.v_head_dim, "o_proj", hidden, config.o_proj_bias, scheme, layout
         )
         self.rotary = apply_interleaved_rotary if mla.rope_interleave else apply_rotary
         self.attn = PagedAttention(layer_idx, mla_softmax_scale(config))
@@ -188,19 +206,27 @@ class DeepseekRouter(nn.Module):
 
 
 class DeepseekMoe(nn.Module):
-    """Routed experts plus the ungated shared experts of one sparse layer."""
+    """Routed experts plus the ungated shared experts of one sparse layer (this rank's
+    slice of each one's features under tensor parallelism)."""
 
-    def __init__(self, config: DeepseekConfigLike, scheme: str | None) -> None:
+    def __init__(
+        self, config: DeepseekConfigLike, scheme: str | None, parallel: ParallelState
+    ) -> None:
         super().__init__()
         moe = _moe(config)
-        hidden, act, size = config.hidden_size, config.hidden_act, moe.expert_intermediate_size
+        hidden, act = config.hidden_size, config.hidden_act
+        self.parallel = parallel
         self.gate = DeepseekRouter(hidden, moe)
+        size = expert_slice(moe.expert_intermediate_size, "experts", parallel, scheme).size
         self.experts = nn.ModuleList(
             Expert(hidden, size, act, scheme) for _ in range(moe.num_experts)
         )
+        shared = moe.expert_intermediate_size * moe.num_shared_experts
         self.shared_experts = (
-            Expert(hidden, size * moe.num_shared_experts, act, scheme)
-            if moe.num_shared_experts
+            Expert(
+                hidden, expert_slice(shared, "shared_experts", parallel, scheme).size, act, scheme
+            )
+            if shared
             else None
         )
 
@@ -210,6 +236,8 @@ class DeepseekMoe(nn.Module):
         out = dispatch(x, weights, ids, list(self.experts))
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
+        if self.parallel.world_size > 1:
+            out = all_reduce(out, self.parallel)
         return out
 
 
@@ -223,9 +251,13 @@ class DeepseekDecoderLayer(LlamaDecoderLayer):
         scheme: str | None,
         layout: LlamaShardLayout,
     ) -> None:
-        attention = MlaAttention(config, layer_idx, scheme, layout.num_heads)
+        attention = MlaAttention(config, layer_idx, scheme, layout)
         dense = layer_idx < _moe(config).first_k_dense_replace
-        mlp = LlamaMLP(config, scheme, layout) if dense else DeepseekMoe(config, scheme)
+        mlp = (
+            LlamaMLP(config, scheme, layout)
+            if dense
+            else DeepseekMoe(config, scheme, layout.parallel)
+        )
         super().__init__(config, layer_idx, scheme, layout, attention=attention, mlp=mlp)
 
 
@@ -246,13 +278,21 @@ class DeepseekForCausalLM(LlamaForCausalLM):
         quantization: str | None = None,
         parallel: ParallelState = SINGLE,
     ) -> None:
-        if parallel.world_size > 1:
-            raise ValueError(
-                f"`tensor_parallel_size` {parallel.world_size}: DeepSeek's latent attention "
-                "and experts run on one device only; use `tensor_parallel_size` 1"
-            )
         super().__init__(config, quantization, parallel)
         self.config: DeepseekConfigLike = config
+        moe = _moe(config)
+        #: This rank's slices of each routed expert's and of the shared experts' features.
+        self.expert_slice = expert_slice(
+            moe.expert_intermediate_size, "experts", parallel, quantization
+        )
+        self.shared_slice = expert_slice(
+            moe.expert_intermediate_size * moe.num_shared_experts,
+            "shared_experts",
+            parallel,
+            quantization,
+        )
+        if parallel.world_size > 1 and quantization in ("int4", "native"):
+            _check_int4_split(config, self.layout)
 
     def build_rotary(self, config: DeepseekConfigLike) -> RotaryEmbedding:
         """Rope over the ``qk_rope_head_dim`` features of the query heads and shared key."""
@@ -284,21 +324,41 @@ class DeepseekForCausalLM(LlamaForCausalLM):
         self, weights: Iterable[tuple[str, Weight]]
     ) -> Iterator[tuple[str, Weight]]:
         """Stacked experts split per expert (module docstring); other names as they are."""
+        size = _moe(self.config).expert_intermediate_size
         for name, tensor in weights:
-            fused = _FUSED.match(name)
-            if fused is None:
+            if _FUSED.match(name) is None:
                 yield name, tensor
+            else:
+                yield from split_stacked_experts(name, tensor, size, self.expert_slice)
+
+    def shard_plan(self) -> ShardPlan:
+        """Each rank's query heads of the attention projections and its features of every
+        expert (module docstring); the dense layers' MLP and the vocabulary as Llama's."""
+        plan = super().shard_plan()
+        if self.parallel.world_size == 1:
+            return plan
+        slices = dict(plan.slices)
+        mla, moe = _mla(self.config), _moe(self.config)
+        first, last = self.layout.heads
+        qk, kv_b = (
+            mla.qk_nope_head_dim + mla.qk_rope_head_dim,
+            mla.qk_nope_head_dim + mla.v_head_dim,
+        )
+        for i in range(self.config.num_hidden_layers):
+            attn = f"model.layers.{i}.self_attn"
+            query = TensorSlice(0, first * qk, last * qk)
+            slices[f"{attn}.q_proj.weight"] = slices[f"{attn}.q_b_proj.weight"] = query
+            slices[f"{attn}.kv_b_proj.weight"] = TensorSlice(0, first * kv_b, last * kv_b)
+            v = mla.v_head_dim
+            slices[f"{attn}.o_proj.weight"] = TensorSlice(1, first * v, last * v)
+            if i < moe.first_k_dense_replace:
                 continue
-            if not isinstance(tensor, torch.Tensor) or tensor.dim() != 3:
-                raise ValueError(f"checkpoint tensor `{name}` must be a dense 3-D tensor")
-            size = _moe(self.config).expert_intermediate_size
-            for e, w in enumerate(tensor):
-                prefix = f"{fused[1]}.{e}"
-                if fused[2] == "down_proj":
-                    yield f"{prefix}.down_proj.weight", w
-                else:
-                    yield f"{prefix}.gate_proj.weight", w[:size]
-                    yield f"{prefix}.up_proj.weight", w[size:]
+            mlp = f"model.layers.{i}.mlp"
+            for e in range(moe.num_experts):
+                slices |= expert_slices(f"{mlp}.experts.{e}", self.expert_slice)
+            if moe.num_shared_experts:
+                slices |= expert_slices(f"{mlp}.shared_experts", self.shared_slice)
+        return ShardPlan(plan.rank, plan.world_size, slices)
 
     def _ignored(self, name: str) -> bool:
         # V3's multi-token-prediction layers follow the decoder's in its checkpoints.
@@ -306,6 +366,29 @@ class DeepseekForCausalLM(LlamaForCausalLM):
         if layer is not None and int(layer[1]) >= self.config.num_hidden_layers:
             return True
         return super()._ignored(name)
+
+
+def _check_int4_split(config: DeepseekConfigLike, layout: LlamaShardLayout) -> None:
+    """The int4 kernel packs output rows in 16s and input columns in 32-column groups: each
+    rank's query rows and ``o_proj`` columns must fall on those (``kv_b_proj`` is dense)."""
+    mla, n = _mla(config), layout.parallel.world_size
+    heads = config.num_attention_heads
+    checks = (
+        (
+            "q_b_proj" if mla.q_lora_rank else "q_proj",
+            "output rows",
+            INT4_ROW_MULTIPLE,
+            mla.qk_nope_head_dim + mla.qk_rope_head_dim,
+        ),
+        ("o_proj", "input columns", QUANT_GROUP, mla.v_head_dim),
+    )
+    for name, what, multiple, per_head in checks:
+        full, local = heads * per_head, layout.num_heads * per_head
+        if full % multiple == 0 and local % multiple:
+            raise ValueError(
+                f"`tensor_parallel_size` {n} cannot split this model: `self_attn.{name}`: each "
+                f"rank's {local} {what} are not a multiple of {multiple}, which int4 packs"
+            )
 
 
 def _mla(config: DeepseekConfigLike) -> MlaParams:

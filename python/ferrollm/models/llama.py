@@ -124,7 +124,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = Linear(
             config.hidden_size, shards, bias=config.attention_bias, scheme=scheme
         )
-        self.o_proj = _row_linear(
+        self.o_proj = row_linear(
             q_size, "o_proj", config.hidden_size, config.o_proj_bias, scheme, layout
         )
         qk_norm = config.qk_norm
@@ -162,7 +162,7 @@ class LlamaMLP(nn.Module):
         shards = [("gate_proj", size), ("up_proj", size)]
         bias = config.mlp_bias
         self.gate_up_proj = Linear(config.hidden_size, shards, bias=bias, scheme=scheme)
-        self.down_proj = _row_linear(size, "down_proj", config.hidden_size, bias, scheme, layout)
+        self.down_proj = row_linear(size, "down_proj", config.hidden_size, bias, scheme, layout)
         self.act = ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -380,7 +380,7 @@ class LlamaForCausalLM(HfCheckpointModel):
                 module.keep_dense = keep_dense
 
 
-def _row_linear(
+def row_linear(
     in_features: int,
     name: str,
     out_features: int,

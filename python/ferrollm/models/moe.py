@@ -142,23 +142,10 @@ class MoeForCausalLM(LlamaForCausalLM):
         for name, tensor in weights:
             fused = _FUSED.match(name)
             if fused is not None:
-                yield from self._split_fused(fused[1], fused[2], tensor)
+                size = _moe(self.config).expert_intermediate_size
+                yield from split_stacked_experts(name, tensor, size, self.expert_slice)
                 continue
             yield _MIXTRAL_NAMES.sub(_mixtral_name, name), tensor
-
-    def _split_fused(self, prefix: str, kind: str, tensor: Weight) -> Iterator[tuple[str, Weight]]:
-        """One expert's gate/up/down (this rank's slice) at a time from a 3-D tensor."""
-        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 3:
-            raise ValueError(f"checkpoint tensor `{prefix}.{kind}` must be a dense 3-D tensor")
-        full = _moe(self.config).expert_intermediate_size
-        part = self.expert_slice
-        for e, w in enumerate(tensor):
-            if kind == "down_proj":
-                yield f"{prefix}.{e}.down_proj.weight", w[:, part.start : part.stop]
-                continue
-            gate, up = w[:full], w[full:]
-            yield f"{prefix}.{e}.gate_proj.weight", gate[part.start : part.stop]
-            yield f"{prefix}.{e}.up_proj.weight", up[part.start : part.stop]
 
     def shard_plan(self) -> ShardPlan:
         """The Llama plan plus every expert's (and the shared expert's) slice, under both the
@@ -168,26 +155,16 @@ class MoeForCausalLM(LlamaForCausalLM):
             return plan
         slices = dict(plan.slices)
         moe = _moe(self.config)
-        rows, cols = self.expert_slice, TensorSlice(1, *_span(self.expert_slice))
-        shared_rows = self.shared_slice
-        shared_cols = TensorSlice(1, *_span(self.shared_slice))
         for i in range(self.config.num_hidden_layers):
             if i in moe.dense_layers:
                 continue
             layer = f"model.layers.{i}"
             for e in range(moe.num_experts):
-                for prefix, gate, up, down in (
-                    (f"{layer}.mlp.experts.{e}", "gate_proj", "up_proj", "down_proj"),
-                    (f"{layer}.block_sparse_moe.experts.{e}", "w1", "w3", "w2"),
-                ):
-                    slices[f"{prefix}.{gate}.weight"] = rows
-                    slices[f"{prefix}.{up}.weight"] = rows
-                    slices[f"{prefix}.{down}.weight"] = cols
+                slices |= expert_slices(f"{layer}.mlp.experts.{e}", self.expert_slice)
+                mixtral = f"{layer}.block_sparse_moe.experts.{e}"
+                slices |= expert_slices(mixtral, self.expert_slice, ("w1", "w3", "w2"))
             if moe.shared_expert_intermediate_size:
-                prefix = f"{layer}.mlp.shared_expert"
-                slices[f"{prefix}.gate_proj.weight"] = shared_rows
-                slices[f"{prefix}.up_proj.weight"] = shared_rows
-                slices[f"{prefix}.down_proj.weight"] = shared_cols
+                slices |= expert_slices(f"{layer}.mlp.shared_expert", self.shared_slice)
         return ShardPlan(plan.rank, plan.world_size, slices)
 
 
@@ -210,8 +187,37 @@ def expert_slice(size: int, name: str, parallel: ParallelState, scheme: str | No
     return TensorSlice(0, r * local, (r + 1) * local)
 
 
-def _span(part: TensorSlice) -> tuple[int, int]:
-    return part.start, part.stop
+def expert_slices(
+    prefix: str,
+    part: TensorSlice,
+    names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+) -> dict[str, TensorSlice]:
+    """The plan entries of one gated expert under ``prefix`` (its gate, up and down names):
+    rows ``part`` of gate and up, the same columns of down."""
+    gate, up, down = names
+    columns = TensorSlice(1, part.start, part.stop)
+    return {
+        f"{prefix}.{gate}.weight": part,
+        f"{prefix}.{up}.weight": part,
+        f"{prefix}.{down}.weight": columns,
+    }
+
+
+def split_stacked_experts(
+    name: str, tensor: Weight, size: int, part: TensorSlice
+) -> Iterator[tuple[str, Weight]]:
+    """Per-expert tensors (rows or columns ``part`` of each) from a transformers 5
+    ``state_dict()``'s stacked ``<prefix>.gate_up_proj [E, 2I, H]`` or ``down_proj [E, H, I]``
+    (``name``), ``size`` being each expert's ``I``."""
+    prefix, kind = name.rsplit(".", 1)
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() != 3:
+        raise ValueError(f"checkpoint tensor `{name}` must be a dense 3-D tensor")
+    for e, w in enumerate(tensor):
+        if kind == "down_proj":
+            yield f"{prefix}.{e}.down_proj.weight", w[:, part.start : part.stop]
+            continue
+        yield f"{prefix}.{e}.gate_proj.weight", w[:size][part.start : part.stop]
+        yield f"{prefix}.{e}.up_proj.weight", w[size:][part.start : part.stop]
 
 
 def _mixtral_name(match: re.Match[str]) -> str:
