@@ -72,6 +72,35 @@ TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     ),
 }
 
+#: Latent attention (a 32-wide latent and 8 rotated features a token), 8 experts in 4 groups,
+#: top-2 from the best 2 groups, one shared expert, layer 0 dense.
+DEEPSEEK_SIZES: dict[str, Any] = {
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_group": 4,
+    "topk_group": 2,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "moe_intermediate_size": 32,
+}
+#: DeepSeek-V2's YaRN: equal mscales (so the cos/sin factor is 1, as llama.cpp assumes; the
+#: softmax scale still moves), an original context inside the tiny one.
+DEEPSEEK_YARN: dict[str, Any] = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 32,
+    "mscale": 0.707,
+    "mscale_all_dim": 0.707,
+    "beta_fast": 32,
+    "beta_slow": 1,
+}
+
 #: Families ``build_tiny_model`` also builds, outside the per-family sweeps of `TINY_FAMILIES`
 #: (so the engine tests run once per family there do not multiply; tensor parallelism tests
 #: these). Mixture of experts: Mixtral, and Qwen2-MoE with a shared expert, layer 0 dense (every
@@ -109,6 +138,23 @@ MORE_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "glm": ("GlmConfig", {"head_dim": 16}),
     "glm4": ("Glm4Config", {"head_dim": 16}),
     "chatglm": ("GlmConfig", {"head_dim": 16, "rope_theta": 50000.0}),
+    # DeepSeek (`DEEPSEEK_SIZES`): V2 with a plain q_proj, softmax scores, group-limited
+    # routing, scaled weights and YaRN; V3 with the q bottleneck, sigmoid scores, the
+    # correction bias (randomized) and renormalised weights.
+    "deepseek-v2": (
+        "DeepseekV2Config",
+        {
+            **DEEPSEEK_SIZES,
+            "q_lora_rank": None,
+            "topk_method": "group_limited_greedy",
+            "routed_scaling_factor": 1.5,
+            "rope_parameters": DEEPSEEK_YARN,
+        },
+    ),
+    "deepseek-v3": (
+        "DeepseekV3Config",
+        {**DEEPSEEK_SIZES, "q_lora_rank": 32, "norm_topk_prob": True, "routed_scaling_factor": 2.0},
+    ),
 }
 
 CHATML_TEMPLATE = (
@@ -261,3 +307,7 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
                 param.copy_((1.0 if "embed_tokens" in name else 0.3) * noise)
             else:
                 param.copy_(0.08 * noise)
+        for name, buffer in model.named_buffers():
+            # DeepSeek-V3's router bias, zero at init, which would hide it being ignored.
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.1 * torch.randn(buffer.shape, generator=generator))
