@@ -26,6 +26,8 @@ GGUF_FAMILIES = {
     "qwen3-moe": "qwen3moe",
     "phi3": "phi3",
     "glm4": "glm4",
+    "deepseek-v2": "deepseek2",  # tiny_gguf_deepseek
+    "deepseek-v3": "deepseek2",
 }
 #: Per-expert tensor names (transformers 5's, Mixtral's) -> llama.cpp's stacked tensor.
 _EXPERT_NAME = re.compile(
@@ -46,6 +48,10 @@ def write_tiny_gguf(hf_dir: Path, path: Path, arch: str, quant_type: str | None 
     every weight matrix (embeddings included) in ``quant_type`` ("Q4_1", "Q8_0", ...)."""
     import gguf
 
+    if arch == "deepseek2":  # its own keys and tensor layout
+        from tiny_gguf_deepseek import write_tiny_deepseek_gguf
+
+        return write_tiny_deepseek_gguf(hf_dir, path, quant_type)
     config = json.loads((hf_dir / "config.json").read_text())
     writer = gguf.GGUFWriter(path, arch)
     writer.add_name("tiny")

@@ -72,6 +72,8 @@ TINY_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     ),
 }
 
+#: Latent attention (a 32-wide latent and 8 rotated features a token), 8 experts in 4 groups,
+#: top-2 from the best 2 groups, one shared expert, layer 0 dense.
 DEEPSEEK_SIZES: dict[str, Any] = {
     "num_key_value_heads": 4,
     "kv_lora_rank": 32,
@@ -85,8 +87,18 @@ DEEPSEEK_SIZES: dict[str, Any] = {
     "n_shared_experts": 1,
     "first_k_dense_replace": 1,
     "moe_intermediate_size": 32,
-    "routed_scaling_factor": 1.5,
-    "norm_topk_prob": True,
+}
+#: DeepSeek-V2's YaRN: equal mscales (so the cos/sin factor is 1, as llama.cpp assumes; the
+#: softmax scale still moves), an original context inside the tiny one.
+DEEPSEEK_YARN: dict[str, Any] = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 32,
+    "mscale": 0.707,
+    "mscale_all_dim": 0.707,
+    "beta_fast": 32,
+    "beta_slow": 1,
 }
 
 #: Families ``build_tiny_model`` also builds, outside the per-family sweeps of `TINY_FAMILIES`
@@ -126,14 +138,23 @@ MORE_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "glm": ("GlmConfig", {"head_dim": 16}),
     "glm4": ("Glm4Config", {"head_dim": 16}),
     "chatglm": ("GlmConfig", {"head_dim": 16, "rope_theta": 50000.0}),
-    # DeepSeek: latent attention (a 32-wide latent, 8 rotated dims), 8 grouped experts, one
-    # shared, layer 0 dense. V2 projects q directly and routes group-limited greedy; V3 goes
-    # through a q latent and routes by sigmoid with its correction bias (`_randomize`).
+    # DeepSeek (`DEEPSEEK_SIZES`): V2 with a plain q_proj, softmax scores, group-limited
+    # routing, scaled weights and YaRN; V3 with the q bottleneck, sigmoid scores, the
+    # correction bias (randomized) and renormalised weights.
     "deepseek-v2": (
         "DeepseekV2Config",
-        {**DEEPSEEK_SIZES, "q_lora_rank": None, "topk_method": "group_limited_greedy"},
+        {
+            **DEEPSEEK_SIZES,
+            "q_lora_rank": None,
+            "topk_method": "group_limited_greedy",
+            "routed_scaling_factor": 1.5,
+            "rope_parameters": DEEPSEEK_YARN,
+        },
     ),
-    "deepseek-v3": ("DeepseekV3Config", {**DEEPSEEK_SIZES, "q_lora_rank": 24}),
+    "deepseek-v3": (
+        "DeepseekV3Config",
+        {**DEEPSEEK_SIZES, "q_lora_rank": 32, "norm_topk_prob": True, "routed_scaling_factor": 2.0},
+    ),
 }
 
 CHATML_TEMPLATE = (
@@ -287,6 +308,6 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
             else:
                 param.copy_(0.08 * noise)
         for name, buffer in model.named_buffers():
-            # DeepSeek-V3's router bias: zero at init, which would hide it being dropped.
+            # DeepSeek-V3's router bias, zero at init, which would hide it being ignored.
             if name.endswith("e_score_correction_bias"):
                 buffer.copy_(0.1 * torch.randn(buffer.shape, generator=generator))

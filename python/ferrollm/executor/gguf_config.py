@@ -7,7 +7,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ferrollm.executor import gguf_glm4, gguf_phi3
+from ferrollm.executor import gguf_deepseek, gguf_glm4, gguf_phi3
 from ferrollm.models.config import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
@@ -23,6 +23,8 @@ GGUF_ARCHITECTURES: Mapping[str, str] = {
     "qwen3moe": "Qwen3MoeForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "glm4": "Glm4ForCausalLM",
+    # V3 when its router is sigmoid (`gguf_deepseek.deepseek2_fields`).
+    "deepseek2": "DeepseekV2ForCausalLM",
 }
 #: A "llama" file with experts (``llama.expert_count``) is Mixtral.
 _MIXTRAL = "MixtralForCausalLM"
@@ -98,6 +100,7 @@ def hf_config_from_gguf(
         ),
         **(gguf_phi3.phi3_fields(meta, rope_factors or {}) if arch == "phi3" else {}),
         **(gguf_glm4.glm4_fields(meta, int(head_dim or 0)) if arch == "glm4" else {}),
+        **(gguf_deepseek.deepseek2_fields(meta, tensor_names) if arch == "deepseek2" else {}),
     }
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from ferrollm.distributed.shard_plan import WHOLE, ShardPlan
-from ferrollm.executor import gguf_glm4, gguf_phi3
+from ferrollm.executor import gguf_deepseek, gguf_glm4, gguf_phi3
 from ferrollm.executor.chat_templates import builtin_chat_template
 from ferrollm.executor.gguf_config import OFFSET_NORM_ARCHITECTURES, hf_config_from_gguf
 from ferrollm.executor.gguf_reader import GGUFFile, GGUFTensor
@@ -70,11 +70,12 @@ _GEMMA_LAYER_TENSORS = {
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
-_ARCH_LAYER_TENSORS: Mapping[str, Mapping[str, str]] = {
+_ARCH_LAYER_TENSORS: Mapping[str, Mapping[str, str | None]] = {
     "gemma2": _GEMMA_LAYER_TENSORS,
     "gemma3": _GEMMA_LAYER_TENSORS,
     "phi3": gguf_phi3.PHI3_LAYER_TENSORS,
     "glm4": gguf_glm4.GLM4_LAYER_TENSORS,
+    "deepseek2": gguf_deepseek.DEEPSEEK2_LAYER_TENSORS,
 }
 #: Types stored as plain floats (no quantization to keep).
 _DENSE_TYPES = frozenset(["F32", "F16", "BF16", "F64"])
@@ -145,7 +146,7 @@ class GGUFCheckpoint(ModelSource):
         except ImportError as err:  # optional: only GGUF files need it
             raise ImportError("loading .gguf weights needs the `gguf` package") from err
 
-        num_parts = sum(t.shape[0] if _expert_names(t.name) else 1 for t in self._file.tensors)
+        num_parts = sum(_num_parts(t) for t in self._file.tensors)
         requantized: dict[str, str] = {}
         with progress_bar(num_parts, "Loading weights") as tick:
             for tensor, name, data, columns in self._parts(shard, keep_quantized):
@@ -202,6 +203,8 @@ class GGUFCheckpoint(ModelSource):
             data = self._file.data(tensor)
             for e in range(tensor.shape[0]):
                 yield tensor, experts.format(e), data[e], None
+        if self._arch == "deepseek2":  # its split kv_b_proj halves, joined
+            yield from gguf_deepseek.kv_b_parts(self._file)
 
     def _sliced(
         self, tensor: GGUFTensor, name: str, shard: ShardPlan, keep_quantized: bool
@@ -265,6 +268,15 @@ def _blocks(data: np.ndarray[Any, Any], ggml_type: int) -> GgmlBlocks:
     return GgmlBlocks(rows, ggml_type, data.shape[1] // size * values)
 
 
+def _num_parts(tensor: GGUFTensor) -> int:
+    """The load steps of ``tensor``: one per expert of a stacked one, none for the half of a
+    DeepSeek kv_b that its other half brings (`gguf_deepseek.kv_b_parts`), else one."""
+    if _expert_names(tensor.name):
+        return tensor.shape[0]
+    match = _LAYER_NAME.fullmatch(tensor.name)
+    return 0 if match is not None and match[2] == gguf_deepseek.JOINED_HALF else 1
+
+
 def _expert_names(gguf_name: str) -> str | None:
     """``"model.layers.N.mlp.experts.{}.<proj>.weight"`` for a stacked expert tensor of layer N
     (format it with the expert's index), None for any other tensor."""
@@ -289,7 +301,11 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
     names = {**_LAYER_TENSORS, **_ARCH_LAYER_TENSORS.get(arch, {})}
     if match is None or match[2] not in names:
         raise ValueError(f"GGUF tensor {gguf_name!r} has no known transformers name")
-    return f"model.layers.{match[1]}.{names[match[2]]}.{match[3]}"
+    name = names[match[2]]
+    if name is None:  # read with another tensor (its family's module)
+        return None
+    # A name ending in "_" is a parameter of its own: the suffix joins it without a dot.
+    return f"model.layers.{match[1]}.{name}{'' if name.endswith('_') else '.'}{match[3]}"
 
 
 def _reverse_permute(array: _Rows, num_heads: int) -> _Rows:

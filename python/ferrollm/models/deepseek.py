@@ -25,6 +25,8 @@ its correction bias; ``ferrollm.models.deepseek_config``) and add an ungated sha
 (``mlp.experts.N.gate_proj`` ...) or, from a transformers 5 ``state_dict()``, stack them as
 ``mlp.experts.gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]``; both load. V3's
 multi-token-prediction layers (past ``num_hidden_layers``) are not run and not loaded.
+llama.cpp's "deepseek2" GGUF files load too, renamed to these names and their split
+``kv_b_proj`` joined again (``ferrollm.executor.gguf_deepseek``).
 
 **Tensor parallelism.** Rank ``r`` keeps its share of the query heads: their rows of
 ``q_proj`` / ``q_b_proj`` and of ``kv_b_proj`` (each head's W_UK and W_UV), their columns of
