@@ -7,7 +7,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ferrollm.executor import gguf_glm4, gguf_phi3
+from ferrollm.executor import gguf_chatglm, gguf_glm4, gguf_phi3
 from ferrollm.models.config import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
@@ -23,6 +23,7 @@ GGUF_ARCHITECTURES: Mapping[str, str] = {
     "qwen3moe": "Qwen3MoeForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "glm4": "Glm4ForCausalLM",
+    "chatglm": "GlmForCausalLM",  # ChatGLM3, GLM-4-9B: `gguf_chatglm`
 }
 #: A "llama" file with experts (``llama.expert_count``) is Mixtral.
 _MIXTRAL = "MixtralForCausalLM"
@@ -61,6 +62,8 @@ def hf_config_from_gguf(
     def get(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default)
 
+    if arch == "chatglm":
+        gguf_chatglm.check_required_keys(meta)
     architecture = GGUF_ARCHITECTURES[arch]
     if arch == "llama" and get("expert_count"):
         architecture = _MIXTRAL
@@ -98,6 +101,11 @@ def hf_config_from_gguf(
         ),
         **(gguf_phi3.phi3_fields(meta, rope_factors or {}) if arch == "phi3" else {}),
         **(gguf_glm4.glm4_fields(meta, int(head_dim or 0)) if arch == "glm4" else {}),
+        **(
+            gguf_chatglm.chatglm_fields(meta, tensor_names, _eos_token_ids(meta))
+            if arch == "chatglm"
+            else {}
+        ),
     }
 
 
