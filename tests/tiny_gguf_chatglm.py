@@ -133,12 +133,16 @@ def _write_tensors(writer: Any, hf_dir: Path, quant_type: str | None) -> None:
     from safetensors.torch import load_file
 
     tensors = load_file(hf_dir / "model.safetensors")
-    num_layers = 1 + max(int(n.split("layers.")[1].split(".")[0]) for n in tensors if "layers." in n)
+    num_layers = 1 + max(
+        int(n.split("layers.")[1].split(".")[0]) for n in tensors if "layers." in n
+    )
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.CHATGLM, num_layers)
     for hf_name, tensor in tensors.items():
         if hf_name.endswith(".rotary_pos_emb.inv_freq"):
             continue
-        name = names.get_name(hf_name.removeprefix("transformer."), try_suffixes=(".weight", ".bias"))
+        name = names.get_name(
+            hf_name.removeprefix("transformer."), try_suffixes=(".weight", ".bias")
+        )
         if name is None:
             raise ValueError(f"no GGUF name for {hf_name!r}")
         array = tensor.float().numpy()

@@ -164,8 +164,10 @@ def test_a_chatglm3_sentencepiece_vocabulary(hf_dir: Path, tmp_path: Path) -> No
     ids = tokenizer.encode("[gMASK]sop<|user|>").ids
     assert ids == [token_id(source, t) for t in ("[gMASK]", "sop", "<|user|>")]
     assert source.chat_template == CHATGLM3_CHAT_TEMPLATE  # its start token is "sop"
-    text = jinja2.Environment().from_string(CHATGLM3_CHAT_TEMPLATE).render(
-        messages=CONVERSATION[1:2], add_generation_prompt=True
+    text = (
+        jinja2.Environment()
+        .from_string(CHATGLM3_CHAT_TEMPLATE)
+        .render(messages=CONVERSATION[1:2], add_generation_prompt=True)
     )
     assert text == "[gMASK]sop<|user|>\n Hi<|assistant|>"
     ends = [2, token_id(source, "<|user|>"), token_id(source, "<|observation|>")]

@@ -201,11 +201,11 @@ class GGUFCheckpoint(ModelSource):
             split = self._split(tensor)
             if split is not None:
                 data = self._file.data(tensor)
-                for name, start, stop in split:
-                    part = shard.slice_of(name)  # q/k/v: a range of rows, if any
+                for part_name, start, stop in split:
+                    part = shard.slice_of(part_name)  # q/k/v: a range of rows, if any
                     if part is not None:
                         start, stop = start + part.start, start + part.stop
-                    yield tensor, name, data[start:stop], None
+                    yield tensor, part_name, data[start:stop], None
                 continue
             experts = _expert_names(tensor.name)
             if experts is None:
