@@ -54,12 +54,53 @@ GEMMA_CHAT_TEMPLATE = r"""{{- bos_token -}}
   {{- '<start_of_turn>model\n' -}}
 {%- endif -%}"""
 
-#: ``general.architecture`` -> (the family's name in the log, its template).
+#: GLM's turns (ChatGLM3, GLM-4) follow a ``[gMASK]`` and the start token: ``<|{role}|>``, a
+#: newline (ChatGLM3: and a space), the text, nothing to close it; the answer is opened by
+#: ``<|assistant|>`` (GLM-4: and a newline), and ends where the model opens the next turn. A
+#: tool's answer is GLM's ``observation`` turn. (llama.cpp's built-in "chatglm3"/"chatglm4".)
+_GLM_CHAT_TEMPLATE = r"""{{- '[gMASK]@START@' -}}
+{%- for message in messages -%}
+  {%- set role = 'observation' if message.role == 'tool' else message.role -%}
+  {%- if message.content is string -%}
+    {%- set text = message.content -%}
+  {%- elif message.content is iterable and message.content is not mapping -%}
+    {%- set text = message.content | selectattr('type', 'equalto', 'text')
+                                   | map(attribute='text') | join('') -%}
+  {%- else -%}
+    {%- set text = '' -%}
+  {%- endif -%}
+  {{- '<|' ~ role ~ '|>@TURN@' ~ text -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+  {{- '<|assistant|>@ANSWER@' -}}
+{%- endif -%}"""
+CHATGLM3_CHAT_TEMPLATE = (
+    _GLM_CHAT_TEMPLATE.replace("@START@", "sop").replace("@TURN@", r"\n ").replace("@ANSWER@", "")
+)
+GLM4_CHAT_TEMPLATE = (
+    _GLM_CHAT_TEMPLATE.replace("@START@", "<sop>")
+    .replace("@TURN@", r"\n")
+    .replace("@ANSWER@", r"\n")
+)
+
+#: ``general.architecture`` (or `_family`'s refinement of it) -> (the family's name in the
+#: log, its template).
 BUILTIN_CHAT_TEMPLATES: Mapping[str, tuple[str, str]] = {
     "gemma": ("gemma", GEMMA_CHAT_TEMPLATE),
     "gemma2": ("gemma", GEMMA_CHAT_TEMPLATE),
     "gemma3": ("gemma", GEMMA_CHAT_TEMPLATE),
+    "chatglm3": ("chatglm3", CHATGLM3_CHAT_TEMPLATE),
+    "chatglm4": ("chatglm4", GLM4_CHAT_TEMPLATE),
 }
+
+
+def _family(meta: Mapping[str, Any]) -> str:
+    # One "chatglm" architecture, two turn formats: ChatGLM3's vocabulary spells its start
+    # token "sop", GLM-4's "<sop>".
+    arch = str(meta.get("general.architecture"))
+    if arch != "chatglm":
+        return arch
+    return "chatglm4" if "<sop>" in meta.get("tokenizer.ggml.tokens", ()) else "chatglm3"
 
 
 def builtin_chat_template(meta: Mapping[str, Any]) -> str | None:
@@ -67,7 +108,7 @@ def builtin_chat_template(meta: Mapping[str, Any]) -> str | None:
 
     Call it only for a file without ``tokenizer.chat_template``: it logs that it is used.
     """
-    found = BUILTIN_CHAT_TEMPLATES.get(str(meta.get("general.architecture")))
+    found = BUILTIN_CHAT_TEMPLATES.get(_family(meta))
     if found is None:
         return None
     family, template = found

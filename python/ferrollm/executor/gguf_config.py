@@ -7,7 +7,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ferrollm.executor import gguf_deepseek, gguf_glm4, gguf_phi3
+from ferrollm.executor import gguf_chatglm, gguf_deepseek, gguf_glm4, gguf_phi3
 from ferrollm.models.config import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
@@ -25,6 +25,7 @@ GGUF_ARCHITECTURES: Mapping[str, str] = {
     "glm4": "Glm4ForCausalLM",
     # V3 when its router is sigmoid (`gguf_deepseek.deepseek2_fields`).
     "deepseek2": "DeepseekV2ForCausalLM",
+    "chatglm": "GlmForCausalLM",  # ChatGLM3, GLM-4-9B: `gguf_chatglm`
 }
 #: A "llama" file with experts (``llama.expert_count``) is Mixtral.
 _MIXTRAL = "MixtralForCausalLM"
@@ -63,6 +64,8 @@ def hf_config_from_gguf(
     def get(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default)
 
+    if arch == "chatglm":
+        gguf_chatglm.check_required_keys(meta)
     architecture = GGUF_ARCHITECTURES[arch]
     if arch == "llama" and get("expert_count"):
         architecture = _MIXTRAL
@@ -101,6 +104,11 @@ def hf_config_from_gguf(
         **(gguf_phi3.phi3_fields(meta, rope_factors or {}) if arch == "phi3" else {}),
         **(gguf_glm4.glm4_fields(meta, int(head_dim or 0)) if arch == "glm4" else {}),
         **(gguf_deepseek.deepseek2_fields(meta, tensor_names) if arch == "deepseek2" else {}),
+        **(
+            gguf_chatglm.chatglm_fields(meta, tensor_names, _eos_token_ids(meta))
+            if arch == "chatglm"
+            else {}
+        ),
     }
 
 

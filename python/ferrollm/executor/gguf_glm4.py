@@ -3,7 +3,7 @@
 biases and unpermuted (GLM's rope already turns adjacent pairs, as llama.cpp's does), gate/up
 one ``ffn_up`` tensor ([gate; up], transformers' ``gate_up_proj``), a norm after each block,
 and rope over ``rope.dimension_count`` of each head's dims. (The older "chatglm" files, whose
-q/k/v are one tensor, are not read.)"""
+q/k/v are one tensor, are `gguf_chatglm`'s.)"""
 
 from __future__ import annotations
 

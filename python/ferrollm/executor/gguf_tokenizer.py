@@ -70,6 +70,8 @@ _PRE_SPLITS: Mapping[str, str] = {
         _LLAMA3_SPLIT,
     ),
     **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "megrez"], _QWEN2_SPLIT),
+    # GLM-4 ("chatglm-bpe" from ChatGLMModel, "glm4" from Glm4Model): Llama 3's split.
+    **dict.fromkeys(["chatglm-bpe", "glm4"], _LLAMA3_SPLIT),
     "tekken": _TEKKEN_SPLIT,
     **dict.fromkeys(["gpt-4o", "llama4"], _GPT4O_SPLIT),
 }
@@ -77,6 +79,8 @@ _PRE_SPLITS: Mapping[str, str] = {
 _DIGITS_THEN_GPT2 = frozenset(
     ["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"]
 )
+#: Pre types whose BOS llama.cpp drops (GLM-4 has none): no id, never put first.
+_NO_BOS = frozenset(["chatglm-bpe", "glm4"])
 #: Pre types that are plain GPT-2 byte-level splitting.
 _GPT2 = frozenset(["gpt-2", "gpt2", "mpt", "olmo", "jais", "default"])
 #: ``general.architecture`` of the Gemma files whose SentencePiece vocabulary transformers
@@ -115,9 +119,8 @@ def _tokenizer_json(meta: Mapping[str, Any]) -> str:
             f"GGUF tokenizer model {kind!r} is not supported; supported: gpt2, llama"
         )
     _add_special_tokens(tokenizer, meta, byte_level=kind == "gpt2")
-    bos = special_token(meta, "bos_token_id")
-    if add_bos_token(meta) and bos is not None:
-        bos_id = int(meta["tokenizer.ggml.bos_token_id"])
+    bos, bos_id = special_token(meta, "bos_token_id"), special_token_id(meta, "bos_token_id")
+    if add_bos_token(meta) and bos is not None and bos_id is not None:
         tokenizer.post_processor = processors.TemplateProcessing(
             single=f"{bos}:0 $A:0",
             pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
@@ -134,9 +137,18 @@ def add_bos_token(meta: Mapping[str, Any]) -> bool:
     return bool(meta.get("tokenizer.ggml.add_bos_token", default))
 
 
+def special_token_id(meta: Mapping[str, Any], key: str) -> int | None:
+    """The id ``tokenizer.ggml.<key>`` names, if any, as llama.cpp reads it (no BOS in a
+    GLM-4 vocabulary, whatever the file says)."""
+    token_id = meta.get(f"tokenizer.ggml.{key}")
+    if token_id is None or (key == "bos_token_id" and meta.get("tokenizer.ggml.pre") in _NO_BOS):
+        return None
+    return int(token_id)
+
+
 def special_token(meta: Mapping[str, Any], key: str) -> str | None:
     """The text of the token whose id ``tokenizer.ggml.<key>`` names, if any."""
-    token_id = meta.get(f"tokenizer.ggml.{key}")
+    token_id = special_token_id(meta, key)
     tokens: Sequence[str] = meta["tokenizer.ggml.tokens"]
     if token_id is None or not 0 <= int(token_id) < len(tokens):
         return None

@@ -16,11 +16,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from ferrollm.distributed.shard_plan import WHOLE, ShardPlan
-from ferrollm.executor import gguf_deepseek, gguf_glm4, gguf_phi3
+from ferrollm.executor import gguf_chatglm, gguf_deepseek, gguf_glm4, gguf_phi3
 from ferrollm.executor.chat_templates import builtin_chat_template
 from ferrollm.executor.gguf_config import OFFSET_NORM_ARCHITECTURES, hf_config_from_gguf
 from ferrollm.executor.gguf_reader import GGUFFile, GGUFTensor
-from ferrollm.executor.gguf_tokenizer import add_bos_token, build_tokenizer_json, special_token
+from ferrollm.executor.gguf_tokenizer import (
+    add_bos_token,
+    build_tokenizer_json,
+    special_token,
+    special_token_id,
+)
 from ferrollm.executor.source import ModelSource, SpecialTokens, progress_bar
 from ferrollm.models.config import ModelConfig
 
@@ -76,6 +81,7 @@ _ARCH_LAYER_TENSORS: Mapping[str, Mapping[str, str | None]] = {
     "phi3": gguf_phi3.PHI3_LAYER_TENSORS,
     "glm4": gguf_glm4.GLM4_LAYER_TENSORS,
     "deepseek2": gguf_deepseek.DEEPSEEK2_LAYER_TENSORS,
+    "chatglm": gguf_chatglm.CHATGLM_LAYER_TENSORS,
 }
 #: Types stored as plain floats (no quantization to keep).
 _DENSE_TYPES = frozenset(["F32", "F16", "BF16", "F64"])
@@ -146,7 +152,9 @@ class GGUFCheckpoint(ModelSource):
         except ImportError as err:  # optional: only GGUF files need it
             raise ImportError("loading .gguf weights needs the `gguf` package") from err
 
-        num_parts = sum(_num_parts(t) for t in self._file.tensors)
+        num_parts = sum(
+            len(split) if (split := self._split(t)) else _num_parts(t) for t in self._file.tensors
+        )
         requantized: dict[str, str] = {}
         with progress_bar(num_parts, "Loading weights") as tick:
             for tensor, name, data, columns in self._parts(shard, keep_quantized):
@@ -187,8 +195,18 @@ class GGUFCheckpoint(ModelSource):
     ) -> Iterator[tuple[GGUFTensor, str, np.ndarray[Any, Any], slice | None]]:
         """Each tensor (or, of a stacked ``[experts, rows, cols]`` one, each expert's matrix, a
         contiguous run of its bytes) with its transformers name, its bytes (`_sliced`) and the
-        columns to keep of their dequantization. Unused tensors are skipped."""
+        columns to keep of their dequantization. Unused tensors are skipped; a fused q/k/v is
+        split into its projections (`_split`), each a run of its rows."""
         for tensor in self._file.tensors:
+            split = self._split(tensor)
+            if split is not None:
+                data = self._file.data(tensor)
+                for part_name, start, stop in split:
+                    part = shard.slice_of(part_name)  # q/k/v: a range of rows, if any
+                    if part is not None:
+                        start, stop = start + part.start, start + part.stop
+                    yield tensor, part_name, data[start:stop], None
+                continue
             experts = _expert_names(tensor.name)
             if experts is None:
                 name = hf_tensor_name(tensor.name, self._arch)
@@ -236,6 +254,20 @@ class GGUFCheckpoint(ModelSource):
                 f"its {kind.name} blocks of {block} values",
             )
         return np.ascontiguousarray(data[:, first * block_bytes : last * block_bytes]), columns
+
+    def _split(self, tensor: GGUFTensor) -> list[tuple[str, int, int]] | None:
+        """A "chatglm" file's fused ``attn_qkv`` as (q/k/v name, first row, end row); None
+        for any other tensor (`gguf_chatglm.qkv_rows`)."""
+        if self._arch != "chatglm":
+            return None
+        config = self.config
+        return gguf_chatglm.qkv_rows(
+            tensor.name,
+            tensor.shape[0],
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
 
     def _unpermuted(self, tensor: GGUFTensor, array: _Rows) -> _Rows:
         # llama.cpp's converter interleaves the rotary halves of Llama's q/k rows (it uses
@@ -321,17 +353,13 @@ def _reverse_permute(array: _Rows, num_heads: int) -> _Rows:
 
 
 def _special_tokens(meta: Mapping[str, Any]) -> SpecialTokens:
-    def token_id(key: str) -> int | None:
-        value = meta.get(f"tokenizer.ggml.{key}")
-        return None if value is None else int(value)
-
     return SpecialTokens(
         bos_token=special_token(meta, "bos_token_id"),
         eos_token=special_token(meta, "eos_token_id"),
         pad_token=special_token(meta, "padding_token_id"),
         unk_token=special_token(meta, "unknown_token_id"),
-        bos_token_id=token_id("bos_token_id"),
-        eos_token_id=token_id("eos_token_id"),
-        pad_token_id=token_id("padding_token_id"),
+        bos_token_id=special_token_id(meta, "bos_token_id"),
+        eos_token_id=special_token_id(meta, "eos_token_id"),
+        pad_token_id=special_token_id(meta, "padding_token_id"),
         add_bos_token=add_bos_token(meta),
     )

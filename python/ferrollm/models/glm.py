@@ -11,7 +11,8 @@ What sets GLM apart from ``ferrollm.models.llama`` (the config side is in
   (``transformer.encoder.layers.N.self_attention.dense`` ...). A fused tensor is split into the
   Llama projections it holds as it loads. Sharded, it is read whole (a rank's rows of it are not
   one range) and each rank keeps its own rows of every part; the other tensors are read as the
-  Llama layout plans;
+  Llama layout plans. (llama.cpp's "chatglm" GGUF files load here as ``GlmForCausalLM``: the
+  loader splits their fused q/k/v itself, ``ferrollm.executor.gguf_chatglm``);
 * Glm4 (GLM-4-0414) also norms each block's output (``post_self_attn_layernorm``,
   ``post_mlp_layernorm``) before its residual.
 """
