@@ -78,16 +78,6 @@ def test_gguf_moe_routing_follows_the_architecture() -> None:
     assert moe_config("llama", expert_count=0)["architectures"] == ["LlamaForCausalLM"]
 
 
-def test_gguf_moe_under_tensor_parallelism_is_refused(
-    tiny_gguf_factory: Callable[[str], Path],
-) -> None:
-    from ferrollm.distributed.shard_plan import ShardPlan
-
-    source = load_model_source(tiny_gguf_factory("mixtral"))
-    with pytest.raises(ValueError, match=r"`tensor_parallel_size` 2 cannot split `blk\.0\."):
-        list(source.iter_weights(torch.float32, shard=ShardPlan(0, 2, {})))
-
-
 def test_quantized_moe_gguf_keeps_experts_in_their_blocks_and_decodes_as_dequantized(
     tiny_model_factory: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

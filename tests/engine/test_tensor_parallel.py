@@ -25,7 +25,7 @@ from ferrollm.executor.loader import load_model_source
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.moe import expert_slice
 from ferrollm.models.registry import resolve_model_class
-from tiny_gguf import write_tiny_gguf
+from tiny_gguf import GGUF_FAMILIES, write_tiny_gguf
 from tiny_models import build_tiny_model
 
 #: Heads that split three ways (and two ways with the query heads cutting a 32-column block).
@@ -46,7 +46,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
             if gguf is not None:
                 file = directory / f"tiny-{gguf}.gguf"
                 quant = None if gguf == "F32" else gguf
-                path = write_tiny_gguf(directory, file, "llama", quant)
+                path = write_tiny_gguf(directory, file, GGUF_FAMILIES[family], quant)
             cache[key] = str(path)
         return cache[key]
 
@@ -133,16 +133,22 @@ def test_two_ranks_match_one_for_mixtures_of_experts(
         _case("qwen2-moe", models("qwen2-moe")),  # shared expert, a dense layer between
         _case("deepseek-v2", models("deepseek-v2")),  # q_proj, group-limited routing
         _case("deepseek-v3", models("deepseek-v3")),  # q latent, sigmoid routing + bias
+        # llama.cpp's stacked experts: each rank reads its rows / columns of every expert.
+        _case("gguf-mixtral", models("mixtral", gguf="F32")),
+        _case("gguf-deepseek-v3", models("deepseek-v3", gguf="F32")),  # kv_b joined, then cut
     ]
     quantized = [
         _case("qwen2-moe-int8", models("qwen2-moe"), "int8"),
         _case("deepseek-v3-int8", models("deepseek-v3"), "int8"),
+        # Expert features 128 -> 64 a rank: down's columns split on Q8_0's 32-value blocks.
+        _case("gguf-mixtral-q8_0", models("mixtral", gguf="Q8_0"), "native"),
     ]
     ranks = run_group(dense + quantized, 2, tmp_path)
     reference = run_single(dense + quantized)
     _assert_matches({c["name"]: reference[c["name"]] for c in dense}, ranks, exact=True)
     _assert_matches({c["name"]: reference[c["name"]] for c in quantized}, ranks, exact=False)
-    _assert_reads_its_share({name: reference[name] for name in ("mixtral", "qwen2-moe")}, ranks)
+    shared = ("mixtral", "qwen2-moe", "gguf-mixtral", "gguf-mixtral-q8_0")
+    _assert_reads_its_share({name: reference[name] for name in shared}, ranks)
     assert [r["deepseek-v3"]["num_local_kv_heads"] for r in ranks] == [1, 1]  # the latent
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ferrollm.distributed.shard_plan import ShardPlan
 from ferrollm.executor.gguf_reader import GGUFFile, GGUFTensor
 from ferrollm.models.config import UnsupportedModelError
 
@@ -158,11 +159,13 @@ def _decimal(value: float) -> float:
     return float(str(np.float32(value)))
 
 
-def kv_b_parts(file: GGUFFile) -> Iterator[tuple[GGUFTensor, str, np.ndarray[Any, Any], None]]:
+def kv_b_parts(
+    file: GGUFFile, shard: ShardPlan
+) -> Iterator[tuple[GGUFTensor, str, np.ndarray[Any, Any], None]]:
     """Each layer's ``kv_b_proj`` joined from its ``attn_k_b`` and ``attn_v_b`` (dequantized):
     per head the ``qk_nope_head_dim`` key rows, then the ``v_head_dim`` value rows, as an F32
-    tensor `GGUFCheckpoint._parts` passes on like any other. Layers with a whole ``attn_kv_b``
-    are left to it.
+    tensor `GGUFCheckpoint._parts` passes on like any other (``shard``'s rows of it, this
+    rank's heads, under tensor parallelism). Layers with a whole ``attn_kv_b`` are left to it.
 
     Raises ValueError for a half without its pair or halves whose sizes disagree."""
     from gguf import GGMLQuantizationType, dequantize
@@ -189,4 +192,8 @@ def kv_b_parts(file: GGUFFile) -> Iterator[tuple[GGUFTensor, str, np.ndarray[Any
         rows = np.concatenate((k_b.transpose(0, 2, 1), v_b), axis=1).reshape(-1, k_b.shape[1])
         rows = np.ascontiguousarray(rows, dtype=np.float32)
         joined = GGUFTensor(f"blk.{layer}.attn_kv_b.weight", rows.shape, _F32, offset=-1)
-        yield joined, f"model.layers.{layer}.self_attn.kv_b_proj.weight", rows, None
+        name = f"model.layers.{layer}.self_attn.kv_b_proj.weight"
+        part = shard.slice_of(name)  # rows: the rank's heads (`DeepseekForCausalLM.shard_plan`)
+        if part is not None:
+            rows = rows[part.start : part.stop]
+        yield joined, name, rows, None

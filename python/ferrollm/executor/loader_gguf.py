@@ -213,35 +213,39 @@ class GGUFCheckpoint(ModelSource):
                 if name is not None:  # None: known and unused
                     yield tensor, name, *self._sliced(tensor, name, shard, keep_quantized)
                 continue
-            if shard.world_size > 1:
-                # The plan slices each expert's matrix, not llama.cpp's stacks of them.
-                raise shard.refusal(
-                    tensor.name, "GGUF stacked experts are not split; load the safetensors files"
-                )
-            data = self._file.data(tensor)
+            # The plan slices each expert's matrix (its name's), one of llama.cpp's stack.
+            stack = self._file.data(tensor)
             for e in range(tensor.shape[0]):
-                yield tensor, experts.format(e), data[e], None
+                name = experts.format(e)
+                yield tensor, name, *self._sliced(tensor, name, shard, keep_quantized, stack[e])
         if self._arch == "deepseek2":  # its split kv_b_proj halves, joined
-            yield from gguf_deepseek.kv_b_parts(self._file)
+            yield from gguf_deepseek.kv_b_parts(self._file, shard)
 
     def _sliced(
-        self, tensor: GGUFTensor, name: str, shard: ShardPlan, keep_quantized: bool
+        self,
+        tensor: GGUFTensor,
+        name: str,
+        shard: ShardPlan,
+        keep_quantized: bool,
+        data: np.ndarray[Any, Any] | None = None,
     ) -> tuple[np.ndarray[Any, Any], slice | None]:
-        """``tensor``'s bytes for ``shard``'s slice of it, and the columns to keep of their
-        dequantization (None: all) when the slice starts or ends inside a block."""
+        """``tensor``'s bytes (or ``data``, one expert's matrix of a stacked tensor) for
+        ``shard``'s slice of matrix ``name``, and the columns to keep of their dequantization
+        (None: all) when the slice starts or ends inside a block."""
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
         from ferrollm.layers.ggml_linear import block_types
 
-        data = self._file.data(tensor)
+        if data is None:
+            data = self._file.data(tensor)
         part = shard.slice_of(name)
         if part is None:
             return data, None
         if part.dim == 0:
             return data[part.start : part.stop], None
-        if data.shape == tensor.shape:  # plain floats: one element per value
-            return data[:, part.start : part.stop], None
         kind = GGMLQuantizationType(tensor.ggml_type)
+        if kind.name in _DENSE_TYPES:  # plain floats: one element per value
+            return data[:, part.start : part.stop], None
         block, block_bytes = GGML_QUANT_SIZES[kind]
         first, last = part.start // block, -(-part.stop // block)
         columns: slice | None = None
