@@ -510,6 +510,9 @@ class StepPlan:
     def seq_indices(self) -> npt.NDArray[np.uint32]:
         """Each row's sequence index within its request."""
     @property
+    def lora_ids(self) -> npt.NDArray[np.uint32]:
+        """Each row's LoRA adapter (its request's ``lora_id``; 0 = the base model)."""
+    @property
     def num_draft_tokens(self) -> npt.NDArray[np.uint32]:
         """Draft tokens at the end of each row (speculative decoding; 0 = none): such a row's
         last ``1 + num_draft_tokens`` positions are all sampled, in order."""
@@ -650,6 +653,7 @@ class SchedulerConfig:
         num_speculative_tokens: int = 4,
         ngram_min: int = 1,
         ngram_max: int = 3,
+        max_loras: int = 0,
     ) -> SchedulerConfig:
         """``speculative="ngram"`` turns on prompt-lookup speculative decoding: each decode
         row carries up to ``num_speculative_tokens`` draft tokens, the continuation of the
@@ -658,7 +662,9 @@ class SchedulerConfig:
         log-softmax of the model's logits) or ``"processed"`` (the distribution actually
         sampled from). ``vocab_size`` (0 =
         unknown) lets ``add_request`` reject prompts and parameters that do not fit the model.
-        ``seed`` makes the seeds of unseeded requests deterministic, so a run replays."""
+        ``seed`` makes the seeds of unseeded requests deterministic, so a run replays.
+        ``max_loras`` (0 = no limit) caps the distinct LoRA adapters (requests' ``lora_id``
+        other than 0) running at once: a waiting request on another adapter waits."""
     @property
     def num_blocks(self) -> int:
         """KV blocks in the pool, the null block included."""
@@ -707,6 +713,9 @@ class SchedulerConfig:
     @property
     def ngram_max(self) -> int:
         """Longest n-gram the drafter matches."""
+    @property
+    def max_loras(self) -> int:
+        """Distinct LoRA adapters running at once, at most (0 = no limit)."""
 
 @final
 class CompiledGrammar:
@@ -813,6 +822,7 @@ class NewRequest:
         draft_tokens: _TokenIds | None = None,
         draft_logits: npt.NDArray[np.float32] | None = None,
         num_virtual_tokens: int = 0,
+        lora_id: int = 0,
     ) -> NewRequest:
         """``priority`` defaults to ``params.priority``; ``arrival_time`` to ``time.time()`` when
         the request is made; ``deadline`` to arrival + ``params.timeout_s`` when that is set.
@@ -823,7 +833,9 @@ class NewRequest:
         the speculative-sampling acceptance rule at temperature > 0. ``cache_salt``: requests
         share prefix-cache blocks only with requests of the same salt. ``num_virtual_tokens``
         (p-tuning) admits prompt ids up to ``vocab_size + num_virtual_tokens``, which the
-        model runner embeds from the request's prompt table."""
+        model runner embeds from the request's prompt table. ``lora_id`` (0 = none) is the
+        LoRA adapter the request runs on, as the caller numbers them (never reusing a number
+        for other weights): it salts the prefix cache and counts towards ``max_loras``."""
     @property
     def request_id(self) -> int:
         """The caller's id."""

@@ -55,6 +55,7 @@ const NAMES: &[&str] = &[
     "draft_tokens",
     "draft_logits",
     "num_virtual_tokens",
+    "lora_id",
 ];
 
 #[pyclass(name = "NewRequest", module = "ferrollm._core", frozen)]
@@ -66,7 +67,7 @@ pub struct PyNewRequest {
 impl PyNewRequest {
     #[new]
     #[pyo3(signature = (*args, **kwargs),
-        text_signature = "(request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None, deadline=None, cache_salt=None, grammar=None, draft_tokens=None, draft_logits=None, num_virtual_tokens=0)")]
+        text_signature = "(request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None, deadline=None, cache_salt=None, grammar=None, draft_tokens=None, draft_logits=None, num_virtual_tokens=0, lora_id=0)")]
     fn new(args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let a = Args::bind("NewRequest()", NAMES, 3, args, kwargs)?;
         let given = |name: &str| {
@@ -95,6 +96,7 @@ impl PyNewRequest {
                 None => Vec::new(),
             },
             draft_logits: a.get("draft_logits").map(draft_logits_arg).transpose()?,
+            lora_id: a.extract("lora_id")?.unwrap_or(0),
         };
         Ok(PyNewRequest { inner })
     }

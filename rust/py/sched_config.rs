@@ -29,6 +29,7 @@ const NAMES: &[&str] = &[
     "num_speculative_tokens",
     "ngram_min",
     "ngram_max",
+    "max_loras",
 ];
 
 #[pyclass(name = "SchedulerConfig", module = "ferrollm._core", frozen, eq)]
@@ -48,7 +49,7 @@ impl PySchedulerConfig {
 impl PySchedulerConfig {
     #[new]
     #[pyo3(signature = (**kwargs),
-        text_signature = "(*, num_blocks, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, max_num_waiting=4096, enable_prefix_caching=True, priority_aging_s=10.0, eos_token_ids=(), logprobs_mode='raw', vocab_size=0, seed=None, speculative=None, num_speculative_tokens=4, ngram_min=1, ngram_max=3)")]
+        text_signature = "(*, num_blocks, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, max_num_waiting=4096, enable_prefix_caching=True, priority_aging_s=10.0, eos_token_ids=(), logprobs_mode='raw', vocab_size=0, seed=None, speculative=None, num_speculative_tokens=4, ngram_min=1, ngram_max=3, max_loras=0)")]
     fn new(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let a = Args::bind("SchedulerConfig()", NAMES, 0, &PyTuple::empty(py), kwargs)?;
         let d = SchedulerConfig::default();
@@ -91,6 +92,7 @@ impl PySchedulerConfig {
             vocab_size: a.extract("vocab_size")?.unwrap_or(d.vocab_size),
             seed: a.extract("seed")?,
             speculative,
+            max_loras: a.extract("max_loras")?.unwrap_or(d.max_loras),
         };
         inner.validate()?;
         Ok(PySchedulerConfig { inner })
@@ -161,6 +163,11 @@ impl PySchedulerConfig {
     fn ngram_max(&self) -> usize {
         self.ngram().max_n
     }
+    /// Distinct LoRA adapters running at once (0: no limit).
+    #[getter]
+    fn max_loras(&self) -> usize {
+        self.inner.max_loras
+    }
 
     fn __repr__(&self) -> String {
         let c = &self.inner;
@@ -177,10 +184,10 @@ impl PySchedulerConfig {
             "False"
         };
         format!(
-            "SchedulerConfig(num_blocks={}, block_size={}, max_num_seqs={}, max_num_batched_tokens={}, max_model_len={}, max_num_waiting={}, enable_prefix_caching={prefix}, priority_aging_s={:?}, eos_token_ids={:?}, logprobs_mode={:?}, vocab_size={}, seed={seed}, speculative={spec}, num_speculative_tokens={}, ngram_min={}, ngram_max={})",
+            "SchedulerConfig(num_blocks={}, block_size={}, max_num_seqs={}, max_num_batched_tokens={}, max_model_len={}, max_num_waiting={}, enable_prefix_caching={prefix}, priority_aging_s={:?}, eos_token_ids={:?}, logprobs_mode={:?}, vocab_size={}, seed={seed}, speculative={spec}, num_speculative_tokens={}, ngram_min={}, ngram_max={}, max_loras={})",
             c.num_blocks, c.block_size, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len,
             c.max_num_waiting, c.priority_aging_s, c.eos_token_ids, c.logprobs_mode.as_str(), c.vocab_size,
-            ngram.num_draft_tokens, ngram.min_n, ngram.max_n
+            ngram.num_draft_tokens, ngram.min_n, ngram.max_n, c.max_loras
         )
     }
 }

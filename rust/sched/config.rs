@@ -36,6 +36,10 @@ pub struct SchedulerConfig {
     pub seed: Option<u64>,
     /// Prompt-lookup speculative decoding (`--speculative ngram`); `None` = off.
     pub speculative: Option<NgramConfig>,
+    /// Distinct LoRA adapters (`NewRequest::lora_id` other than 0) running at once; 0 = no
+    /// limit. A waiting request on another adapter waits until one of them has no sequence
+    /// running.
+    pub max_loras: usize,
 }
 
 /// Prompt-lookup decoding: before each decode step, the scheduler looks for the longest
@@ -87,6 +91,7 @@ impl Default for SchedulerConfig {
             vocab_size: 0,
             seed: None,
             speculative: None,
+            max_loras: 0,
         }
     }
 }

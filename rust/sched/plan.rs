@@ -21,6 +21,8 @@ pub(crate) struct RowSpec<'a> {
     /// Samples the row yields once it reaches the end of its tokens (its behaviour decides: `n`
     /// for a request's first sequence that forks into `n`, 0 for none, else 1).
     pub num_samples_at_end: u32,
+    /// The row's LoRA adapter (0: none).
+    pub lora_id: u32,
 }
 
 /// The step to run, as flat columns. Rows are scheduled sequences; samples are the positions
@@ -48,6 +50,8 @@ pub struct StepPlan {
     pub req_ids: Vec<u64>,
     /// Sequence index (0..n) of each row within its request.
     pub seq_indices: Vec<u32>,
+    /// LoRA adapter of each row (`NewRequest::lora_id`; 0: the base model).
+    pub lora_ids: Vec<u32>,
     /// Draft tokens at the end of each row (speculative decoding; 0 = none): such a row's last
     /// `1 + num_draft_tokens` positions are all sampled, in order.
     pub num_draft_tokens: Vec<u32>,
@@ -122,6 +126,7 @@ impl StepPlan {
         self.context_lens.push((end + num_draft) as i32);
         self.req_ids.push(spec.req_id.0);
         self.seq_indices.push(spec.seq_index);
+        self.lora_ids.push(spec.lora_id);
         self.num_draft_tokens.push(num_draft as u32);
         let has_output = spec.tokens.len() > spec.num_prompt_tokens;
         if num_tokens == 1 && has_output && end == spec.tokens.len() {

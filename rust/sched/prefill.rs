@@ -140,6 +140,14 @@ impl PrefillScheduler {
             );
             return Err(CoreError::invalid("prompt_token_ids", "too_long", msg));
         }
+        if req.lora_id != 0 {
+            let msg = "`lora_id`: a prefill-only scheduler runs the base model only";
+            return Err(CoreError::invalid(
+                "lora_id",
+                "unsupported",
+                msg.to_string(),
+            ));
+        }
         match sampling_field(req) {
             Some(field) => Err(CoreError::invalid(
                 field,
@@ -205,6 +213,7 @@ impl PrefillScheduler {
                 lookahead: &[],
                 block_table: &input.block_table,
                 num_samples_at_end: 0,
+                lora_id: 0,
             };
             plan.push_row(&spec, self.cfg.block_size, r as i32);
         }

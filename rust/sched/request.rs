@@ -42,6 +42,10 @@ pub struct NewRequest {
     /// them, a sampled request accepts a draft token with probability `min(1, p/q)`; without,
     /// the draft counts as deterministic (`q` a point mass).
     pub draft_logits: Option<Vec<f32>>,
+    /// The LoRA adapter the request runs on (0: the base model). The caller numbers adapters
+    /// and never reuses a number for other weights: the prefix cache shares blocks only
+    /// between requests of the same adapter, and `max_loras` counts distinct numbers.
+    pub lora_id: u32,
 }
 
 impl NewRequest {
@@ -59,6 +63,7 @@ impl NewRequest {
             grammar: None,
             draft_tokens: Vec::new(),
             draft_logits: None,
+            lora_id: 0,
         }
     }
 
@@ -82,10 +87,12 @@ impl NewRequest {
             return Err(not_finite("deadline"));
         }
         check_params(cfg, &self.params)?;
-        let extra_key = self
-            .cache_salt
-            .as_ref()
-            .map(|s| Arc::<str>::from(format!("salt:{s}")));
+        let salt = self.cache_salt.as_ref().map(|s| format!("salt:{s}"));
+        let extra_key = match (self.lora_id, salt) {
+            (0, salt) => salt.map(Arc::<str>::from),
+            (lora, None) => Some(Arc::from(format!("lora:{lora}"))),
+            (lora, Some(salt)) => Some(Arc::from(format!("lora:{lora}|{salt}"))),
+        };
         Ok(Resolved {
             priority,
             deadline,

@@ -35,6 +35,8 @@ pub(crate) struct Sequence {
     /// first sequence before its prompt is done, else 1.
     pub seats: usize,
     pub extra_key: Option<Arc<str>>,
+    /// The request's LoRA adapter (0: none).
+    pub lora_id: u32,
     /// The request's parameters, shared by its sequences (read on every appended token).
     pub params: Arc<SamplingParams>,
     pub status: SeqStatus,

@@ -74,6 +74,7 @@ impl Scheduler {
                 lookahead: &row.lookahead,
                 block_table: &s.block_table,
                 num_samples_at_end: self.samples_at_end(s),
+                lora_id: s.lora_id,
             };
             let samples = plan.push_row(&spec, bs, r as i32);
             num_samples.push(samples);
@@ -234,6 +235,9 @@ impl Scheduler {
                 true => self.waiting_members(key),
                 false => vec![key],
             };
+            if !self.lora_fits(key) {
+                break; // no overtaking: it waits for a running adapter to finish
+            }
             let hits: Vec<Vec<BlockId>> =
                 keys.iter().map(|&k| self.find_cached_prefix(k)).collect();
             loop {
@@ -263,6 +267,24 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// Whether `key` may run beside the running sequences: its adapter is the base model, or
+    /// already running, or fewer than `max_loras` distinct adapters run (0: no limit).
+    fn lora_fits(&self, key: SeqKey) -> bool {
+        let (lora, max) = (self.seq(key).lora_id, self.cfg.max_loras);
+        if lora == 0 || max == 0 {
+            return true;
+        }
+        let mut running: Vec<u32> = self
+            .running
+            .iter()
+            .map(|&k| self.seq(k).lora_id)
+            .filter(|&id| id != 0)
+            .collect();
+        running.sort_unstable();
+        running.dedup();
+        running.contains(&lora) || running.len() < max
     }
 
     /// The waiting members of `key`'s gang (all of them: a gang is preempted whole).

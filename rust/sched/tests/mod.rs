@@ -394,6 +394,7 @@ mod best_of;
 mod failures;
 mod grammar;
 mod logprob_bytes;
+mod lora;
 mod prefill;
 mod speculative;
 mod workload;

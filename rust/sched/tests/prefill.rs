@@ -201,3 +201,18 @@ fn random_arrivals_pack_within_limits_and_leak_nothing() {
         assert_eq!(order, (0..200).collect::<Vec<u64>>(), "seed {seed}");
     }
 }
+
+#[test]
+fn an_adapter_is_refused_naming_the_field() {
+    let mut s = PrefillScheduler::new(prefill_cfg(64, 4, 32)).unwrap();
+    let err = s
+        .add_request(NewRequest {
+            lora_id: 2,
+            ..input(1, 4, 5, 0.0)
+        })
+        .unwrap_err();
+    let CoreError::Invalid { param, .. } = err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(param, "lora_id");
+}
