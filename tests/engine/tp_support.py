@@ -7,7 +7,8 @@ engine will). Rank 0 records hidden states and logits; every rank records the by
 
 `run_group` starts ``world_size`` processes of this file (``python tp_support.py``) on a free
 loopback port, each writing its results with ``torch.save``; a single-process reference runs in
-the test's own process with ``SINGLE``.
+the test's own process with ``SINGLE``. A case with ``adapters`` (PEFT directories) runs them
+in LoRA slots 0.., prompt row ``i`` on slot ``row_slots[i]`` (-1 = the base model).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from ferrollm.engine.build import load_model
 from ferrollm.executor.kv_cache import KVCache
 from ferrollm.executor.loader import load_model_source
 from ferrollm.executor.runner import ModelRunner, SyntheticPlan
+from ferrollm.lora.adapter import load_peft_adapter
+from ferrollm.lora.layers import LoRAState, attach_lora
 
 CPU = torch.device("cpu")
 BLOCK_SIZE = 4
@@ -60,11 +63,17 @@ def _run_case(case: dict[str, Any], parallel: ParallelState) -> dict[str, Any]:
         len(PROMPTS), -1
     )
     runner = ModelRunner(model, KVCache(spec, 1 + tables.size, CPU), CPU, dtype)
+    lora = _attach_adapters(model, case)
     hidden_steps, logits_steps = [], []
     tokens = [list(p) for p in PROMPTS]
     new = [list(p) for p in PROMPTS]  # the tokens each row feeds this step
     for _ in range(1 + NUM_DECODE_STEPS):
         plan = _plan(tokens, new, tables)
+        if lora is not None:  # row i on slot case["row_slots"][i]
+            counts = [len(fresh) for fresh in new]
+            lora.set_token_slots(
+                torch.tensor(case["row_slots"]).repeat_interleave(torch.tensor(counts))
+            )
         with torch.inference_mode():
             hidden = runner.hidden_states(plan)
             logits = model.compute_logits(hidden[torch.from_numpy(plan.logits_indices)])
@@ -80,6 +89,18 @@ def _run_case(case: dict[str, Any], parallel: ParallelState) -> dict[str, Any]:
         "bytes": source.num_bytes_read,
         "num_local_kv_heads": model.num_local_kv_heads,
     }
+
+
+def _attach_adapters(model: Any, case: dict[str, Any]) -> LoRAState | None:
+    """The case's PEFT ``adapters`` (paths) in slots 0.., or None without any."""
+    if not case.get("adapters"):
+        return None
+    state = attach_lora(model, len(case["adapters"]), case["max_lora_rank"])
+    for slot, path in enumerate(case["adapters"]):
+        state.load_slot(
+            slot, load_peft_adapter(f"a{slot}", Path(path), model, case["max_lora_rank"])
+        )
+    return state
 
 
 def _greedy(logits: torch.Tensor, parallel: ParallelState) -> torch.Tensor:

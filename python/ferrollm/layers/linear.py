@@ -15,6 +15,7 @@ quantized table is looked up row by row, never dequantized whole.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,14 @@ QUANTIZED_MAX_ROWS = 4
 #: The batch-size hint oneDNN blocks a prepacked weight for (`prepack_dense`); measured good
 #: from 5 to 512 rows.
 _PACK_BATCH_HINT = 8
+
+
+class LowRankDelta(Protocol):
+    """What a `Linear` adds after its base product (``ferrollm.lora.layers.LoRALinear``)."""
+
+    def add(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out`` (the base product of ``x``) plus each row's delta."""
+        ...
 
 
 class Linear(nn.Module):
@@ -77,10 +86,13 @@ class Linear(nn.Module):
         #: The dense copy reordered for oneDNN (`prepack_dense`), when it is kept that way.
         self.packed: torch.Tensor | None = None
         self._pending: dict[str, Weight] = {}
+        #: LoRA adapters' deltas, added after the base product (``ferrollm.lora.layers``).
+        self.lora: LowRankDelta | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, in]`` -> ``[T, out]``."""
-        return self.product(x, self.bias)
+        out = self.product(x, self.bias)
+        return out if self.lora is None else self.lora.add(x, out)
 
     def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W.T (+ bias)`` on the kernel that suits ``x``'s row count."""

@@ -3,7 +3,8 @@
 Column-parallel layers need no class of their own: a rank's `Linear` simply has fewer output
 rows (its heads, its slice of gate and of up), loaded from the rows the `ShardPlan` reads.
 Row-parallel layers (o_proj, down_proj) hold a slice of the input columns; each rank's partial
-product is summed with one all-reduce, and the bias is added once, after it. The token table is
+product is summed with one all-reduce, and the bias is added once, after it; so is a LoRA
+adapter's partial delta (``ferrollm.lora.layers``), added before the reduce. The token table is
 split by vocabulary rows: a rank embeds the ids in its range, zeros elsewhere, and the
 all-reduce gives every rank the full rows. The unsharded model never builds these classes,
 so a single-device run keeps its fused ``linear`` (bias in the same call) untouched.
@@ -38,6 +39,8 @@ class RowParallelLinear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, in_r]`` (this rank's columns) -> the full ``[T, out]`` on every rank."""
         out = self.product(x, None)
+        if self.lora is not None:  # this rank's share of the delta, summed by the reduce
+            out = self.lora.add(x, out)
         all_reduce(out, self.parallel)
         return out if self.bias is None else out + self.bias
 
