@@ -35,12 +35,14 @@ from ferrollm._core import (
 if TYPE_CHECKING:
     from ferrollm.engine import AsyncEngine, CompletionOutput, RequestOutput
     from ferrollm.llm import LLM
+    from ferrollm.lora.request import LoRARequest
     from ferrollm.trt import Executor, InferenceRequest, InferenceResponse
 
 #: Public names imported on first use (they need torch, or live beside what does), and the
 #: module each lives in.
 _LAZY = {
     "LLM": "ferrollm.llm",
+    "LoRARequest": "ferrollm.lora.request",
     "AsyncEngine": "ferrollm.engine",
     "CompletionOutput": "ferrollm.engine",
     "RequestOutput": "ferrollm.engine",
@@ -67,6 +69,7 @@ __all__ = [
     "InferenceRequest",
     "InferenceResponse",
     "Limits",
+    "LoRARequest",
     "NewRequest",
     "PrefillScheduler",
     "QueueFullError",

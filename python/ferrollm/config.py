@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from ferrollm.devices import DEVICE_NAMES
+from ferrollm.lora.options import DEFAULT_MAX_LORA_RANK, LoRAModule, check_lora_options
 
 # Re-exported: every module reads its options' rules from here.
 from ferrollm.options import (
@@ -154,9 +155,17 @@ class EngineConfig:
     #: Seconds a tensor-parallel collective (start-up included) may wait for a rank before
     #: the group is declared broken; None = 300. Needs ``tensor_parallel_size`` > 1.
     distributed_timeout: float | None = None
+    #: LoRA adapters (``ferrollm.lora.options``: vLLM's ``--enable-lora``, ``--lora-modules``,
+    #: ``--max-loras``, ``--max-cpu-loras``, ``--max-lora-rank``).
+    enable_lora: bool = False
+    lora_modules: tuple[LoRAModule, ...] = ()
+    max_loras: int = 1
+    max_cpu_loras: int | None = None
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
 
     def __post_init__(self) -> None:
         _check_fields(self)
+        object.__setattr__(self, "lora_modules", check_lora_options(self))
         if self.model is not None:
             if not isinstance(self.model, (str, os.PathLike)):
                 raise EngineConfigError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from itertools import count
+from pathlib import Path
 from typing import Any
 
 from ferrollm._core import SamplingParams
@@ -17,6 +18,7 @@ from ferrollm.config import EngineConfig
 from ferrollm.engine.engine import LLMEngine
 from ferrollm.engine.outputs import RequestFailure, RequestOutput
 from ferrollm.engine.request import EngineRequest
+from ferrollm.lora.request import LoRARequest
 from ferrollm.tokenizer import Message, Tokenizer
 
 #: One prompt: text, or token ids.
@@ -58,19 +60,23 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for one prompt or a list (text, or token-id lists); one output per prompt.
 
         ``params`` is one SamplingParams for all prompts, one per prompt, or None for the
-        defaults. Each output's ``outputs`` holds ``n`` sequences. Raises ValueError for a bad
-        prompt (nothing runs then) and StepError if the model fails.
+        defaults. ``lora_request`` runs the prompts on a LoRA adapter (one for all, or one
+        per prompt, None for the base model; needs ``enable_lora``). Each output's ``outputs``
+        holds ``n`` sequences. Raises ValueError for a bad prompt or adapter (nothing runs
+        then) and StepError if the model fails.
         """
         batch = _as_prompt_list(prompts)
         tokenizer = self.engine.tokenizer
         encoded: list[tuple[str | None, Sequence[int]]] = [
             (p, tokenizer.encode(p)) if isinstance(p, str) else (None, p) for p in batch
         ]
-        return self._run(encoded, _per_prompt(params, len(batch)))
+        adapters = self._adapters(lora_request, len(batch))
+        return self._run(encoded, _per_prompt(params, len(batch)), adapters)
 
     def chat(
         self,
@@ -78,6 +84,7 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         **template_kwargs: Any,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a list, through the model's chat template.
@@ -94,17 +101,47 @@ class LLM:
             )
             # The template wrote any BOS itself: add no special tokens (as transformers does).
             encoded.append((text, tokenizer.encode(text, add_special_tokens=False)))
-        return self._run(encoded, _per_prompt(params, len(batch)))
+        adapters = self._adapters(lora_request, len(batch))
+        return self._run(encoded, _per_prompt(params, len(batch)), adapters)
+
+    def _adapters(
+        self, lora_request: LoRARequest | Sequence[LoRARequest | None] | None, n: int
+    ) -> list[str | None]:
+        """Each prompt's adapter name, loading the adapters not loaded yet (ValueError if
+        adapters are off, the lists' lengths differ or an adapter cannot run)."""
+        if lora_request is None:
+            return [None] * n
+        requests = [lora_request] * n if isinstance(lora_request, LoRARequest) else lora_request
+        requests = list(requests)
+        if len(requests) != n:
+            raise ValueError(f"`lora_request` has {len(requests)} entries for {n} prompts")
+        manager = self.engine.lora
+        names: list[str | None] = []
+        for request in requests:
+            if request is None:
+                names.append(None)
+                continue
+            if manager is None:
+                raise ValueError("`lora_request` needs an LLM built with `enable_lora=True`")
+            name, path = request.checked().lora_name, request.lora_path
+            if path is not None and (name not in manager or manager.path(name) != Path(path)):
+                manager.add(name, path)
+            names.append(name)
+        return names
 
     def _run(
         self,
         prompts: list[tuple[str | None, Sequence[int]]],
         params: list[SamplingParams | None],
+        adapters: list[str | None],
     ) -> list[RequestOutput]:
         request_ids = [f"offline-{next(self._ids)}" for _ in prompts]
         try:
-            for request_id, (text, token_ids), p in zip(request_ids, prompts, params, strict=True):
-                self.engine.add_request(EngineRequest.of(request_id, token_ids, p, prompt=text))
+            for request_id, (text, token_ids), p, lora in zip(
+                request_ids, prompts, params, adapters, strict=True
+            ):
+                request = EngineRequest.of(request_id, token_ids, p, prompt=text, lora=lora)
+                self.engine.add_request(request)
             results = self._step_until_done(set(request_ids))
         except BaseException:
             self.engine.abort_all()  # leave the engine empty for the next call

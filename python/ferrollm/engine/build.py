@@ -104,16 +104,18 @@ def build_runner(
     kv_cache = KVCache(spec, kv_plan.num_blocks, platform.device)
     make_runner = ModelRunner if group is None else group.make_runner
     runner = make_runner(model, kv_cache, platform.device, dtype, platform.attention_backend())
-    # Every rank decides alike (a tensor-parallel shard stays eager; "on" is refused there).
+    # Every rank decides alike (a tensor-parallel shard stays eager; "on" is refused there, and
+    # with adapters, whose decode steps run eager for now).
+    mode = "off" if config.enable_lora else config.compile
     compiled = platform.decode_graphs(
-        config.compile,
+        mode,
         model,
         kv_cache,
         runner.backend,
         kv_plan.max_model_len,
         config.max_num_seqs,
     ) or build_compiled_decode(
-        config.compile,
+        mode,
         model,
         kv_cache,
         runner.backend,

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -37,12 +37,15 @@ from ferrollm.engine.tracker import RequestTracker
 from ferrollm.executor.loader import load_model_source
 from ferrollm.executor.runner import ModelRunner
 from ferrollm.executor.sizing import KVCachePlan
+from ferrollm.lora.manager import LoRAManager, build_lora_manager
 from ferrollm.models.config import ModelConfig
 from ferrollm.platforms import get_platform
 from ferrollm.platforms.host import settle_after_load
 from ferrollm.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from ferrollm.config import EngineConfig
 
 logger = logging.getLogger("ferrollm.engine")
@@ -84,6 +87,8 @@ class LLMEngine:
         self._grammar_lock = threading.Lock()
         #: Rank 0's side of the tensor-parallel group (None on one device).
         self.driver: Driver | None = None
+        #: The LoRA adapters (``enable_lora``), or None.
+        self.lora: LoRAManager | None = None
 
     @property
     def max_beam_width(self) -> int:
@@ -142,6 +147,11 @@ class LLMEngine:
             max_beam_width=config.max_beam_width,
         )
         engine.driver = driver
+        if config.enable_lora:
+            model = cast("nn.Module", built.runner.model)  # a CausalLM is a module
+            engine.lora = engine._tracker.adapters = build_lora_manager(
+                model, config, config.max_num_batched_tokens
+            )
         del source  # the open file (a GGUF's mapping) goes before the heap is trimmed
         settle_after_load()
         return engine
@@ -178,6 +188,29 @@ class LLMEngine:
             None if table is None else list(table.shape),
         )
         internal_id = self._tracker.next_id()
+        lora_id = self._bind_adapter(request, internal_id)
+        try:
+            self._queue(request, internal_id, num_virtual_tokens, lora_id)
+        except BaseException:
+            if self.lora is not None:
+                self.lora.unbind(internal_id)
+            raise
+        self._tracker.add(request, internal_id)
+
+    def _bind_adapter(self, request: EngineRequest, internal_id: int) -> int:
+        """The number of the adapter ``request`` runs on, pinned for it (0: the base)."""
+        if request.lora is None:
+            return 0
+        if self.lora is None:
+            raise ValueError(
+                f"`lora`: the request asks for LoRA adapter {request.lora!r}, but adapters are "
+                "not enabled (`enable_lora`)"
+            )
+        return self.lora.bind(internal_id, request.lora)
+
+    def _queue(
+        self, request: EngineRequest, internal_id: int, num_virtual_tokens: int, lora_id: int
+    ) -> None:
         self.scheduler.add_request(
             NewRequest(
                 internal_id,
@@ -191,9 +224,9 @@ class LLMEngine:
                 draft_logits=request.draft_logits,
                 cache_salt=self._cache_salt(request, internal_id),
                 num_virtual_tokens=num_virtual_tokens,
+                lora_id=lora_id,
             )
         )
-        self._tracker.add(request, internal_id)
 
     @staticmethod
     def _cache_salt(request: EngineRequest, internal_id: int) -> str | None:
@@ -249,6 +282,8 @@ class LLMEngine:
         """The step's logits to sample, with what the requests' books asked of the same
         forward pass (prompt logprobs, kept logits, prompt-table embeddings) recorded."""
         books = self._tracker
+        if self.lora is not None:
+            self.lora.prepare(plan.lora_ids, plan.cu_seqlens_q)
         targets = books.prompt_logprobs.targets(plan)
         keep = books.logits.context_rows(plan)
         embeds = books.prompt_tables.overrides(plan)
@@ -296,5 +331,6 @@ def _build_scheduler(
         num_speculative_tokens=config.num_speculative_tokens,
         ngram_min=config.ngram_min,
         ngram_max=config.ngram_max,
+        max_loras=config.max_loras if config.enable_lora else 0,
     )
     return Scheduler(scheduler_config, tokenizer.detokenizer)

@@ -58,6 +58,8 @@ class EngineRequest:
     return_context_logits: bool = False
     #: Keep the model's raw logits each output token was sampled from.
     return_generation_logits: bool = False
+    #: The LoRA adapter the request runs on, by name (``LLMEngine.lora``); None = the base.
+    lora: str | None = None
 
     @classmethod
     def of(
@@ -70,6 +72,7 @@ class EngineRequest:
         prompt: str | None = None,
         draft_tokens: Sequence[int] | npt.NDArray[np.integer] | None = None,
         draft_logits: npt.ArrayLike | None = None,
+        lora: str | None = None,
     ) -> EngineRequest:
         """A request from any flat sequence of token ids (checked: integers in [0, 2^32)).
 
@@ -86,6 +89,7 @@ class EngineRequest:
             if draft_tokens is None
             else token_id_array(draft_tokens, "draft_tokens", allow_empty=True),
             draft_logits=None if draft_logits is None else float32_matrix(draft_logits),
+            lora=lora,
         )
 
     @property

@@ -34,6 +34,7 @@ from ferrollm.engine.prompt_tables import PromptTableBook
 
 if TYPE_CHECKING:
     from ferrollm.engine.request import EngineRequest
+    from ferrollm.lora.manager import LoRAManager
 
 
 @dataclass(slots=True)
@@ -115,6 +116,8 @@ class RequestTracker:
         self.logits = LogitsBook()
         #: P-tuning tables of the requests that have one.
         self.prompt_tables = PromptTableBook(vocab_size)
+        #: The LoRA adapters requests pin (``LLMEngine.lora``), when adapters are enabled.
+        self.adapters: LoRAManager | None = None
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._ids
@@ -179,6 +182,8 @@ class RequestTracker:
             self.prompt_logprobs.remove(internal_id)
             self.logits.remove(internal_id)
             self.prompt_tables.remove(internal_id)
+            if self.adapters is not None:
+                self.adapters.unbind(internal_id)
 
     def deliver(
         self, plan: StepPlan, out: StepOutput, step: StepInfo | None = None
