@@ -82,6 +82,20 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
         float,
         "seconds a tensor-parallel rank may take to answer (default 300)",
     ),
+    "--enable-lora": ("enable_lora", None, "serve LoRA adapters (a request's model picks one)"),
+    "--max-loras": ("max_loras", int, "LoRA adapters running at once (default 1)"),
+    "--max-cpu-loras": ("max_cpu_loras", int, "idle adapters kept loaded (default max-loras)"),
+    "--max-lora-rank": ("max_lora_rank", int, "largest adapter rank (default 64)"),
+    "--allow-runtime-lora-updating": (
+        "allow_runtime_lora_updating",
+        None,
+        "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter",
+    ),
+    "--allowed-lora-path": (
+        "allowed_lora_path",
+        str,
+        "the directory adapters loaded at run time must lie under",
+    ),
     "--task": ("task", str, "generate (default) or embed (an embedding model, /v1/embeddings)"),
     "--pooling": ("pooling", str, "embed: mean, cls, last or max (default: as the model says)"),
     "--api-key-file": ("api_key_file", str, "file of API keys, one a line"),
@@ -118,6 +132,11 @@ _LIST_FLAGS: dict[str, tuple[str, str]] = {
     "--allowed-host": ("allowed_hosts", "a Host header name the server answers to (repeatable; "
                        "default: any); others get 400"),
 }  # fmt: skip
+# Flags taking several values after one flag (and repeatable): flag -> (option name, help).
+_MULTI_FLAGS: dict[str, tuple[str, str]] = {
+    "--lora-modules": ("lora_modules", "LoRA adapters to load: name=path ... (or JSON objects "
+                       '{"name", "path", "base_model_name"}); needs --enable-lora'),
+}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
             serve.add_argument(flag, dest=name, type=kind, default=None, help=help_text)
     for flag, (name, help_text) in _LIST_FLAGS.items():
         serve.add_argument(flag, dest=name, action="append", default=None, help=help_text)
+    for flag, (name, help_text) in _MULTI_FLAGS.items():
+        serve.add_argument(
+            flag, dest=name, nargs="+", action="extend", default=None, help=help_text
+        )
     serve.add_argument("--config", type=Path, help="JSON file of options (keys mirror the flags)")
     serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
     return parser
@@ -148,7 +171,9 @@ def serve_options(args: argparse.Namespace) -> dict[str, Any]:
         options.update({k.replace("-", "_"): v for k, v in read_options_file(args.config).items()})
     if args.model is not None:
         options["model"] = args.model
-    for name in [n for n, _, _ in _FLAGS.values()] + [n for n, _ in _LIST_FLAGS.values()]:
+    names = [n for n, _, _ in _FLAGS.values()]
+    names += [n for n, _ in (*_LIST_FLAGS.values(), *_MULTI_FLAGS.values())]
+    for name in names:
         value = getattr(args, name)
         if value is not None:
             options[name] = value

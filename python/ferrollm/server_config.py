@@ -96,6 +96,11 @@ class ServerConfig:
     #: Seconds a client may take to send its whole request body after its headers; a client
     #: that trickles it slower gets 408 and the connection is closed.
     body_read_timeout: float = 30.0
+    #: ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` answer (404 otherwise,
+    #: as vLLM without ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``); the directories they read must
+    #: lie under ``allowed_lora_path`` (symlinks and ``..`` resolved first).
+    allow_runtime_lora_updating: bool = False
+    allowed_lora_path: str | None = None
 
     def __post_init__(self) -> None:
         check_reliability_options(self)
@@ -117,7 +122,13 @@ class ServerConfig:
         one_of("tool_call_parser", self.tool_call_parser, TOOL_CALL_PARSERS)
         one_of("reasoning_parser", self.reasoning_parser, REASONING_PARSERS)
         one_of("text_offset_mode", self.text_offset_mode, TEXT_OFFSET_MODES)
-        for option in ("full_text", "strict_model_name"):
+        if self.allow_runtime_lora_updating and not self.allowed_lora_path:
+            raise EngineConfigError(
+                "allowed_lora_path",
+                "`allow_runtime_lora_updating` needs `allowed_lora_path`: the directory that "
+                "adapters loaded at run time must lie under",
+            )
+        for option in ("full_text", "strict_model_name", "allow_runtime_lora_updating"):
             if not isinstance(getattr(self, option), bool):
                 raise EngineConfigError(
                     option, f"`{option}` must be true or false; got {getattr(self, option)!r}"

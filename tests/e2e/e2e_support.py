@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,6 +212,19 @@ def launch_server(log_dir: Path, *extra: str) -> Server:
     server = Server(f"http://127.0.0.1:{port}", process, log_path)
     _live.append(server)
     return server
+
+
+@contextlib.contextmanager
+def serving(log_dir: Path, *extra: str) -> Iterator[Server]:
+    """A server launched with ``extra`` arguments, ready; stopped at the end, when its log
+    must hold no traceback (nothing the tests did may have crashed a handler)."""
+    server = launch_server(log_dir, *extra)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log(), server.log()
 
 
 Messages = list[dict[str, Any]]

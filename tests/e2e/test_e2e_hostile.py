@@ -13,7 +13,7 @@ import pytest
 
 from ferrollm.server.transport import HEADER_READ_TIMEOUT_MS
 
-from .e2e_support import MODEL, Server, launch_server
+from .e2e_support import MODEL, Server, serving
 
 SMALL = {"model": MODEL, "prompt": "Hi", "max_tokens": 1}
 #: Every JSON route of a generation server, with a body that names one key twice (at the top
@@ -97,18 +97,13 @@ def test_any_host_is_served_by_default(server: Server) -> None:
 
 @pytest.fixture(scope="module")
 def strict_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = launch_server(
+    with serving(
         tmp_path_factory.mktemp("strict"),
         "--allowed-host", "127.0.0.1",
         "--allowed-host", "LocalHost",
         "--body-read-timeout", "1",
-    )  # fmt: skip
-    try:
-        server.wait_ready()
+    ) as server:  # fmt: skip
         yield server
-    finally:
-        server.stop()
-    assert "Traceback" not in server.log(), server.log()
 
 
 def test_an_unknown_host_is_refused_with_400_when_hosts_are_configured(

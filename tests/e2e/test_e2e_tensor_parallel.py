@@ -23,7 +23,7 @@ import pytest
 from ferrollm import LLM, SamplingParams
 from tiny_models import build_tiny_model
 
-from .e2e_support import Server, _group, free_port, launch_server, sse_payloads
+from .e2e_support import Server, _group, free_port, launch_server, serving, sse_payloads
 
 TIMEOUT_S = 30
 #: The tiny model's context is 512: the default servers' 2048 does not fit it.
@@ -39,13 +39,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tp_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = launch_server(tmp_path_factory.mktemp("tp"), str(model_dir), *TINY_FLAGS, *TP2)
-    try:
-        server.wait_ready()
+    with serving(tmp_path_factory.mktemp("tp"), str(model_dir), *TINY_FLAGS, *TP2) as server:
         yield server
-    finally:
-        server.stop()
-    assert "Traceback" not in server.log(), server.log()
 
 
 def _completion(server: Server, prompt: str, *, stream: bool) -> str:

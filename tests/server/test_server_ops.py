@@ -33,6 +33,7 @@ def test_models(server: Server) -> None:
                 "root": MODEL,
                 "max_model_len": MAX_MODEL_LEN,
                 "task": "generate",
+                "parent": None,
             }
         ],
     }

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from ferrollm.config import EngineConfig
+    from ferrollm.lora.manager import LoRAManager
     from ferrollm.models.config import ModelConfig
 
 
@@ -77,6 +78,11 @@ class AsyncEngine:
     def model_config(self) -> ModelConfig:
         """The served model's configuration."""
         return self.engine.model_config
+
+    @property
+    def lora(self) -> LoRAManager | None:
+        """The engine's LoRA adapters (``enable_lora``), or None."""
+        return self.engine.lora
 
     @property
     def max_model_len(self) -> int:

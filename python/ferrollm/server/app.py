@@ -37,7 +37,15 @@ from ferrollm.server.protocol import databricks as dbx
 from ferrollm.server.protocol import embeddings as emb
 from ferrollm.server.protocol import mindie as mi
 from ferrollm.server.protocol import openai as oa
-from ferrollm.server.routes import chat, completions, databricks, embeddings, mindie, ops
+from ferrollm.server.routes import (
+    chat,
+    completions,
+    databricks,
+    embeddings,
+    lora_admin,
+    mindie,
+    ops,
+)
 from ferrollm.server.routing import Route
 from ferrollm.server.signals import on_termination
 
@@ -54,7 +62,12 @@ ROUTES = (
           oa.CompletionRequest, oa.Completion, oa.Completion),
     Route("POST", "/v1/embeddings", embeddings.embeddings, "Embeddings (OpenAI; --task embed)",
           emb.EmbeddingRequest, emb.EmbeddingResponse),
-    Route("GET", "/v1/models", ops.models, "The served model", None, oa.ModelList),
+    Route("GET", "/v1/models", ops.models, "The served model and its LoRA adapters", None,
+          oa.ModelList),
+    Route("POST", "/v1/load_lora_adapter", lora_admin.load_lora_adapter,
+          "Load a LoRA adapter (--allow-runtime-lora-updating)", lora_admin.LoadLoRAAdapter),
+    Route("POST", "/v1/unload_lora_adapter", lora_admin.unload_lora_adapter,
+          "Unload a LoRA adapter (--allow-runtime-lora-updating)", lora_admin.UnloadLoRAAdapter),
     Route("POST", "/v2/models/{model}/generate", mindie.generate_once, "MindIE generate",
           mi.GenerateRequest, mi.GenerateResponse),
     Route("POST", "/v2/models/{model}/generate_stream", mindie.generate_stream,

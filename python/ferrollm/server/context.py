@@ -19,6 +19,7 @@ from ferrollm.server_config import ServerConfig
 if TYPE_CHECKING:
     from ferrollm.engine import AsyncEngine
     from ferrollm.engine.embed_async import AsyncEmbedder
+    from ferrollm.lora.manager import LoRAManager
     from ferrollm.tokenizer import Tokenizer
 
 
@@ -127,16 +128,37 @@ class ServerContext:
         (docs/decisions.md#response-ids)."""
         return f"endpoint_common_{next(self._counter)}"
 
-    def check_model(self, name: str | None, param: str = "model") -> None:
-        """404 ``model_not_found`` unless ``name`` is the served model
-        (docs/decisions.md#the-model-name)."""
-        if self.config.strict_model_name and name != self.model_name:
-            raise ApiError(
-                404,
-                f"model {name!r} does not exist; this server serves {self.model_name!r}",
-                param=param,
-                code="model_not_found",
-            )
+    @property
+    def lora(self) -> LoRAManager | None:
+        """The generation engine's LoRA adapters (``--enable-lora``), or None."""
+        return None if self.engine.task != "generate" else self.generator.lora
+
+    def select_model(
+        self,
+        name: str | None,
+        param: str = "model",
+        what: str = "model",
+        code: str = "model_not_found",
+    ) -> str | None:
+        """The LoRA adapter that model name ``name`` selects, None for the served model; 404
+        ``code`` for any other name (docs/decisions.md#the-model-name): always with adapters
+        loaded (a misspelt adapter must not run the base), else unless the name is not
+        checked (``strict_model_name`` false)."""
+        lora = self.lora
+        if name == self.model_name:
+            return None
+        if lora is not None and name is not None and name in lora:
+            return name
+        if not self.config.strict_model_name and lora is None:
+            return None
+        names = [self.model_name, *(lora.names() if lora is not None else ())]
+        raise ApiError(
+            404,
+            f"{what} {name!r} does not exist; this server serves "
+            + ", ".join(repr(n) for n in names),
+            param=param,
+            code=code,
+        )
 
 
 def model_name_of(engine: AsyncEngine | AsyncEmbedder) -> str:

@@ -285,6 +285,8 @@ class ModelCard(Struct, kw_only=True):
     max_model_len: int
     #: What the server runs: "generate" or "embed" (``--task``).
     task: str = "generate"
+    #: A LoRA adapter's base model (vLLM's field); None for the base model itself.
+    parent: str | None = None
 
 
 class ModelList(Struct):

@@ -30,10 +30,16 @@ class Renderer(ABC):
     #: documents have no such field keeps it in the text).
     splits_reasoning: bool = False
 
-    def __init__(self, ctx: ServerContext, *, truncate: bool = False) -> None:
+    def __init__(
+        self, ctx: ServerContext, *, truncate: bool = False, lora: str | None = None
+    ) -> None:
         self.ctx = ctx
         #: Databricks ``error_behavior: "truncate"``: a deadline returns the partial text.
         self.truncate = truncate
+        #: The LoRA adapter the request's model name selected (`ServerContext.select_model`).
+        self.lora = lora
+        #: The ``model`` responses name: the adapter's, else the served model's.
+        self.model = lora or ctx.model_name
 
     @property
     def full_text(self) -> bool:
@@ -74,9 +80,7 @@ class Renderer(ABC):
 
     def completion(self, response_id: str, created: int, choices: list[CompletionChoice]) -> Any:
         """A completions response (or streamed chunk) of ``choices``."""
-        return Completion(
-            id=response_id, created=created, model=self.ctx.model_name, choices=choices
-        )
+        return Completion(id=response_id, created=created, model=self.model, choices=choices)
 
     def completion_usage(self, usage: CompletionUsage) -> Any:
         """The usage a completions response carries."""

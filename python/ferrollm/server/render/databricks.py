@@ -55,7 +55,7 @@ class DatabricksRenderer(Renderer):
         return DatabricksCompletion(
             id=response_id,
             created=created,
-            model=self.ctx.model_name,
+            model=self.model,
             choices=[_choice(c) for c in choices],
         )
 

@@ -62,7 +62,8 @@ class _Chat:
 async def chat_completions(ctx: ServerContext, request: Request) -> Response:
     """``POST /v1/chat/completions``."""
     valid = await accept(ctx, "chat", request)
-    return await serve_chat(ctx, request, valid, OpenAIRenderer(ctx))
+    render = OpenAIRenderer(ctx, lora=ctx.select_model(valid.model))
+    return await serve_chat(ctx, request, valid, render)
 
 
 async def serve_chat(
@@ -77,6 +78,7 @@ async def serve_chat(
         request.arrival,
         grammar=prompt.grammar,
         keep_special_tokens=prompt.tools is not None and prompt.tools.keeps_special_tokens,
+        lora=render.lora,
     )
     response_id = render.new_id("chat")
     reasoning = prompt.reasoning if render.splits_reasoning else None
@@ -107,7 +109,7 @@ def _response(chat: _Chat, out: RequestOutput, timing: Timing) -> ChatCompletion
     response = ChatCompletion(
         id=chat.response_id,
         created=chat.created,
-        model=render.ctx.model_name,
+        model=render.model,
         choices=choices,
         usage=Usage(*usage_counts(chat.request.num_prompt_tokens, out.outputs)),
     )
@@ -219,7 +221,7 @@ def _new_chunk(chat: _Chat, choice: ChatChunkChoice) -> ChatCompletionChunk:
     return ChatCompletionChunk(
         id=chat.response_id,
         created=chat.created,
-        model=chat.render.ctx.model_name,
+        model=chat.render.model,
         choices=[choice],
     )
 

@@ -56,7 +56,7 @@ def accept_body(ctx: ServerContext, route: str, data: bytes) -> ValidRequest:
         ctx.generator  # noqa: B018 (400 on an embedding server)
     valid = validate(route, body, ctx.limits)
     if route in _MODEL_ROUTES:
-        ctx.check_model(valid.model)
+        ctx.select_model(valid.model)
     return valid
 
 
@@ -70,15 +70,19 @@ def engine_request(
     index: int | None = None,
     grammar: CompiledGrammar | None = None,
     keep_special_tokens: bool = False,
+    lora: str | None = None,
 ) -> EngineRequest:
     """The engine's request for one tokenized prompt of ``valid`` (``index``: its place in a
     batch): cut under ``error_behavior: "truncate"``, then the prompt-token limit and the
     output cap, in one call; ``grammar`` is its compiled structured-output or tool grammar;
-    ``keep_special_tokens`` keeps them in the text (a tool-call marker that is one)."""
+    ``keep_special_tokens`` keeps them in the text (a tool-call marker that is one); ``lora``
+    is the adapter the request's model name selected."""
     ids, params = valid.fit_prompt(token_ids, index)
     if keep_special_tokens:
         params = params.keeping_special_tokens()
-    return EngineRequest(request_id, ids, params, arrival, prompt=prompt, grammar=grammar)
+    return EngineRequest(
+        request_id, ids, params, arrival, prompt=prompt, grammar=grammar, lora=lora
+    )
 
 
 def usage_counts(num_prompt_tokens: int, outputs: Sequence[Any]) -> tuple[int, int, int]:

@@ -100,7 +100,8 @@ class _Batch:
 async def completions(ctx: ServerContext, request: Request) -> Response:
     """``POST /v1/completions``."""
     valid = await accept(ctx, "completions", request)
-    return await serve_completions(ctx, request, valid, OpenAIRenderer(ctx))
+    render = OpenAIRenderer(ctx, lora=ctx.select_model(valid.model))
+    return await serve_completions(ctx, request, valid, render)
 
 
 async def serve_completions(
@@ -127,7 +128,14 @@ async def serve_completions(
         text, ids = await _tokenized(ctx, prompt, echo=valid.echo)
         engine_id = ctx.generator.new_request_id()
         req = engine_request(
-            valid, engine_id, ids, request.arrival, prompt=text, index=i, grammar=grammar
+            valid,
+            engine_id,
+            ids,
+            request.arrival,
+            prompt=text,
+            index=i,
+            grammar=grammar,
+            lora=render.lora,
         )
         batch.prompts.append(_Prompt(text, req, Timing(req.arrival_time)))
     total = sum(p.request.num_prompt_tokens for p in batch.prompts)

@@ -5,7 +5,6 @@ docs/decisions.md#choosing-the-task), read by the validator in the body's one wa
 from __future__ import annotations
 
 from ferrollm.server.context import ServerContext
-from ferrollm.server.errors import ApiError
 from ferrollm.server.http import Request, Response
 from ferrollm.server.render import DatabricksRenderer
 from ferrollm.server.routes import chat, completions, embeddings
@@ -15,15 +14,9 @@ from ferrollm.server.routes.common import accept
 async def invocations(ctx: ServerContext, request: Request) -> Response:
     """Dispatch to the chat, completions or embeddings task."""
     name = request.path_params["name"]
-    if ctx.config.strict_model_name and name != ctx.model_name:
-        raise ApiError(
-            404,
-            f"serving endpoint {name!r} does not exist; this server serves {ctx.model_name!r}",
-            param="name",
-            code="RESOURCE_DOES_NOT_EXIST",
-        )
+    lora = ctx.select_model(name, "name", "serving endpoint", "RESOURCE_DOES_NOT_EXIST")
     valid = await accept(ctx, "databricks", request)
-    render = DatabricksRenderer(ctx, truncate=valid.truncate)
+    render = DatabricksRenderer(ctx, truncate=valid.truncate, lora=lora)
     if valid.route == "databricks_chat":
         return await chat.serve_chat(ctx, request, valid, render)
     if valid.route == "databricks_completions":

@@ -38,6 +38,8 @@ class _Generate:
     params: SamplingParams
     timing: Timing
     details: bool
+    #: The model responses name (the adapter's, else the served model's).
+    model: str
 
 
 async def generate_stream(ctx: ServerContext, request: Request) -> Response:
@@ -57,15 +59,17 @@ async def versions_unsupported(ctx: ServerContext, request: Request) -> Response
 
 
 async def _serve(ctx: ServerContext, request: Request, *, stream: bool) -> Response:
-    ctx.check_model(request.path_params["model"], param="model")
+    lora = ctx.select_model(request.path_params["model"])
     valid = await accept(ctx, "generate", request)
     text = valid.prompts[0]
     assert isinstance(text, str)  # only /v1/completions takes token-id prompts
     ids = await run_sized(len(text), ctx.tokenizer.encode, text)
     client_id = valid.client_id
     response_id = client_id or ctx.next_id()
-    req = engine_request(valid, ctx.generator.new_request_id(), ids, request.arrival, prompt=text)
-    gen = _Generate(ctx, response_id, req.params, Timing(req.arrival_time), valid.details)
+    engine_id = ctx.generator.new_request_id()
+    req = engine_request(valid, engine_id, ids, request.arrival, prompt=text, lora=lora)
+    timing = Timing(req.arrival_time)
+    gen = _Generate(ctx, response_id, req.params, timing, valid.details, lora or ctx.model_name)
     outputs = generate(ctx, req, gen.timing, client_id)
     if stream:
         return SSEResponse(_frames(gen, await prime(outputs)))
@@ -107,7 +111,7 @@ async def _frames(gen: _Generate, outputs: AsyncIterator[RequestOutput]) -> Asyn
             text = "" if message is not None else (c.text if full_text else c.new_text)
             frame = GenerateStreamFrame(
                 id=gen.response_id,
-                model_name=gen.ctx.model_name,
+                model_name=gen.model,
                 text_output=text,
                 prefill_time=gen.timing.prefill_ms if num_frames == 0 else None,
                 decode_time=gen.timing.decode_ms[-1]
@@ -123,7 +127,7 @@ async def _frames(gen: _Generate, outputs: AsyncIterator[RequestOutput]) -> Asyn
     except Exception as e:
         frame = GenerateStreamFrame(
             id=gen.response_id,
-            model_name=gen.ctx.model_name,
+            model_name=gen.model,
             text_output="",
             details=_details(gen, 0, "error"),
             prefill_time=None,
@@ -144,7 +148,7 @@ def _response(gen: _Generate, out: RequestOutput) -> GenerateResponse:
     details.queue_wait_time = gen.timing.queue_waits_us[0] if gen.timing.queue_waits_us else 0
     return GenerateResponse(
         id=gen.response_id,
-        model_name=gen.ctx.model_name,
+        model_name=gen.model,
         text_output=c.text,
         details=details,
         prefill_time=gen.timing.prefill_ms,

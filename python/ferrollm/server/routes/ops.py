@@ -14,15 +14,24 @@ STALL_S = 60.0
 
 
 async def models(ctx: ServerContext, request: Request) -> Response:
-    """``GET /v1/models``: the one served model."""
-    card = ModelCard(
-        id=ctx.model_name,
-        created=ctx.created,
-        root=ctx.model_name,
-        max_model_len=ctx.limits.max_model_len,
-        task=ctx.task,
-    )
-    return JSONResponse(msgspec.json.encode(ModelList([card])))
+    """``GET /v1/models``: the served model, then each loaded LoRA adapter with its directory
+    as ``root`` and the base model as ``parent`` (as vLLM lists them)."""
+
+    def card(name: str, root: str, parent: str | None = None) -> ModelCard:
+        max_len = ctx.limits.max_model_len
+        return ModelCard(
+            id=name, created=ctx.created, root=root, max_model_len=max_len, task=ctx.task,
+            parent=parent,
+        )  # fmt: skip
+
+    cards = [card(ctx.model_name, ctx.model_name)]
+    lora = ctx.lora
+    if lora is not None:
+        for name in lora.names():
+            path = lora.path(name)
+            root = name if path is None else str(path)
+            cards.append(card(name, root, lora.parent(name) or ctx.model_name))
+    return JSONResponse(msgspec.json.encode(ModelList(cards)))
 
 
 async def health(ctx: ServerContext, request: Request) -> Response:
