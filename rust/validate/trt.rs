@@ -194,19 +194,28 @@ fn extras(o: &Obj<'_>, limits: &Limits) -> CoreResult<()> {
             ));
         }
     }
-    refuse_lora(o)
+    lora_fields(o)
 }
 
-/// LoRA adapters are not served yet: a request naming one is refused, never run without it.
-fn refuse_lora(o: &Obj<'_>) -> CoreResult<()> {
-    for key in ["lora_task_id", "lora_weights", "lora_config"] {
-        let f = o.field(key);
-        if f.is_set() {
-            return Err(f.bad(
-                codes::UNSUPPORTED,
-                "is not supported: this server has no LoRA adapters",
-            ));
+/// LoRA (docs/api/trt.md#lora): `lora_weights` and `lora_config` come together, with the
+/// `lora_task_id` they are cached under; the id alone names a cached adapter (the executor
+/// checks the rows against the model and the cache).
+fn lora_fields(o: &Obj<'_>) -> CoreResult<()> {
+    let (id, weights, config) = (
+        o.field("lora_task_id"),
+        o.field("lora_weights"),
+        o.field("lora_config"),
+    );
+    for (f, other, name) in [(weights, config, "lora_config"), (config, weights, "lora_weights")] {
+        if f.is_set() && !other.is_set() {
+            return Err(f.bad(codes::CONFLICT, format_args!("needs `{name}` with it")));
         }
+    }
+    if weights.is_set() && !id.is_set() {
+        return Err(weights.bad(
+            codes::CONFLICT,
+            "needs a `lora_task_id` to cache the adapter under",
+        ));
     }
     Ok(())
 }

@@ -158,7 +158,7 @@ def test_torch_tensors_are_accepted(executor: Executor) -> None:
     ("extra", "words"),
     [
         ({"draft_input_ids": [1, 2], "beam_width": 2}, ["draft_tokens", "beam"]),
-        ({"lora_task_id": 3}, ["lora_task_id", "not supported"]),
+        ({"lora_task_id": 3}, ["lora_task_id", "no LoRA adapters", "enable_lora"]),
         ({"input_ids": [5, 100000]}, ["input_ids[1]"]),
         ({"prompt_embedding_table": [[0.0, 1.0]]}, ["prompt_embedding_table", "hidden_size"]),
         ({"input_ids": list(range(300))}, ["input_ids"]),

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -32,7 +32,12 @@ from ferrollm.engine.engine import LLMEngine
 from ferrollm.engine.loop import Delivery
 from ferrollm.engine.outputs import RequestFailure, RequestOutput
 from ferrollm.engine.request import EngineRequest
+from ferrollm.lora.adapter import LoRAError
+from ferrollm.lora.trt_rows import adapter_from_trt_rows
 from ferrollm.trt.beam_logits import beam_generation_logits
+
+if TYPE_CHECKING:
+    from torch import nn
 from ferrollm.trt.request import InferenceRequest
 from ferrollm.trt.response import (
     InferenceResponse,
@@ -227,8 +232,40 @@ class Executor:
             draft_tokens=_draft_tokens(tensors.get("draft_input_ids")),
             draft_logits=tensors.get("draft_logits"),
             grammar=grammar,
+            lora=self._adapter(tensors),
         )
         return engine_request, shape
+
+    def _adapter(self, tensors: Mapping[str, np.ndarray]) -> str | None:
+        """The adapter ``lora_task_id`` names (cached first from ``lora_weights`` and
+        ``lora_config`` when they come with it: docs/api/trt.md#lora), None without one; ValueError
+        (LoRAError) naming the tensor or the id."""
+        if "lora_task_id" not in tensors:
+            return None
+        task_id = int(tensors["lora_task_id"][0])
+        manager = self.engine.lora
+        if manager is None:
+            raise LoRAError(
+                f"`lora_task_id` {task_id}: this executor's engine has no LoRA adapters (build "
+                "it with enable_lora=True)"
+            )
+        name = f"trt-task-{task_id}"
+        if "lora_weights" in tensors:
+            model = cast("nn.Module", self.engine.engine.runner.model)
+            adapter = adapter_from_trt_rows(
+                name,
+                tensors["lora_weights"],
+                tensors["lora_config"],
+                model,
+                manager.max_lora_rank,
+            )
+            manager.add_adapter(adapter)  # replaces a cached adapter of that id
+        elif not manager.is_cached(name):
+            raise LoRAError(
+                f"`lora_task_id` {task_id} is not cached (never sent, or evicted): send "
+                "`lora_weights` and `lora_config` with it"
+            )
+        return name
 
     def _sink(self, request_id: int) -> Callable[[Delivery], None]:
         def sink(item: Delivery) -> None:  # on the event loop: must not raise
