@@ -56,6 +56,14 @@ RESULT_LINES: dict[str, list[str]] = {
         rf"linear shape=qkv K=576 N=960 M=1 f32_us={NUM} .* best=\w+$",
         rf"linear copy_bandwidth_GBs={NUM}",
     ],
+    "lora.py": [
+        rf"lora adapters=0 concurrency=4 rank=4: {NUM} tok/s, {NUM}x the base \({NUM} tok/s\)",
+        rf"lora adapters=2 concurrency=4 rank=4: {NUM} tok/s, {NUM}x the base",
+    ],
+    "lora_layers.py": [
+        rf"lora_layers shape=qkv T=8 dtype=float32 base_us={NUM} masked_us={NUM} "
+        rf"masked_bd_us={NUM} segmented_us={NUM} gathered_us={NUM}",
+    ],
     "moe.py": [rf"batch   1: +{NUM} tok/s, expert dispatch +{NUM}% of the time, sparse blocks"],
     "overload.py": [
         rf"capacity clients=2 rps={NUM}",
