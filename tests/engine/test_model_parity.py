@@ -26,7 +26,7 @@ from ferrollm.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, Unsuppo
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.registry import MODEL_REGISTRY, build_model, resolve_model_class
 from ferrollm.platforms import get_platform
-from tiny_models import chatglm_name, to_chatglm
+from tiny_models import DEEPSEEK_SIZES, chatglm_name, to_chatglm
 
 BLOCK_SIZE = 4
 NUM_NEW_TOKENS = 8
@@ -63,22 +63,8 @@ PHI3_LONGROPE = {
     "original_max_position_embeddings": MAX_MODEL_LEN,
 }
 PHI3_IDS = {"eos_token_id": 2, "pad_token_id": 0}  # Phi3Config's 32000 lie past VOCAB
-# Latent attention (a 32-wide latent and 8 rotated features cached per token), 8 experts in 4
-# groups, top-2 from the best 2 groups, one shared expert, layer 0 dense.
-DEEPSEEK = {
-    "num_key_value_heads": 4,
-    "kv_lora_rank": 32,
-    "qk_rope_head_dim": 8,
-    "qk_nope_head_dim": 16,
-    "v_head_dim": 16,
-    "n_routed_experts": 8,
-    "num_experts_per_tok": 2,
-    "n_group": 4,
-    "topk_group": 2,
-    "n_shared_experts": 1,
-    "first_k_dense_replace": 1,
-    "moe_intermediate_size": 32,
-}
+# Latent attention, grouped experts, one shared expert, layer 0 dense: the tiny DeepSeek's.
+DEEPSEEK = DEEPSEEK_SIZES
 # YaRN whose mscale and mscale_all_dim differ, so both the cos/sin factor and the softmax
 # scale move; its original context (32) lies inside MAX_MODEL_LEN.
 DEEPSEEK_YARN = {
