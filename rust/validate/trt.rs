@@ -206,7 +206,10 @@ fn lora_fields(o: &Obj<'_>) -> CoreResult<()> {
         o.field("lora_weights"),
         o.field("lora_config"),
     );
-    for (f, other, name) in [(weights, config, "lora_config"), (config, weights, "lora_weights")] {
+    for (f, other, name) in [
+        (weights, config, "lora_config"),
+        (config, weights, "lora_weights"),
+    ] {
         if f.is_set() && !other.is_set() {
             return Err(f.bad(codes::CONFLICT, format_args!("needs `{name}` with it")));
         }
