@@ -144,9 +144,9 @@ class ServerContext:
         ``code`` for any other name (docs/decisions.md#the-model-name): always with adapters
         loaded (a misspelt adapter must not run the base), else unless the name is not
         checked (``strict_model_name`` false)."""
-        lora = self.lora
-        if name == self.model_name:
+        if name == self.model_name:  # the common case first: no engine lookup
             return None
+        lora = self.lora
         if lora is not None and name is not None and name in lora:
             return name
         if not self.config.strict_model_name and lora is None:
