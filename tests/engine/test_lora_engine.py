@@ -175,3 +175,24 @@ def test_an_adapter_over_a_quantized_gguf_base_keeps_its_greedy_tokens(
         theirs = dense.generate(PROMPTS, params, LoRARequest(name))
         for a, b in zip(ours, theirs, strict=True):
             assert a.outputs[0].token_ids == b.outputs[0].token_ids, name
+
+
+def test_two_ranks_serve_adapters_as_one(tiny: tuple[Path, dict[str, Path]]) -> None:
+    # Each rank keeps its share of every A and B; the workers read each adapter from its
+    # directory when rank 0 fills a slot, and every step carries its tokens' slots.
+    base, adapters = tiny
+    options = {**OPTIONS, "enable_lora": True, "max_loras": 2}
+    one = LLM(base, lora_modules=_modules(adapters), **options)
+    two = LLM(base, tensor_parallel_size=2, lora_modules=_modules(adapters), **options)
+    try:
+        names = ["qv8", None, "all16", "mlp4"]  # three adapters over two slots: they take turns
+        loras = [None if n is None else LoRARequest(n) for n in names]
+        want = one.generate(PROMPTS, GREEDY, loras)
+        got = two.generate(PROMPTS, GREEDY, loras)
+        for name, a, b in zip(names, got, want, strict=True):
+            assert a.outputs[0].token_ids == b.outputs[0].token_ids, name
+        # An adapter loaded after start-up reaches the workers too.
+        late = two.generate([PROMPTS[0]], GREEDY, LoRARequest("late", 1, str(adapters["qv8"])))
+        assert late[0].outputs[0].token_ids == want[0].outputs[0].token_ids
+    finally:
+        two.shutdown()

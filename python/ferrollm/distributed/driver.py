@@ -18,6 +18,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -43,7 +45,11 @@ from ferrollm.executor.prompt_logprobs import PromptTargets
 from ferrollm.executor.runner import CausalLM, ModelRunner, StepInputs
 from ferrollm.executor.step_extras import EmbeddingOverride, LogitRows
 from ferrollm.layers.attention import AttentionBackend
+from ferrollm.lora.adapter import LoRAError
 from ferrollm.platforms import Platform
+
+if TYPE_CHECKING:
+    from ferrollm.lora.layers import LoRAState
 
 logger = logging.getLogger("ferrollm.distributed")
 
@@ -152,6 +158,22 @@ class Driver(GroupMember):
             self.channel.answer_ping()
             self._last_ping = time.monotonic()
 
+    def load_lora_slot(self, slot: int, name: str, path: Path | None) -> None:
+        """Have every worker read adapter ``name`` from ``path`` into ``slot`` (rank 0 just
+        did); LoRAError for an adapter with no directory (TensorRT-LLM rows)."""
+        if path is None:
+            raise LoRAError(
+                f"adapter `{name}` came as weights (TensorRT-LLM rows), which the workers of "
+                "`tensor_parallel_size` > 1 cannot read: give adapters as directories"
+            )
+        with self.lock:
+            if self.fault is not None:
+                raise self.fault
+            try:
+                self.channel.send_lora_slot(slot, name, str(path))
+            except Exception as e:
+                raise self.fail(e) from e
+
     def shutdown(self) -> None:
         """Tell the workers to exit, wait for them, and leave the group (idempotent)."""
         if self._closed:
@@ -187,6 +209,8 @@ class DriverRunner(ModelRunner):
     ) -> None:
         super().__init__(model, kv_cache, device, dtype, backend)
         self.driver = driver
+        #: The model's LoRA slots, when adapters are on: each step sends its tokens' slots.
+        self.lora: LoRAState | None = None
 
     def run(
         self,
@@ -203,7 +227,10 @@ class DriverRunner(ModelRunner):
                 raise driver.fault
             try:
                 driver.watch()  # a worker that died since the last poll fails this step
-                driver.channel.send_step(plan, prompt_targets, embeds, keep_logits)
+                slots = None
+                if self.lora is not None:
+                    slots = self.lora.token_slots[: len(plan.input_ids)]
+                driver.channel.send_step(plan, prompt_targets, embeds, keep_logits, slots)
                 logits = super().run(plan, prompt_targets, embeds=embeds, keep_logits=keep_logits)
                 driver.watch()
             except Exception as e:

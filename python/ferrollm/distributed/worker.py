@@ -42,8 +42,9 @@ from ferrollm.distributed.launch import (
     share_cpu_threads,
     timeout_of,
 )
-from ferrollm.distributed.protocol import Channel, Op
+from ferrollm.distributed.protocol import Channel, LoRASlotMessage, Op
 from ferrollm.distributed.startup import GroupMember, options_fingerprint
+from ferrollm.lora.worker import WorkerAdapters
 from ferrollm.platforms import Platform, get_platform
 
 logger = logging.getLogger("ferrollm.distributed")
@@ -119,6 +120,7 @@ def _serve(
         member.fail_startup(e)
         raise
     runner = build_runner(config, platform, source, member).runner
+    adapters = WorkerAdapters.of(runner.model, config)
     logger.info("tensor-parallel rank %d of %d ready", env.rank, env.world_size)
     while True:
         op, step = channel.receive()
@@ -131,7 +133,13 @@ def _serve(
         if op is Op.PING:
             channel.answer_ping()
             continue
+        if isinstance(step, LoRASlotMessage):
+            assert adapters is not None  # rank 0 sends slots only with adapters on
+            adapters.load_slot(step.slot, step.name, step.path)
+            continue
         assert step is not None
+        if adapters is not None and step.lora_slots is not None:
+            adapters.state.set_token_slots(torch.from_numpy(step.lora_slots))
         runner.run(step.plan, step.prompt_targets, embeds=step.embeds, keep_logits=step.keep_logits)
 
 

@@ -28,7 +28,7 @@ from ferrollm._core import (
 )
 from ferrollm.config import DEFAULT_MAX_BEAM_WIDTH
 from ferrollm.default_model import default_model_path
-from ferrollm.distributed.driver import Driver, start_driver
+from ferrollm.distributed.driver import Driver, DriverRunner, start_driver
 from ferrollm.engine.build import build_runner
 from ferrollm.engine.outputs import RequestFailure, RequestOutput, StepInfo
 from ferrollm.engine.prompt_tables import table_digest
@@ -148,10 +148,7 @@ class LLMEngine:
         )
         engine.driver = driver
         if config.enable_lora:
-            model = cast("nn.Module", built.runner.model)  # a CausalLM is a module
-            engine.lora = engine._tracker.adapters = build_lora_manager(
-                model, config, config.max_num_batched_tokens
-            )
+            engine.lora = engine._tracker.adapters = _lora_manager(config, built.runner, driver)
         del source  # the open file (a GGUF's mapping) goes before the heap is trimmed
         settle_after_load()
         return engine
@@ -307,6 +304,16 @@ class LLMEngine:
             f"its {len(request_ids)} requests were aborted",
             request_ids,
         )
+
+
+def _lora_manager(config: EngineConfig, runner: ModelRunner, driver: Driver | None) -> LoRAManager:
+    """The engine's adapters; in a tensor-parallel group the workers fill their slots as rank
+    0 fills its own, and each step carries its tokens' slots (`DriverRunner.lora`)."""
+    model = cast("nn.Module", runner.model)  # a CausalLM is a module
+    manager = build_lora_manager(model, config, None if driver is None else driver.load_lora_slot)
+    if isinstance(runner, DriverRunner):
+        runner.lora = manager.state
+    return manager
 
 
 def _build_scheduler(

@@ -70,8 +70,12 @@ class LoRAManager:
         *,
         max_cpu_loras: int,
         loader: AdapterLoader = load_peft_adapter,
+        on_slot: Callable[[int, str, Path | None], None] | None = None,
     ) -> None:
         self.model = model
+        #: Called with (slot, name, path) after an adapter fills a slot: a tensor-parallel
+        #: group's workers fill theirs (``Driver.load_lora_slot``).
+        self._on_slot = on_slot
         self.state = state
         self.max_cpu_loras = max_cpu_loras
         self._loader = loader
@@ -206,7 +210,12 @@ class LoRAManager:
         with self._lock:
             adapter = self._ids[lora_id].adapter
         assert adapter is not None  # a running request pins it
+        self._slot_ids[slot] = None  # until every rank holds it
         self.state.load_slot(slot, adapter)
+        if self._on_slot is not None:
+            with self._lock:
+                path = self._ids[lora_id].path
+            self._on_slot(slot, adapter.name, path)
         self._slot_ids[slot] = lora_id
         return slot
 
@@ -251,24 +260,34 @@ class LoRAManager:
                 self._forget_if_unused(entry)
 
 
-def build_lora_manager(
-    model: nn.Module, config: EngineConfig, max_num_tokens: int | None
-) -> LoRAManager:
-    """``model``'s adapter slots (``max_loras`` of rank ``max_lora_rank``) and its manager, with
-    ``config.lora_modules`` loaded (LoRAError naming the first that cannot run)."""
+def attach_engine_lora(model: nn.Module, config: EngineConfig) -> LoRAState:
+    """``model``'s adapter slots as the engine's options size them (``max_loras`` of rank
+    ``max_lora_rank``, per-step buffers of ``max_num_batched_tokens``); every rank of a
+    tensor-parallel group attaches them alike."""
     from ferrollm.lora.layers import DEFAULT_MAX_NUM_TOKENS, attach_lora
 
     # float32 slots on a CPU: its small bfloat16 matmuls measured 2.5-3x slower than float32
     # at these shapes (benches/lora.py); accelerators keep the model's dtype.
     on_cpu = next(model.parameters()).device.type == "cpu"
-    state = attach_lora(
+    return attach_lora(
         model,
         config.max_loras,
         config.max_lora_rank,
-        max_num_tokens=max_num_tokens or DEFAULT_MAX_NUM_TOKENS,
+        max_num_tokens=config.max_num_batched_tokens or DEFAULT_MAX_NUM_TOKENS,
         dtype=torch.float32 if on_cpu else None,
     )
-    manager = LoRAManager(model, state, max_cpu_loras=config.max_cpu_loras or config.max_loras)
+
+
+def build_lora_manager(
+    model: nn.Module,
+    config: EngineConfig,
+    on_slot: Callable[[int, str, Path | None], None] | None = None,
+) -> LoRAManager:
+    """``model``'s adapter slots and their manager, with ``config.lora_modules`` loaded
+    (LoRAError naming the first that cannot run); ``on_slot`` as `LoRAManager` takes it."""
+    state = attach_engine_lora(model, config)
+    max_cpu_loras = config.max_cpu_loras or config.max_loras
+    manager = LoRAManager(model, state, max_cpu_loras=max_cpu_loras, on_slot=on_slot)
     for module in config.lora_modules:
         manager.add(module.name, module.path, module.base_model_name)
     return manager

@@ -6,7 +6,8 @@ each ``"name=path"`` (the CLI's ``--lora-modules a=/x b=/y``), a JSON object
 mapping); ``max_loras`` adapters run at once (the scheduler holds back a request on another
 adapter until one of them has no request running), ``max_cpu_loras`` adapters no request uses
 stay loaded (least recently used evicted; None = ``max_loras``), ``max_lora_rank`` is the
-largest rank an adapter may have (it sizes the slots every layer keeps).
+largest rank an adapter may have (it sizes the slots every layer keeps). Adapters run under
+tensor parallelism too (the workers read them from their directories).
 """
 
 from __future__ import annotations
@@ -103,10 +104,6 @@ def check_lora_options(config: _Options) -> tuple[LoRAModule, ...]:
         return modules
     refusals = {
         "task": (config.task == "embed", "adapters run on generation (`task` generate)"),
-        "tensor_parallel_size": (
-            config.tensor_parallel_size > 1,
-            "adapters run on one device for now (`tensor_parallel_size` 1)",
-        ),
         "compile": (
             config.compile == "on",
             "decode steps with adapters run eager for now (`compile` auto or off)",

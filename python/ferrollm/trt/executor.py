@@ -250,6 +250,11 @@ class Executor:
                 "it with enable_lora=True)"
             )
         name = f"trt-task-{task_id}"
+        if self.engine.engine.driver is not None:
+            raise LoRAError(
+                f"`lora_task_id` {task_id}: adapters sent as `lora_weights` cannot run with "
+                "`tensor_parallel_size` > 1 (the workers read adapters from directories)"
+            )
         if "lora_weights" in tensors:
             model = cast("nn.Module", self.engine.engine.runner.model)
             adapter = adapter_from_trt_rows(
