@@ -139,3 +139,16 @@ def test_a_rank_above_the_cap_is_refused(tiny: tuple[Path, list[Path]]) -> None:
         assert "adapter size 8" in message and "max_lora_rank" in message
     finally:
         executor.shutdown()
+
+
+def test_rows_are_refused_under_tensor_parallelism(tiny: tuple[Path, list[Path]]) -> None:
+    # The workers read adapters from directories; rows have none.
+    options: dict[str, Any] = {**ENGINE_OPTIONS, "enable_lora": True, "tensor_parallel_size": 2}
+    executor = Executor(tiny[0], **options)
+    try:
+        weights, config = trt_rows(tiny[1][0])
+        message = error(executor, lora_task_id=1, lora_weights=weights, lora_config=config)
+        assert "`lora_task_id` 1" in message and "tensor_parallel_size" in message
+        assert tokens(executor)  # the group goes on
+    finally:
+        executor.shutdown()
