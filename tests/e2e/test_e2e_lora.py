@@ -218,3 +218,22 @@ def test_unloading_an_adapter_lets_its_running_requests_finish_on_it(
     payloads = sse_payloads(head + rest)
     assert payloads[-1] == "[DONE]"
     assert "".join(json.loads(p)["choices"][0]["text"] for p in payloads[:-1]) == want
+
+
+def test_runtime_updates_need_the_api_key_when_keys_are_configured(
+    model: tuple[Path, dict[str, Path]], tmp_path: Path
+) -> None:
+    base, adapters = model
+    flags = ("--enable-lora", "--allow-runtime-lora-updating", "--allowed-lora-path")
+    flags += (str(base.parent), "--api-key", "k-1")
+    with serving(tmp_path, str(base), *TINY_FLAGS, *flags) as server:
+        body = {"lora_name": "sql", "lora_path": str(adapters["sql"])}
+        refused = server.http.post("/v1/load_lora_adapter", json=body)
+        assert refused.status_code == 401, refused.text
+        keyed = {"Authorization": "Bearer k-1"}
+        loaded = server.http.post("/v1/load_lora_adapter", json=body, headers=keyed)
+        assert loaded.status_code == 200, loaded.text
+        unload = {"lora_name": "sql"}
+        assert server.http.post("/v1/unload_lora_adapter", json=unload).status_code == 401
+        done = server.http.post("/v1/unload_lora_adapter", json=unload, headers=keyed)
+        assert done.status_code == 200, done.text
