@@ -6,7 +6,8 @@ another; the adapters are random PEFT adapters of rank ``--rank`` on every proje
 v, o, gate, up, down) of every layer, written in PEFT's format into a scratch directory (the
 weights are random: speed does not depend on them). Two engines in one process, built alike
 (``--dtype``, ``--compile``): the base without ``enable_lora``, and one with ``enable_lora``,
-``max_loras`` = the most adapters a batch mixes, ``max_lora_rank`` = ``--rank``. Each case
+``max_loras`` = the most adapters a batch mixes, ``max_lora_rank`` = ``--max-lora-rank`` (the
+server's default, 64, unless given: the slots' capacity, not what they compute). Each case
 generates ``--max-tokens`` greedy tokens (no early stop) for ``--concurrency`` prompts at
 once, request ``i`` on adapter ``i mod k`` (k = 0: the base model through the LoRA engine).
 One line per case, best of ``--repeats``:
@@ -14,8 +15,8 @@ One line per case, best of ``--repeats``:
   lora adapters=4 concurrency=32 rank=16: 123.4 tok/s, 0.81x the base (150.2 tok/s)
 
 Usage: python benches/lora.py [--model FILE] [--adapters 0 1 4 16] [--concurrency 32]
-                              [--rank 16] [--max-tokens 64] [--repeats 1] [--dtype auto]
-                              [--compile auto] [--smoke]
+                              [--rank 16] [--max-lora-rank 64] [--max-tokens 64] [--repeats 1]
+                              [--dtype auto] [--compile auto] [--smoke]
   --smoke   adapters 0 and 2, concurrency 4, rank 4, 4 tokens, compile off: that the bench
             still runs (the test suite runs it)
 """
@@ -34,6 +35,7 @@ from safetensors.torch import save_file
 
 from ferrollm import LLM, LoRARequest, SamplingParams
 from ferrollm.default_model import default_model_path
+from ferrollm.lora.options import DEFAULT_MAX_LORA_RANK
 
 PROMPT = "The history of the printing press begins"
 #: PEFT module names -> (input size, output size) from the model's config.
@@ -93,6 +95,7 @@ def main() -> None:
     parser.add_argument("--adapters", type=int, nargs="+", default=[0, 1, 4, 16])
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--max-lora-rank", type=int, default=DEFAULT_MAX_LORA_RANK)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--dtype", default="auto")
@@ -115,7 +118,7 @@ def main() -> None:
         model,
         enable_lora=True,
         max_loras=max(1, most),
-        max_lora_rank=args.rank,
+        max_lora_rank=max(args.rank, args.max_lora_rank),
         **options,
     )
     config = lora.engine.model_config

@@ -1,7 +1,8 @@
 """Many adapters in one batch: each projection adds its rows' low-rank deltas after the base.
 
 `attach_lora` gives every adaptable `Linear` (``ferrollm.lora.targets``) a `LoRALinear` holding
-``max_loras`` slots of rank ``R = max_lora_rank``, zero until filled: ``a [S*n*R, in]``, the A
+``max_loras`` slots of up to rank ``max_lora_rank``, zero until filled, in blocks of ``R`` (the
+largest rank loaded so far, not the cap: `LoRAState.stride`): ``a [S*n*R, in]``, the A
 of every (slot, shard), slot-major, and ``b [out, S*R]``, each slot's B side by side (a
 shard's rows of it in that shard's output rows). The runner sets one slot per token before each
 forward (`LoRAState.set_token_slots`, -1 = the base model); the base product runs once for the
@@ -74,7 +75,9 @@ class LoRALinear(nn.Module):
     ) -> None:
         super().__init__()
         self.target = target
-        self.rank = rank
+        #: Each slot's block of A rows / B columns: the largest rank loaded so far (at most
+        #: ``rank``, the capacity; `LoRAState.load_slot` widens it, `restride` moves blocks).
+        self.rank = 1
         self.num_shards = n = len(target.shards)
         in_local = target.cols[1] - target.cols[0]
         out_local = target.layer.out_features
@@ -132,6 +135,9 @@ class LoRAState:
         #: The step's slot per token (-1 = base); rows past the step's tokens are -1.
         self.token_slots = torch.full((max_num_tokens,), -1, dtype=torch.int64, device=self.device)
         self._num_set = 0
+        #: Each slot's block size: the largest rank loaded so far (``max_lora_rank`` is only
+        #: the capacity), so rank-16 adapters under the default cap of 64 compute 16 columns.
+        self.stride = 1
         #: Which adapter fills each slot (None = empty).
         self.slots: list[str | None] = [None] * max_loras
         #: Whether the next forward reads any slot, and how many from slot 0 it computes (the
@@ -174,6 +180,8 @@ class LoRAState:
                 f"adapter `{adapter.name}` has rank {adapter.rank}, above `max_lora_rank` "
                 f"{self.max_lora_rank}"
             )
+        if adapter.rank > self.stride:
+            self._restride(adapter.rank)
         self.clear_slot(slot)
         for (layer, module), lora in self.layers.items():
             target = lora.target
@@ -182,23 +190,42 @@ class LoRAState:
                 if weights is None:
                     continue
                 r = weights.a.shape[0]
-                a_rows = (slot * lora.num_shards + k) * self.max_lora_rank
+                a_rows = (slot * lora.num_shards + k) * self.stride
                 a = weights.a[:, target.cols[0] : target.cols[1]]
                 lora.a[a_rows : a_rows + r].copy_(a)
                 b = weights.b[shard.rows[0] : shard.rows[1]]
-                cols = slot * self.max_lora_rank
+                cols = slot * self.stride
                 lora.b[shard.local, cols : cols + r].copy_(b)
         self.slots[slot] = adapter.name
 
     def clear_slot(self, slot: int) -> None:
         """Zero ``slot``: rows still pointing at it get the base model's output."""
         self._check_slot(slot)
-        rank = self.max_lora_rank
+        rank = self.stride
         for lora in self.layers.values():
             n = lora.num_shards
             lora.a[slot * n * rank : (slot + 1) * n * rank].zero_()
             lora.b[:, slot * rank : (slot + 1) * rank].zero_()
         self.slots[slot] = None
+
+    def _restride(self, stride: int) -> None:
+        """Widen every slot's block to ``stride`` rows of A and columns of B, moving the loaded
+        slots' blocks up (the highest first, so no block overwrites one not yet moved)."""
+        old = self.stride
+        for lora in self.layers.values():
+            n = lora.num_shards
+            for block in reversed(range(self.max_loras * n)):
+                lora.a[block * stride : block * stride + old] = lora.a[
+                    block * old : (block + 1) * old
+                ].clone()
+                lora.a[block * stride + old : (block + 1) * stride].zero_()
+            for slot in reversed(range(self.max_loras)):
+                lora.b[:, slot * stride : slot * stride + old] = lora.b[
+                    :, slot * old : (slot + 1) * old
+                ].clone()
+                lora.b[:, slot * stride + old : (slot + 1) * stride].zero_()
+            lora.rank = stride
+        self.stride = stride
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.max_loras:
