@@ -161,6 +161,14 @@ def test_token_slots_are_checked_and_stable(setup: tuple[Path, list[Path]]) -> N
     assert all(lora.used == 2 for lora in state.layers.values())
     state.set_token_slots(torch.tensor([-1, -1, -1]))
     assert not state.active and not any(lora.active for lora in state.layers.values())
+    # A base-only step leaves the mask alone; the next step with adapters rewrites its rows
+    # and clears the rows the earlier steps set beyond its own.
+    state.set_token_slots(torch.tensor([2, 1, 0, 1, 2]))
+    state.set_base_only()
+    assert not state.active and state.sizes.tolist()[0] >= 1
+    state.set_token_slots(torch.tensor([0]))
+    assert mask[1:6].abs().sum() == 0 and mask[0].tolist()[:3] == [1, 0, 0]
+    assert state.active and state.used == 1 and state.sizes.tolist() == [1, state.stride]
 
 
 def test_attach_refuses_what_it_cannot_hold(tiny_model_factory: Callable[..., Path]) -> None:

@@ -119,8 +119,9 @@ def _serve(
     except Exception as e:
         member.fail_startup(e)
         raise
-    runner = build_runner(config, platform, source, member).runner
-    adapters = WorkerAdapters.of(runner.model, config)
+    built = build_runner(config, platform, source, member)
+    runner = built.runner
+    adapters = WorkerAdapters.of(runner.model, built.lora, config)
     logger.info("tensor-parallel rank %d of %d ready", env.rank, env.world_size)
     while True:
         op, step = channel.receive()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ferrollm.config import EngineConfigError
 from ferrollm.distributed.driver import Driver
 from ferrollm.distributed.startup import GroupMember
 from ferrollm.distributed.state import SINGLE, ParallelState
@@ -24,12 +25,14 @@ from ferrollm.executor.sizing import (
     resolve_kv_dtype,
     resolve_quantization,
 )
+from ferrollm.lora.manager import attach_engine_lora
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.registry import build_model
 from ferrollm.platforms import Platform
 
 if TYPE_CHECKING:
     from ferrollm.config import EngineConfig
+    from ferrollm.lora.layers import LoRAState
 
 
 def load_model(
@@ -68,6 +71,8 @@ class BuiltRunner:
     quantization: str | None
     #: The compiled decode graphs (CPU) or captured CUDA graphs, or None (eager).
     compiled: DecodeGraphs | None
+    #: The model's LoRA adapter slots (``enable_lora``), or None.
+    lora: LoRAState | None = None
 
 
 def build_runner(
@@ -104,24 +109,45 @@ def build_runner(
     kv_cache = KVCache(spec, kv_plan.num_blocks, platform.device)
     make_runner = ModelRunner if group is None else group.make_runner
     runner = make_runner(model, kv_cache, platform.device, dtype, platform.attention_backend())
-    # Every rank decides alike (a tensor-parallel shard stays eager; "on" is refused there, and
-    # with adapters, whose decode steps run eager for now).
-    mode = "off" if config.enable_lora else config.compile
-    compiled = platform.decode_graphs(
-        mode,
-        model,
-        kv_cache,
-        runner.backend,
-        kv_plan.max_model_len,
-        config.max_num_seqs,
-    ) or build_compiled_decode(
-        mode,
-        model,
-        kv_cache,
-        runner.backend,
-        dtype,
-        kv_plan.max_model_len,
-        config.max_num_seqs,
-    )
+    # Slots before graphs: the graphs are built over the adapted layers.
+    lora = attach_engine_lora(model, config) if config.enable_lora else None
+    compiled = _decode_graphs(config, platform, model, kv_cache, runner, dtype, kv_plan, lora)
     runner.set_compiled(compiled)
-    return BuiltRunner(runner, kv_plan, quantization, compiled)
+    return BuiltRunner(runner, kv_plan, quantization, compiled, lora)
+
+
+def _decode_graphs(
+    config: EngineConfig,
+    platform: Platform,
+    model: LlamaForCausalLM,
+    kv_cache: KVCache,
+    runner: ModelRunner,
+    dtype: torch.dtype,
+    kv_plan: KVCachePlan,
+    lora: LoRAState | None,
+) -> DecodeGraphs | None:
+    """The device's decode graphs or the CPU's compiled ones, as ``config.compile`` asks, or
+    None (eager). Every rank of a tensor-parallel group decides alike (a shard stays eager;
+    "on" is refused there).
+
+    With adapters, the CPU's compiled graphs take every mix of them (``ferrollm.lora.graph_op``)
+    and are built for steps that read adapters and for steps that read none. Captured CUDA
+    graphs would freeze one of the two: with adapters the device runs eagerly ("on" refused).
+    """
+    mode = config.compile
+    if lora is not None and platform.device.type != "cpu":
+        if mode == "on":
+            raise EngineConfigError(
+                "compile", "`compile` on: the device's decode graphs do not run LoRA adapters yet"
+            )
+        return None
+    args = (model, kv_cache, runner.backend)
+    graphs = platform.decode_graphs(mode, *args, kv_plan.max_model_len, config.max_num_seqs)
+    if graphs is not None:
+        return graphs
+    compiled = build_compiled_decode(mode, *args, dtype, kv_plan.max_model_len, config.max_num_seqs)
+    if compiled is not None and lora is not None:
+        # The build warmed up the graphs of steps that read adapters (the slots start active).
+        with lora.reading_adapters(False):
+            compiled.warm_up()
+    return compiled

@@ -29,7 +29,7 @@ from ferrollm._core import (
 from ferrollm.config import DEFAULT_MAX_BEAM_WIDTH
 from ferrollm.default_model import default_model_path
 from ferrollm.distributed.driver import Driver, DriverRunner, start_driver
-from ferrollm.engine.build import build_runner
+from ferrollm.engine.build import BuiltRunner, build_runner
 from ferrollm.engine.outputs import RequestFailure, RequestOutput, StepInfo
 from ferrollm.engine.prompt_tables import table_digest
 from ferrollm.engine.request import EngineRequest
@@ -148,7 +148,7 @@ class LLMEngine:
         )
         engine.driver = driver
         if config.enable_lora:
-            engine.lora = engine._tracker.adapters = _lora_manager(config, built.runner, driver)
+            engine.lora = engine._tracker.adapters = _lora_manager(config, built, driver)
         del source  # the open file (a GGUF's mapping) goes before the heap is trimmed
         settle_after_load()
         return engine
@@ -306,11 +306,14 @@ class LLMEngine:
         )
 
 
-def _lora_manager(config: EngineConfig, runner: ModelRunner, driver: Driver | None) -> LoRAManager:
+def _lora_manager(config: EngineConfig, built: BuiltRunner, driver: Driver | None) -> LoRAManager:
     """The engine's adapters; in a tensor-parallel group the workers fill their slots as rank
     0 fills its own, and each step carries its tokens' slots (`DriverRunner.lora`)."""
+    runner = built.runner
+    assert built.lora is not None  # build_runner attached the slots (enable_lora)
     model = cast("nn.Module", runner.model)  # a CausalLM is a module
-    manager = build_lora_manager(model, config, None if driver is None else driver.load_lora_slot)
+    on_slot = None if driver is None else driver.load_lora_slot
+    manager = build_lora_manager(model, built.lora, config, on_slot)
     if isinstance(runner, DriverRunner):
         runner.lora = manager.state
     return manager

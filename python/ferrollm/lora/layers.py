@@ -49,13 +49,15 @@ all-reduce (``B (x A.T)`` is the sum over ranks of ``B (x_r A_r.T)``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ferrollm.lora.adapter import LoRAAdapter, LoRAError
+from ferrollm.lora.delta import add_delta
+from ferrollm.lora.graph_op import lora_delta
 from ferrollm.lora.targets import Target, lora_targets
 
 #: Rows the per-step buffers hold at first; a larger step grows them (once).
@@ -69,9 +71,16 @@ class LoRALinear(nn.Module):
     a: torch.Tensor  # [S*n*R, in], slot-major: slot s, shard k at rows (s*n + k)*R
     b: torch.Tensor  # [out, S*R], slot s at columns s*R
     mask: torch.Tensor  # [max_num_tokens, S]: 1 where the token reads the slot (shared)
+    sizes: torch.Tensor  # int64 [2]: (used, rank), what the compiled op reads (shared)
 
     def __init__(
-        self, target: Target, max_loras: int, rank: int, mask: torch.Tensor, dtype: torch.dtype
+        self,
+        target: Target,
+        max_loras: int,
+        rank: int,
+        mask: torch.Tensor,
+        sizes: torch.Tensor,
+        dtype: torch.dtype,
     ) -> None:
         super().__init__()
         self.target = target
@@ -90,7 +99,9 @@ class LoRALinear(nn.Module):
             "b", torch.zeros(out_local, cols, dtype=dtype, device=device), persistent=False
         )
         self.register_buffer("mask", mask, persistent=False)
+        self.register_buffer("sizes", sizes, persistent=False)
         self.row_slices = [(s.local.start, s.local.stop) for s in target.shards]
+        self.flat_slices = [i for pair in self.row_slices for i in pair]
         #: Whether any token of the step reads an adapter (a base-only step adds nothing), and
         #: the slots ``[0, used)`` the step's tokens read (the others are not computed).
         self.active = True
@@ -98,20 +109,17 @@ class LoRALinear(nn.Module):
 
     def add(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out [T, out]`` (the base product of ``x [T, in]``) plus each row's delta (none
-        when no row of the step reads an adapter: `LoRAState.set_token_slots`)."""
+        when no row of the step reads an adapter: `LoRAState.set_token_slots`). Traced into a
+        compiled graph, the delta is one opaque op that reads the sizes when it runs
+        (``ferrollm.lora.graph_op``)."""
         if not self.active:
             return out
-        num_tokens, used, rank, n = x.shape[0], self.used, self.rank, self.num_shards
-        h = F.linear(x.to(self.a.dtype), self.a[: used * n * rank])
-        h = h.view(num_tokens, used, n, rank) * self.mask[:num_tokens, :used, None, None]
-        b = self.b[:, : used * rank]
-        for k, (start, stop) in enumerate(self.row_slices):
-            h_k = h[:, :, k].reshape(num_tokens, -1)
-            if out.dtype == b.dtype:
-                out[:, start:stop].addmm_(h_k, b[start:stop].t())
-            else:  # float32 slots over a reduced-precision base (`attach_lora`'s dtype)
-                out[:, start:stop].add_(h_k @ b[start:stop].t())
-        return out
+        if torch.compiler.is_compiling():
+            delta: torch.Tensor = lora_delta(
+                x, out, self.a, self.b, self.mask, self.sizes, self.flat_slices
+            )
+            return delta
+        return add_delta(x, out, self.a, self.b, self.mask, self.used, self.rank, self.row_slices)
 
 
 class LoRAState:
@@ -150,6 +158,11 @@ class LoRAState:
         """``[max_num_tokens, S]``: 1 where the token reads the slot (shared)."""
         return first_layer(self.layers.values()).mask
 
+    @property
+    def sizes(self) -> torch.Tensor:
+        """int64 ``[2]``: the slots a step computes and their block size (shared)."""
+        return first_layer(self.layers.values()).sizes
+
     def set_token_slots(self, slots: torch.Tensor) -> None:
         """The slot of each of the next forward's ``T`` tokens (int64 ``[T]``, -1 = base model);
         ValueError on a slot out of range."""
@@ -165,11 +178,34 @@ class LoRAState:
         mask[:num_tokens].copy_(self.token_slots[:num_tokens, None] == self.slot_ids)
         mask[num_tokens:stale].zero_()
         self._num_set = num_tokens
-        used = int(slots.max()) + 1 if num_tokens else 0
+        self._set_used(int(slots.max()) + 1 if num_tokens else 0)
+
+    def set_base_only(self) -> None:
+        """The next forward reads no adapter: the layers skip their deltas. The mask is left as
+        it is (unread until a step reads an adapter, which rewrites its rows: cheaper than
+        `set_token_slots` for the common step)."""
+        self._set_used(0)
+
+    def _set_used(self, used: int) -> None:
         if (used > 0, used) != (self.active, self.used):
             self.active, self.used = used > 0, used
+            self.sizes[0] = max(used, 1)
             for lora in self.layers.values():
                 lora.active, lora.used = used > 0, used
+
+    @contextmanager
+    def reading_adapters(self, active: bool) -> Iterator[None]:
+        """Within: every layer as in a step that reads an adapter (``active``) or reads none,
+        whatever the slots hold; a compiled decode graph is built for both kinds of step
+        (``ferrollm.lora.graph_op``)."""
+        saved = self.active
+        for lora in self.layers.values():
+            lora.active = active
+        try:
+            yield
+        finally:
+            for lora in self.layers.values():
+                lora.active = saved
 
     def load_slot(self, slot: int, adapter: LoRAAdapter) -> None:
         """Fill ``slot`` with ``adapter`` (this rank's share of it); projections the adapter
@@ -226,6 +262,7 @@ class LoRAState:
                 lora.b[:, slot * stride + old : (slot + 1) * stride].zero_()
             lora.rank = stride
         self.stride = stride
+        self.sizes[1] = stride
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.max_loras:
@@ -262,9 +299,10 @@ def attach_lora(
     device = _device(model)
     dtype = dtype or first_target(targets.values()).layer.compute_dtype
     mask = torch.zeros(max_num_tokens, max_loras, dtype=dtype, device=device)
+    sizes = torch.tensor([max_loras, 1], dtype=torch.int64, device=device)
     layers: dict[tuple[int, str], LoRALinear] = {}
     for key, target in targets.items():
-        lora = LoRALinear(target, max_loras, max_lora_rank, mask, dtype)
+        lora = LoRALinear(target, max_loras, max_lora_rank, mask, sizes, dtype)
         target.layer.lora = lora
         layers[key] = lora
     return LoRAState(layers, max_loras, max_lora_rank, max_num_tokens)

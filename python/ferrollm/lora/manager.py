@@ -152,18 +152,25 @@ class LoRAManager:
     def bind(self, key: int, name: str) -> int:
         """Pin adapter ``name`` for request ``key``; its number. UnknownLoRAError if it is not
         loaded (or was given as weights and has been dropped)."""
-        with self._lock:
-            entry = self._names.get(name)
-            if entry is None:
-                raise UnknownLoRAError(f"LoRA adapter {name!r} is not loaded")
-            if entry.adapter is None:
+        while True:
+            with self._lock:
+                entry = self._names.get(name)
+                if entry is None:
+                    raise UnknownLoRAError(f"LoRA adapter {name!r} is not loaded")
+                if entry.adapter is not None:
+                    entry.users += 1
+                    self._idle.pop(entry.lora_id, None)
+                    self._requests[key] = entry.lora_id
+                    return entry.lora_id
                 if entry.path is None:
                     raise UnknownLoRAError(f"LoRA adapter {name!r} is no longer cached")
-                entry.adapter = self._loader(name, entry.path, self.model, self.max_lora_rank)
-            entry.users += 1
-            self._idle.pop(entry.lora_id, None)
-            self._requests[key] = entry.lora_id
-            return entry.lora_id
+                path = entry.path
+            # Dropped from memory: read it again outside the lock (other requests and the
+            # engine's steps go on meanwhile), then pin it unless the name changed hands.
+            adapter = self._loader(name, path, self.model, self.max_lora_rank)
+            with self._lock:
+                if self._names.get(name) is entry and entry.adapter is None:
+                    entry.adapter = adapter
 
     def unbind(self, key: int) -> None:
         """Request ``key`` ended: unpin its adapter (if it had one)."""
@@ -182,6 +189,9 @@ class LoRAManager:
         """Before a step's forward: its adapters in slots and each token's slot (rows as in the
         plan: ``lora_ids`` per row, ``cu_seqlens_q`` their token boundaries)."""
         self._step += 1
+        if not lora_ids.any():  # the common step: every row on the base model
+            self.state.set_base_only()
+            return
         row_slots = np.full(len(lora_ids), -1, dtype=np.int64)
         wanted = [int(i) for i in np.unique(lora_ids) if i != 0]
         for lora_id in wanted:
@@ -280,12 +290,13 @@ def attach_engine_lora(model: nn.Module, config: EngineConfig) -> LoRAState:
 
 def build_lora_manager(
     model: nn.Module,
+    state: LoRAState,
     config: EngineConfig,
     on_slot: Callable[[int, str, Path | None], None] | None = None,
 ) -> LoRAManager:
-    """``model``'s adapter slots and their manager, with ``config.lora_modules`` loaded
-    (LoRAError naming the first that cannot run); ``on_slot`` as `LoRAManager` takes it."""
-    state = attach_engine_lora(model, config)
+    """The manager of ``model``'s adapter slots ``state`` (`attach_engine_lora`), with
+    ``config.lora_modules`` loaded (LoRAError naming the first that cannot run); ``on_slot``
+    as `LoRAManager` takes it."""
     max_cpu_loras = config.max_cpu_loras or config.max_loras
     manager = LoRAManager(model, state, max_cpu_loras=max_cpu_loras, on_slot=on_slot)
     for module in config.lora_modules:

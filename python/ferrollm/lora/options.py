@@ -72,8 +72,6 @@ class _Options(Protocol):
     def task(self) -> str: ...
     @property
     def tensor_parallel_size(self) -> int: ...
-    @property
-    def compile(self) -> str: ...
 
 
 def check_lora_options(config: _Options) -> tuple[LoRAModule, ...]:
@@ -102,16 +100,11 @@ def check_lora_options(config: _Options) -> tuple[LoRAModule, ...]:
         if modules:
             raise EngineConfigError("lora_modules", "`lora_modules` needs `enable_lora`")
         return modules
-    refusals = {
-        "task": (config.task == "embed", "adapters run on generation (`task` generate)"),
-        "compile": (
-            config.compile == "on",
-            "decode steps with adapters run eager for now (`compile` auto or off)",
-        ),
-    }
-    for option, (refused, why) in refusals.items():
-        if refused:
-            raise EngineConfigError(option, f"`enable_lora` cannot be used here: {why}")
+    if config.task == "embed":
+        raise EngineConfigError(
+            "task",
+            "`enable_lora` cannot be used here: adapters run on generation (`task` generate)",
+        )
     return modules
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ferrollm.lora.adapter import load_peft_adapter
-from ferrollm.lora.manager import attach_engine_lora
 
 if TYPE_CHECKING:
     from torch import nn
@@ -27,13 +26,15 @@ class WorkerAdapters:
     max_lora_rank: int
 
     @classmethod
-    def of(cls, model: object, config: EngineConfig) -> WorkerAdapters | None:
-        """The slots ``config`` asks for on ``model`` (a loaded `CausalLM` module), or None
-        without ``enable_lora``."""
-        if not config.enable_lora:
+    def of(
+        cls, model: object, state: LoRAState | None, config: EngineConfig
+    ) -> WorkerAdapters | None:
+        """The worker's ``model`` (a loaded `CausalLM` module) with the slots ``state`` its
+        build attached (``ferrollm.engine.build``), or None without them."""
+        if state is None:
             return None
         module: nn.Module = model  # type: ignore[assignment]  # a CausalLM is a module
-        return cls(module, attach_engine_lora(module, config), config.max_lora_rank)
+        return cls(module, state, config.max_lora_rank)
 
     def load_slot(self, slot: int, name: str, path: str) -> None:
         """Read adapter ``name`` from ``path`` into ``slot`` (rank 0 already checked it)."""
