@@ -3,10 +3,13 @@ bad media refused naming its part."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import io
 import subprocess
 import sys
 import textwrap
+import threading
 import zlib
 
 import numpy as np
@@ -22,7 +25,9 @@ from ferrollm.media import (
     MediaPolicy,
     VideoMedia,
     decode_media,
+    load_media,
 )
+from ferrollm.media import loader as loader_module
 
 POLICY = MediaPolicy.create()
 
@@ -196,6 +201,21 @@ def test_compressed_audio_decodes(container: str, codec: str) -> None:
     assert abs(len(item.samples) - 16000) <= 800
     assert _peak_hz(item.samples, 16000) == pytest.approx(440, abs=2)
     assert np.abs(item.samples).max() == pytest.approx(0.5, abs=0.05)
+
+
+def test_load_media_decodes_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: list[int] = []
+    real = loader_module.load_media_sync
+
+    def spy(*args: object, **kwargs: object) -> object:
+        threads.append(threading.get_ident())
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loader_module, "load_media_sync", spy)
+    url = "data:image/png;base64," + base64.b64encode(png()).decode()
+    item = asyncio.run(load_media(MediaPart("image", url, "p"), POLICY))
+    assert isinstance(item, ImageMedia) and item.width == 4
+    assert threads and threads[0] != threading.get_ident()
 
 
 def test_the_package_imports_without_pillow_or_pyav() -> None:
