@@ -114,3 +114,9 @@ def test_timeouts_must_be_positive() -> None:
     assert caught.value.field == "media_read_s"
     policy = MediaPolicy.create(limits=MediaLimits.chat()).with_limits(MediaLimits.generate())
     assert policy.limits.max_items == 1
+
+
+def test_media_errors_are_client_errors() -> None:
+    error = MediaError("text_input[1].image_url", "invalid_media", "the image cannot be decoded")
+    assert isinstance(error, ValueError) and error.status == 400
+    assert str(error) == "text_input[1].image_url: the image cannot be decoded"

@@ -30,10 +30,12 @@ EMPTY = "empty"
 TOO_MANY = "too_many"
 
 
-class MediaError(Exception):
+class MediaError(ValueError):
     """A media part that cannot be used: ``param`` names the part, ``code`` the rule broken.
 
-    ``status`` is always 400 (see the module docstring for why not 413 for size).
+    ``status`` is always 400 (see the module docstring for why not 413 for size). A
+    ValueError, so that an error mapping that does not know this class still answers 400
+    rather than 500.
     """
 
     status = 400
