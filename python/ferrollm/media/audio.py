@@ -1,0 +1,76 @@
+"""Decoding an audio part with PyAV (FFmpeg) into mono float32 samples at the rate a model
+wants: FFmpeg's resampler changes the rate, keeping the channels, and mono is their mean.
+
+As for video, the demuxer is the one the bytes were sniffed as (mp3, wav, flac). Decoding stops
+with ``media_too_large`` once the output passes ``MediaLimits.max_audio_seconds``: a 20 MiB
+low-bitrate MP3 can hold hours, which would decode to gigabytes of samples.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import numpy.typing as npt
+
+from ferrollm.media._deps import missing
+from ferrollm.media.errors import INVALID_MEDIA, MEDIA_TOO_LARGE, MediaError
+from ferrollm.media.items import AudioMedia
+from ferrollm.media.options import MediaLimits
+
+#: Sniffed format -> FFmpeg demuxer.
+DEMUXERS = {"mp3": "mp3", "wav": "wav", "flac": "flac"}
+
+
+def decode_audio(
+    data: bytes, fmt: str, part_path: str, limits: MediaLimits, sample_rate: int
+) -> AudioMedia:
+    """``data`` (sniffed as ``fmt``) as mono float32 at ``sample_rate`` Hz. Raises MediaError
+    naming ``part_path``."""
+    try:
+        import av
+    except ImportError as error:
+        raise missing("PyAV") from error
+    if sample_rate <= 0:
+        raise ValueError(f"sample_rate must be positive; got {sample_rate}")
+    max_samples = int(limits.max_audio_seconds * sample_rate)
+    chunks: list[npt.NDArray[np.float32]] = []
+    count = 0
+
+    def keep(frames: list[av.AudioFrame]) -> None:
+        nonlocal count
+        for out in frames:
+            # Planar float: one row per channel. Mono is their mean, as librosa and the
+            # Hugging Face feature extractors make it; FFmpeg's own downmix scales by
+            # 1/sqrt(2) per channel, which is louder and can pass 1.0.
+            planes = np.asarray(out.to_ndarray(), dtype=np.float32)
+            samples = planes.mean(axis=0, dtype=np.float32) if planes.ndim == 2 else planes
+            count += len(samples)
+            if count > max_samples:
+                raise MediaError(
+                    part_path,
+                    MEDIA_TOO_LARGE,
+                    f"the audio is longer than the {limits.max_audio_seconds:g} seconds "
+                    "decoded per part",
+                )
+            chunks.append(samples)
+
+    try:
+        with av.open(io.BytesIO(data), format=DEMUXERS[fmt]) as container:
+            if not container.streams.audio:
+                raise MediaError(part_path, INVALID_MEDIA, "the file has no audio stream")
+            stream = container.streams.audio[0]
+            resampler = av.AudioResampler(format="fltp", rate=sample_rate)
+            for frame in container.decode(stream):
+                keep(resampler.resample(frame))
+            keep(resampler.resample(None))
+    except MediaError:
+        raise
+    except (av.FFmpegError, OSError, ValueError, EOFError) as error:
+        raise MediaError(
+            part_path, INVALID_MEDIA, f"the {fmt} audio cannot be decoded: {error}"
+        ) from error
+    if count == 0:
+        raise MediaError(part_path, INVALID_MEDIA, "the audio has no samples")
+    samples = np.concatenate(chunks).astype(np.float32, copy=False)
+    return AudioMedia(samples=samples, sample_rate=sample_rate, format=fmt)
