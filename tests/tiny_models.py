@@ -225,6 +225,46 @@ def build_tiny_model(
     return directory
 
 
+#: The vision side of the tiny Idefics3 (SmolVLM-shaped) model: 64-pixel tiles of 8 x 8 patches,
+#: so an 8 x 8 grid whose position buckets a smaller tile exercises; 2 layers of 4 heads.
+IDEFICS3_VISION_SIZES: dict[str, Any] = {
+    "image_size": 64,
+    "patch_size": 8,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "hidden_act": "gelu_pytorch_tanh",
+    "layer_norm_eps": 1e-6,
+}
+#: Pixel shuffle of 2: a full tile is 8 x 8 patches -> 16 ``<image>`` tokens.
+IDEFICS3_SCALE_FACTOR = 2
+#: The ``<image>`` token's id, inside the tiny vocabulary (past the tokenizer's 300).
+IDEFICS3_IMAGE_TOKEN_ID = 301
+
+
+def build_tiny_idefics3(directory: Path, seed: int = 0) -> Path:
+    """Save a seeded random ``Idefics3ForConditionalGeneration`` (SmolVLM's shape: SigLIP
+    encoder, pixel-shuffle connector, tiny Llama text model of `TINY_SIZES`) to ``directory``.
+
+    Every weight is randomized as `build_tiny_model`'s are (LayerNorm weights and biases
+    around 1), so an unloaded or misplaced vision tensor changes the image features.
+    """
+    import transformers
+
+    config = transformers.Idefics3Config(
+        vision_config=IDEFICS3_VISION_SIZES,
+        text_config={"model_type": "llama", **TINY_SIZES},
+        scale_factor=IDEFICS3_SCALE_FACTOR,
+        image_token_id=IDEFICS3_IMAGE_TOKEN_ID,
+    )
+    torch.manual_seed(seed)
+    model = transformers.Idefics3ForConditionalGeneration(config)
+    _randomize(model, seed)
+    model.save_pretrained(directory)
+    return directory
+
+
 #: transformers' GLM tensor names -> ChatGLM3's, as the original checkpoints name them.
 CHATGLM_NAMES = {
     "model.embed_tokens.": "transformer.embedding.word_embeddings.",
