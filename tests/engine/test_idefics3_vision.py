@@ -27,7 +27,6 @@ from tiny_models import (
     IDEFICS3_IMAGE_TOKEN_ID,
     IDEFICS3_VISION_SIZES,
     TINY_SIZES,
-    build_tiny_idefics3,
 )
 
 #: Float32 against float32, same operations: only summation order may differ.
@@ -38,8 +37,8 @@ TEXT_HIDDEN = TINY_SIZES["hidden_size"]
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_idefics3(tmp_path_factory.mktemp("tiny-idefics3"))
+def checkpoint(tiny_idefics3_dir: Path) -> Path:
+    return tiny_idefics3_dir
 
 
 @pytest.fixture(scope="module")
