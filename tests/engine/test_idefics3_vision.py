@@ -184,3 +184,38 @@ def test_config_refusals_name_the_field(
             raw[key] = value
     with pytest.raises(UnsupportedModelError, match=f"`{field}`"):
         Idefics3Config.from_hf_dict(raw)
+
+
+def test_a_smolvlm_shaped_config_takes_the_defaults_it_leaves_out() -> None:
+    # SmolVLM-256M's shape: the vision config omits its layer count and activation (12 and
+    # gelu_pytorch_tanh by default) and carries processor fields the encoder ignores.
+    raw = {
+        "model_type": "idefics3",
+        "scale_factor": 4,
+        "image_token_id": 49190,
+        "text_config": {"model_type": "llama", "hidden_size": 576},
+        "vision_config": {
+            "model_type": "idefics3_vision",
+            "hidden_size": 768,
+            "image_size": 512,
+            "intermediate_size": 3072,
+            "num_attention_heads": 12,
+            "patch_size": 16,
+            "max_image_size": {"longest_edge": 512},
+            "use_base_siglip": False,
+        },
+    }
+    config = Idefics3Config.from_hf_dict(raw)
+    assert config.vision.num_hidden_layers == 12
+    assert config.vision.hidden_act == "gelu_pytorch_tanh"
+    assert config.tokens_per_image == 64  # (512 / 16)² / 4²
+    assert (config.connector_input_size, config.text_hidden_size) == (768 * 16, 576)
+
+
+def test_bfloat16_stays_close_to_float32(checkpoint: Path, ours: Idefics3Vision) -> None:
+    pixel_values, mask = padded(tiles(1, seed=5)[0], 44, 36)
+    half = load_idefics3_vision(checkpoint, dtype=torch.bfloat16)
+    got = half.image_features(pixel_values[None], mask[None])
+    assert got.dtype == torch.bfloat16
+    want = ours.image_features(pixel_values[None], mask[None])
+    torch.testing.assert_close(got.float(), want, atol=0.1, rtol=0.05)
