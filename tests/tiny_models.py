@@ -225,6 +225,84 @@ def build_tiny_model(
     return directory
 
 
+#: The vision side of the tiny Idefics3 (SmolVLM-shaped) model: 64-pixel tiles of 8 x 8 patches,
+#: so an 8 x 8 grid whose position buckets a smaller tile exercises; 2 layers of 4 heads.
+IDEFICS3_VISION_SIZES: dict[str, Any] = {
+    "image_size": 64,
+    "patch_size": 8,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "hidden_act": "gelu_pytorch_tanh",
+    "layer_norm_eps": 1e-6,
+}
+#: Pixel shuffle of 2: a full tile is 8 x 8 patches -> 16 ``<image>`` tokens.
+IDEFICS3_SCALE_FACTOR = 2
+#: Tokens the tiny Idefics3 tokenizer adds past the BPE's 300, in id order (300 ...): the
+#: processor's markers and the tile tags of grids up to 4 x 4, filling the vocabulary to 320.
+IDEFICS3_ADDED_TOKENS = [
+    "<fake_token_around_image>",
+    "<image>",
+    "<end_of_utterance>",
+    "<global-img>",
+    *(f"<row_{r}_col_{c}>" for r in range(1, 5) for c in range(1, 5)),
+]
+#: The ``<image>`` token's id, inside the tiny vocabulary.
+IDEFICS3_IMAGE_TOKEN_ID = 301
+#: The processor's sizes: images resized to a longest edge of 128, cut into 64-pixel tiles
+#: (so up to a 2 x 2 grid plus the global tile).
+IDEFICS3_PROCESSOR_SIZES: dict[str, Any] = {
+    "size": {"longest_edge": 128},
+    "max_image_size": {"longest_edge": 64},
+}
+
+
+def build_tiny_idefics3(directory: Path, seed: int = 0) -> Path:
+    """Save a seeded random ``Idefics3ForConditionalGeneration`` (SmolVLM's shape: SigLIP
+    encoder, pixel-shuffle connector, tiny Llama text model of `TINY_SIZES`) to ``directory``,
+    with its processor (`build_tiny_idefics3_processor`).
+
+    Every weight is randomized as `build_tiny_model`'s are (LayerNorm weights and biases
+    around 1), so an unloaded or misplaced vision tensor changes the image features.
+    """
+    import transformers
+
+    config = transformers.Idefics3Config(
+        vision_config=IDEFICS3_VISION_SIZES,
+        text_config={"model_type": "llama", **TINY_SIZES},
+        scale_factor=IDEFICS3_SCALE_FACTOR,
+        image_token_id=IDEFICS3_IMAGE_TOKEN_ID,
+    )
+    torch.manual_seed(seed)
+    model = transformers.Idefics3ForConditionalGeneration(config)
+    _randomize(model, seed)
+    model.save_pretrained(directory)
+    build_tiny_idefics3_processor(directory)
+    return directory
+
+
+def build_tiny_idefics3_processor(directory: Path) -> Any:
+    """Save (and return) an ``Idefics3Processor`` to ``directory``: the tiny tokenizer plus
+    `IDEFICS3_ADDED_TOKENS`, transformers' Pillow image processor at `IDEFICS3_PROCESSOR_SIZES`,
+    16 ``<image>`` tokens per tile (the tiny model's)."""
+    from transformers import Idefics3Processor, PreTrainedTokenizerFast
+    from transformers.models.idefics3.image_processing_pil_idefics3 import (
+        Idefics3ImageProcessorPil,
+    )
+
+    build_tiny_tokenizer(directory)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
+    tokenizer.add_special_tokens({"additional_special_tokens": IDEFICS3_ADDED_TOKENS})
+    processor = Idefics3Processor(
+        image_processor=Idefics3ImageProcessorPil(**IDEFICS3_PROCESSOR_SIZES),
+        tokenizer=tokenizer,
+        image_seq_len=16,
+    )
+    processor.save_pretrained(directory)
+    return processor
+
+
 #: transformers' GLM tensor names -> ChatGLM3's, as the original checkpoints name them.
 CHATGLM_NAMES = {
     "model.embed_tokens.": "transformer.embedding.word_embeddings.",
