@@ -1,0 +1,69 @@
+"""The contract between the intake (server routes, the offline API) and the engine for media.
+
+The intake decodes each media part (``ferrollm.media``) and renders the prompt with one
+placeholder per part (`MultimodalProcessor.placeholder`: the text the model's chat template or
+MindIE's joined ``text_input`` puts where the part stood). The engine's processor then expands
+the placeholders into the model's image/audio tokens and prepares what its encoder takes
+(`MultimodalProcessor.process`). The request carries the result as typed values
+(`EngineRequest.media`): each `MediaInput` says which prompt positions its embeddings fill.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from ferrollm.media.items import MediaItem
+
+MediaKind = Literal["image", "video", "audio"]
+
+
+@dataclass(frozen=True)
+class MediaInput:
+    """One media item of a request, ready for the model's encoder.
+
+    ``tensors`` are the encoder's inputs (e.g. ``pixel_values``, ``pixel_attention_mask``);
+    ``digest`` names them by content (the encoder cache's key; the prefix cache's salt, so
+    the same text with another image never shares blocks); the encoder's output has
+    ``length`` rows, which replace the embeddings of prompt tokens ``[offset, offset +
+    length)`` (the placeholder tokens the processor put there)."""
+
+    kind: MediaKind
+    digest: str
+    tensors: Mapping[str, torch.Tensor]
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class ProcessedPrompt:
+    """A prompt with its media expanded: the token ids (placeholder tokens included, so usage
+    counts them), the text they came from, and the media in prompt order."""
+
+    prompt: str
+    prompt_token_ids: list[int]
+    media: tuple[MediaInput, ...]
+
+
+class MultimodalProcessor(Protocol):
+    """A multimodal model's processor (one per engine; ``LLMEngine.multimodal``)."""
+
+    @property
+    def modalities(self) -> frozenset[MediaKind]:
+        """The media kinds the model takes (``{"image"}`` for an image-text model)."""
+        ...
+
+    def placeholder(self, kind: MediaKind) -> str:
+        """The text one media part of ``kind`` stands as in a rendered prompt."""
+        ...
+
+    def process(self, prompt: str, media: Sequence[MediaItem]) -> ProcessedPrompt:
+        """``prompt`` (one `placeholder` per item of ``media``, in order) tokenized with each
+        placeholder expanded, and each item prepared for the encoder. ValueError naming the
+        item (``media[i]``) when it cannot be used (count mismatch, a kind the model does not
+        take)."""
+        ...
