@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 
 from ferrollm.distributed.shard_plan import WHOLE, ShardPlan
 from ferrollm.executor.source import ModelSource, SpecialTokens, progress_bar
+from ferrollm.models import idefics3_text
 from ferrollm.models.config import ModelConfig
 
 if TYPE_CHECKING:  # opening a directory (config, tokenizer) needs no torch: `ferrollm.preflight`
@@ -26,25 +27,43 @@ _SINGLE = "model.safetensors"
 class HFCheckpoint(ModelSource):
     """A Hugging Face directory; weights stream from one safetensors shard at a time."""
 
-    def __init__(self, path: Path, weight_map: Mapping[str, str], **fields: Any) -> None:
+    def __init__(
+        self,
+        path: Path,
+        weight_map: Mapping[str, str],
+        stored_names: Mapping[str, str] | None = None,
+        **fields: Any,
+    ) -> None:
         super().__init__(path, **fields)
         #: tensor name -> shard file name, in the order tensors are yielded.
         self.weight_map = dict(weight_map)
+        #: tensor name -> the name the file stores it under, where they differ (the decoder
+        #: of an image-text checkpoint: ``model.text_model.*``).
+        self.stored_names = dict(stored_names or {})
 
     @classmethod
     def open(cls, directory: Path, dummy_weights: bool = False) -> HFCheckpoint:
         """Read config, generation config, tokenizer and the weight index of ``directory``;
         with ``dummy_weights`` (``load_format`` dummy) no weights are looked for or read."""
+        raw = _read_json(directory / "config.json")
+        family = idefics3_text.vision_family(raw)
         config = ModelConfig.from_hf_dict(
-            _read_json(directory / "config.json"),
+            raw if family is None else idefics3_text.text_config(raw),
             _read_json(directory / "generation_config.json", missing_ok=True),
         )
         tokenizer_json = _read_tokenizer_json(directory)
         tokenizer_config = _read_json(directory / "tokenizer_config.json", missing_ok=True)
+        weight_map = {} if dummy_weights else _weight_map(directory)
+        stored_names: dict[str, str] = {}
+        if family is not None:  # the decoder's tensors only, under the Llama's names
+            stored_names = idefics3_text.stored_text_names(weight_map)
+            weight_map = {name: weight_map[stored] for name, stored in stored_names.items()}
         return cls(
             directory,
-            {} if dummy_weights else _weight_map(directory),
+            weight_map,
+            stored_names,
             config=config,
+            vision_family=family,
             tokenizer_json=tokenizer_json,
             chat_template=_chat_template(directory, tokenizer_config),
             special_tokens=_special_tokens(directory, tokenizer_json, tokenizer_config),
@@ -66,7 +85,7 @@ class HFCheckpoint(ModelSource):
                     for name in names:
                         tick()
                         if not self._skipped(name):
-                            tensor = _read(f, name, shard)
+                            tensor = _read(f, name, shard, self.stored_names.get(name, name))
                             self.num_bytes_read += tensor.nbytes
                             yield name, tensor.to(dtype)
 
@@ -77,11 +96,12 @@ class HFCheckpoint(ModelSource):
         return self.config.tie_word_embeddings and name == "lm_head.weight"
 
 
-def _read(file: Any, name: str, shard: ShardPlan) -> torch.Tensor:
+def _read(file: Any, name: str, shard: ShardPlan, stored: str) -> torch.Tensor:
+    """Tensor ``name`` (stored as ``stored``), this rank's slice of it."""
     part = shard.slice_of(name)
     if part is None:
-        return file.get_tensor(name)  # type: ignore[no-any-return]
-    sliced = file.get_slice(name)
+        return file.get_tensor(stored)  # type: ignore[no-any-return]
+    sliced = file.get_slice(stored)
     if part.dim == 0:
         return sliced[part.start : part.stop]  # type: ignore[no-any-return]
     return sliced[:, part.start : part.stop]  # type: ignore[no-any-return]

@@ -54,6 +54,7 @@ class ModelSource(abc.ABC):
         chat_template: str | None,
         special_tokens: SpecialTokens,
         dummy_weights: bool = False,
+        vision_family: str | None = None,
     ) -> None:
         self.path = path
         self.config = config
@@ -65,6 +66,9 @@ class ModelSource(abc.ABC):
         #: Opened with ``load_format`` dummy: there is nothing to read (``iter_weights`` yields
         #: nothing), and the model is filled with random values instead.
         self.dummy_weights = dummy_weights
+        #: The image-text family whose text decoder this source's weights are ("idefics3":
+        #: its vision tower loads beside it, ``ferrollm.multimodal.build``), or None.
+        self.vision_family = vision_family
 
     @property
     def is_quantized(self) -> bool:
