@@ -26,10 +26,11 @@ from ferrollm._core import (
     SchedulerConfig,
     StepPlan,
 )
-from ferrollm.config import DEFAULT_MAX_BEAM_WIDTH
+from ferrollm.config import DEFAULT_MAX_BEAM_WIDTH, EngineConfigError
 from ferrollm.default_model import default_model_path
 from ferrollm.distributed.driver import Driver, DriverRunner, start_driver
 from ferrollm.engine.build import BuiltRunner, build_runner
+from ferrollm.engine.media import check_media, media_digest
 from ferrollm.engine.outputs import RequestFailure, RequestOutput, StepInfo
 from ferrollm.engine.prompt_tables import table_digest
 from ferrollm.engine.request import EngineRequest
@@ -37,8 +38,12 @@ from ferrollm.engine.tracker import RequestTracker
 from ferrollm.executor.loader import load_model_source
 from ferrollm.executor.runner import ModelRunner
 from ferrollm.executor.sizing import KVCachePlan
+from ferrollm.executor.step_extras import combine_overrides
 from ferrollm.lora.manager import LoRAManager, build_lora_manager
 from ferrollm.models.config import ModelConfig
+from ferrollm.multimodal.build import build_multimodal
+from ferrollm.multimodal.encoder_cache import EncoderCache
+from ferrollm.multimodal.inputs import MultimodalProcessor
 from ferrollm.platforms import get_platform
 from ferrollm.platforms.host import settle_after_load
 from ferrollm.tokenizer import Tokenizer
@@ -47,6 +52,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from ferrollm.config import EngineConfig
+    from ferrollm.executor.source import ModelSource
 
 logger = logging.getLogger("ferrollm.engine")
 
@@ -89,6 +95,11 @@ class LLMEngine:
         self.driver: Driver | None = None
         #: The LoRA adapters (``enable_lora``), or None.
         self.lora: LoRAManager | None = None
+        #: The prompt processor of an image-text model (``EngineRequest.media`` comes from its
+        #: ``process``), or None: the engine takes text only.
+        self.multimodal: MultimodalProcessor | None = None
+        #: The media encoder's outputs by digest (hits and misses counted), with `multimodal`.
+        self.encoder_cache: EncoderCache | None = None
 
     @property
     def max_beam_width(self) -> int:
@@ -113,11 +124,13 @@ class LLMEngine:
         platform = get_platform(config.device)
         config = config.for_platform(platform)
         source = load_model_source(config.model or default_model_path(), config.load_format)
+        _refuse_parallel_media(config, source)
         driver = start_driver(config, platform)
         try:
             built = build_runner(config, platform, source, driver)
             tokenizer = Tokenizer.from_source(source)
             scheduler = _build_scheduler(config, built.kv_plan, source.config, tokenizer)
+            media = build_multimodal(source, tokenizer, platform.device, built.runner.dtype)
         except BaseException:
             if driver is not None:
                 driver.shutdown()
@@ -147,6 +160,8 @@ class LLMEngine:
             max_beam_width=config.max_beam_width,
         )
         engine.driver = driver
+        if media is not None:
+            engine.multimodal, engine.encoder_cache = media.processor, media.encoder_cache
         if config.enable_lora:
             engine.lora = engine._tracker.adapters = _lora_manager(config, built, driver)
         del source  # the open file (a GGUF's mapping) goes before the heap is trimmed
@@ -178,6 +193,8 @@ class LLMEngine:
             raise ValueError(
                 f"`request_id` {request.request_id!r} is already in use by an unfinished request"
             )
+        if request.media:
+            self._check_media(request)
         table = request.prompt_table
         num_virtual_tokens = self.limits.admit(
             request.params,
@@ -193,6 +210,19 @@ class LLMEngine:
                 self.lora.unbind(internal_id)
             raise
         self._tracker.add(request, internal_id)
+
+    def _check_media(self, request: EngineRequest) -> None:
+        """ValueError naming `media` when this engine takes none, or of a kind or at a span
+        it cannot use."""
+        if self.multimodal is None:
+            raise ValueError(
+                f"`media`: the model {self.model_config.architecture} takes text only; "
+                "this request carries media"
+            )
+        for i, item in enumerate(request.media):
+            if item.kind not in self.multimodal.modalities:
+                raise ValueError(f"`media[{i}]`: this model does not take {item.kind} input")
+        check_media(request.media, request.num_prompt_tokens)
 
     def _bind_adapter(self, request: EngineRequest, internal_id: int) -> int:
         """The number of the adapter ``request`` runs on, pinned for it (0: the base)."""
@@ -228,11 +258,14 @@ class LLMEngine:
     @staticmethod
     def _cache_salt(request: EngineRequest, internal_id: int) -> str | None:
         """The prefix-cache salt: the request's own, the digest of its prompt table (so it
-        shares blocks only with requests of that table), and a salt of its own when it keeps
+        shares blocks only with requests of that table), the digest of its media (likewise),
+        and a salt of its own when it keeps
         context logits (a cache hit would skip the positions it keeps)."""
         parts = [request.cache_salt] if request.cache_salt is not None else []
         if request.prompt_table is not None:
             parts.append(table_digest(request.prompt_table))
+        if request.media:
+            parts.append(media_digest(request.media))
         if request.return_context_logits:
             parts.append(f"context-logits:{internal_id}")
         return "|".join(parts) if parts else None
@@ -284,6 +317,8 @@ class LLMEngine:
         targets = books.prompt_logprobs.targets(plan)
         keep = books.logits.context_rows(plan)
         embeds = books.prompt_tables.overrides(plan)
+        if books.media and self.encoder_cache is not None:
+            embeds = combine_overrides(embeds, books.media.overrides(plan, self.encoder_cache))
         if targets is None and embeds is None and not books.logits:
             return self.runner.run(plan).numpy()  # the common step: nothing else asked
         logits = self.runner.run(plan, targets, embeds=embeds, keep_logits=keep).numpy()
@@ -303,6 +338,17 @@ class LLMEngine:
             f"the model step failed ({type(error).__name__}: {error}); "
             f"its {len(request_ids)} requests were aborted",
             request_ids,
+        )
+
+
+def _refuse_parallel_media(config: EngineConfig, source: ModelSource) -> None:
+    """An image-text model runs on one device: the vision tower and the media overrides are
+    not carried to tensor-parallel workers."""
+    if source.vision_family is not None and config.tensor_parallel_size > 1:
+        raise EngineConfigError(
+            "tensor_parallel_size",
+            f"`tensor_parallel_size` {config.tensor_parallel_size}: image-text models "
+            f"({source.vision_family}) run on one device only",
         )
 
 

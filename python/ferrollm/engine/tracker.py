@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from ferrollm._core import FINISH_REASON_NAMES, SamplingParams, StepOutput, StepPlan
 from ferrollm.engine.captured_logits import CapturedLogits, LogitsBook
+from ferrollm.engine.media import MediaBook
 from ferrollm.engine.outputs import (
     CompletionOutput,
     RequestFailure,
@@ -116,6 +117,8 @@ class RequestTracker:
         self.logits = LogitsBook()
         #: P-tuning tables of the requests that have one.
         self.prompt_tables = PromptTableBook(vocab_size)
+        #: Media of the requests that have some.
+        self.media = MediaBook()
         #: The LoRA adapters requests pin (``LLMEngine.lora``), when adapters are enabled.
         self.adapters: LoRAManager | None = None
 
@@ -164,6 +167,8 @@ class RequestTracker:
             )
         if request.prompt_table is not None:
             self.prompt_tables.add(internal_id, request.prompt_table)
+        if request.media:
+            self.media.add(internal_id, request.media)
 
     def internal_id(self, request_id: str) -> int | None:
         """The scheduler's id of a tracked request."""
@@ -182,6 +187,7 @@ class RequestTracker:
             self.prompt_logprobs.remove(internal_id)
             self.logits.remove(internal_id)
             self.prompt_tables.remove(internal_id)
+            self.media.remove(internal_id)
             if self.adapters is not None:
                 self.adapters.unbind(internal_id)
 

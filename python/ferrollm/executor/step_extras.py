@@ -80,3 +80,17 @@ def logits_in_chunks(
     for start in range(0, len(rows), step):
         part = slice(start, start + step)
         yield part, compute_logits(hidden.index_select(0, rows[part]))
+
+
+def combine_overrides(*overrides: EmbeddingOverride | None) -> EmbeddingOverride | None:
+    """One override of every token the given ones replace (their tokens are disjoint: a
+    prompt table's virtual ids and media placeholders never share a position); None if none.
+    The rows go to the last one's device (media rows are made on the model's)."""
+    present = [o for o in overrides if o is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+    device = present[-1].rows.device
+    return EmbeddingOverride(
+        torch.cat([o.token_indices for o in present]),
+        torch.cat([o.rows.to(device, torch.float32) for o in present]),
+    )

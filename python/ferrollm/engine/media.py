@@ -1,0 +1,99 @@
+"""The media of the tracked requests, and the step's embedding overrides built from them.
+
+A request's `MediaInput`s name prompt spans ``[offset, offset + length)`` whose input
+embeddings are the encoder's output rows instead of the placeholder token's embedding. The
+overrides are computed from the plan's positions each step, so a chunked prefill that cuts
+through a span, a prefix-cache hit that skips part of one and a recompute after preemption
+all get exactly the rows of the positions they compute. Decode steps compute positions past
+the prompt, never in a span: they get no override and keep their compiled graphs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ferrollm._core import StepPlan
+from ferrollm.multimodal.encoder_cache import EncoderCache
+from ferrollm.executor.step_extras import EmbeddingOverride
+from ferrollm.multimodal.inputs import MediaInput
+
+
+def media_digest(media: Sequence[MediaInput]) -> str:
+    """A prefix-cache salt naming a request's media, in prompt order with their spans (same
+    text with another image: another salt; the same image: the same)."""
+    digest = hashlib.sha256()
+    for item in media:
+        digest.update(f"{item.kind}:{item.digest}:{item.offset}:{item.length};".encode())
+    return f"media:{digest.hexdigest()}"
+
+
+def check_media(media: Sequence[MediaInput], num_prompt_tokens: int) -> None:
+    """ValueError naming ``media[i]`` whose span is empty, outside the prompt or overlaps
+    the one before it."""
+    end = 0
+    for i, item in enumerate(media):
+        if item.length <= 0 or item.offset < end or item.offset + item.length > num_prompt_tokens:
+            raise ValueError(
+                f"`media[{i}]`: its span [{item.offset}, {item.offset + item.length}) must be "
+                f"non-empty, after the previous item's and within the prompt's "
+                f"{num_prompt_tokens} tokens"
+            )
+        end = item.offset + item.length
+
+
+class MediaBook:
+    """The media of the tracked requests that have some."""
+
+    def __init__(self) -> None:
+        self._media: dict[int, tuple[MediaInput, ...]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._media)
+
+    def add(self, key: int, media: Sequence[MediaInput]) -> None:
+        """Request ``key``'s prompt spans are filled by ``media`` (in prompt order)."""
+        self._media[key] = tuple(media)
+
+    def remove(self, key: int) -> None:
+        """Forget request ``key`` (finished or failed)."""
+        self._media.pop(key, None)
+
+    def overrides(self, plan: StepPlan, cache: EncoderCache) -> EmbeddingOverride | None:
+        """The embeddings of the media positions ``plan`` computes (encoding through
+        ``cache`` what it lacks); None when it computes none."""
+        if not self._media:
+            return None
+        cu = plan.cu_seqlens_q
+        positions = plan.positions
+        token_indices: list[np.ndarray] = []
+        wanted: list[tuple[MediaInput, np.ndarray]] = []
+        for row, key in enumerate(plan.req_ids.tolist()):
+            media = self._media.get(key)
+            if media is None:
+                continue
+            start, end = int(cu[row]), int(cu[row + 1])
+            pos = positions[start:end]
+            if not len(pos):
+                continue
+            lo, hi = int(pos.min()), int(pos.max())
+            for item in media:
+                if item.offset > hi or item.offset + item.length <= lo:
+                    continue
+                inside = np.flatnonzero((pos >= item.offset) & (pos < item.offset + item.length))
+                token_indices.append(start + inside)
+                wanted.append((item, pos[inside] - item.offset))
+        if not wanted:
+            return None
+        features = cache.get([item for item, _ in wanted])
+        rows = torch.cat(
+            [
+                output.index_select(0, torch.from_numpy(at).to(output.device))
+                for output, (_, at) in zip(features, wanted, strict=True)
+            ]
+        )
+        indices = torch.from_numpy(np.concatenate(token_indices).astype(np.int64))
+        return EmbeddingOverride(indices, rows)
