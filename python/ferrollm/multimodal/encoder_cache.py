@@ -29,13 +29,22 @@ class EncoderCache:
 
     def __init__(self, encode: Encode, capacity_bytes: int = DEFAULT_ENCODER_CACHE_BYTES) -> None:
         self._encode = encode
-        #: The budget in bytes; 0 disables the cache (settable, e.g. by tests).
-        self.capacity_bytes = capacity_bytes
+        self._capacity_bytes = capacity_bytes
         self._entries: OrderedDict[str, torch.Tensor] = OrderedDict()
         self.num_bytes = 0
         #: Lookups served from the cache, and items encoded (a miss each).
         self.hits = 0
         self.misses = 0
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The budget in bytes; 0 disables the cache."""
+        return self._capacity_bytes
+
+    @capacity_bytes.setter
+    def capacity_bytes(self, value: int) -> None:
+        self._capacity_bytes = value
+        self._evict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -83,6 +92,10 @@ class EncoderCache:
             return
         self._entries[digest] = output
         self.num_bytes += size
-        while self.num_bytes > self.capacity_bytes:
+        self._evict()
+
+    def _evict(self) -> None:
+        """Drop the least recently used entries until the held bytes fit the budget."""
+        while self._entries and self.num_bytes > self._capacity_bytes:
             _, evicted = self._entries.popitem(last=False)
             self.num_bytes -= evicted.numel() * evicted.element_size()
