@@ -61,9 +61,12 @@ class MultimodalProcessor(Protocol):
         """The text one media part of ``kind`` stands as in a rendered prompt."""
         ...
 
-    def process(self, prompt: str, media: Sequence[MediaItem]) -> ProcessedPrompt:
+    def process(
+        self, prompt: str, media: Sequence[MediaItem], *, add_special_tokens: bool = True
+    ) -> ProcessedPrompt:
         """``prompt`` (one `placeholder` per item of ``media``, in order) tokenized with each
         placeholder expanded, and each item prepared for the encoder. ValueError naming the
         item (``media[i]``) when it cannot be used (count mismatch, a kind the model does not
-        take)."""
+        take). ``add_special_tokens`` as for a text prompt: True (the default) for a plain
+        prompt, False for a rendered chat, whose template wrote its own BOS."""
         ...
