@@ -7,6 +7,7 @@ do. Results come back in prompt order.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from itertools import count
@@ -19,10 +20,15 @@ from ferrollm.engine.engine import LLMEngine
 from ferrollm.engine.outputs import RequestFailure, RequestOutput
 from ferrollm.engine.request import EngineRequest
 from ferrollm.lora.request import LoRARequest
+from ferrollm.multimodal.inputs import MediaInput
+from ferrollm.multimodal.offline import chat_media, prompt_media
 from ferrollm.tokenizer import Message, Tokenizer
 
-#: One prompt: text, or token ids.
-Prompt = str | Sequence[int]
+#: One prompt: text, token ids, or text with images (vLLM's ``{"prompt": ..,
+#: "multi_modal_data": {"image": ...}}``; see ``ferrollm.multimodal.offline``).
+Prompt = str | Sequence[int] | Mapping[str, Any]
+#: A prompt as queued: its text (if any), token ids and media.
+_Encoded = tuple[str | None, Sequence[int], tuple[MediaInput, ...]]
 #: One conversation: a list of messages.
 Conversation = Sequence[Message]
 
@@ -62,7 +68,8 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for one prompt or a list (text, or token-id lists); one output per prompt.
+        """Generate for one prompt or a list (text, token-id lists, or dicts of text with
+        images for a multimodal model); one output per prompt.
 
         ``params`` is one SamplingParams for all prompts, one per prompt, or None for the
         defaults. ``lora_request`` runs the prompts on a LoRA adapter (one for all, or one
@@ -71,10 +78,7 @@ class LLM:
         then) and StepError if the model fails.
         """
         batch = _as_prompt_list(prompts)
-        tokenizer = self.engine.tokenizer
-        encoded: list[tuple[str | None, Sequence[int]]] = [
-            (p, tokenizer.encode(p)) if isinstance(p, str) else (None, p) for p in batch
-        ]
+        encoded = [self._encode(p, f"prompts[{i}]") for i, p in enumerate(batch)]
         adapters = self._adapters(lora_request, len(batch))
         return self._run(encoded, _per_prompt(params, len(batch)), adapters)
 
@@ -89,20 +93,45 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a list, through the model's chat template.
 
-        ``tools`` are JSON-schema tool definitions shown to the template. Raises ValueError if
-        the model has no chat template or the template fails (with the template's message).
+        ``tools`` are JSON-schema tool definitions shown to the template. Messages of a
+        multimodal model may hold image parts (``image_url`` with a data URI or a local path,
+        or ``image_pil``). Raises ValueError if the model has no chat template or the template
+        fails (with the template's message).
         """
         batch = _as_conversation_list(conversations)
         tokenizer = self.engine.tokenizer
-        encoded: list[tuple[str | None, Sequence[int]]] = []
+        processor = self.engine.multimodal
+        template = None if tokenizer.chat_template is None else tokenizer.chat_template.source
+        encoded: list[_Encoded] = []
         for messages in batch:
+            messages, media = chat_media(messages, processor, template)
             text = tokenizer.apply_chat_template(
                 messages, tools, add_generation_prompt, **template_kwargs
             )
             # The template wrote any BOS itself: add no special tokens (as transformers does).
-            encoded.append((text, tokenizer.encode(text, add_special_tokens=False)))
+            if media:
+                assert processor is not None  # chat_media refuses media without one
+                done = processor.process(text, media, add_special_tokens=False)
+                encoded.append((text, done.prompt_token_ids, done.media))
+            else:
+                encoded.append((text, tokenizer.encode(text, add_special_tokens=False), ()))
         adapters = self._adapters(lora_request, len(batch))
         return self._run(encoded, _per_prompt(params, len(batch)), adapters)
+
+    def _encode(self, prompt: Prompt, where: str) -> _Encoded:
+        """A prompt's text, token ids and media (its images through the model's processor)."""
+        if isinstance(prompt, str):
+            return prompt, self.engine.tokenizer.encode(prompt), ()
+        if not isinstance(prompt, Mapping):
+            return None, prompt, ()
+        text, media = prompt_media(prompt, where)
+        processor = self.engine.multimodal
+        if not media:
+            return text, self.engine.tokenizer.encode(text), ()
+        if processor is None:
+            raise ValueError(f"`{where}.multi_modal_data`: this model takes text only")
+        done = processor.process(text, media)
+        return text, done.prompt_token_ids, done.media
 
     def _adapters(
         self, lora_request: LoRARequest | Sequence[LoRARequest | None] | None, n: int
@@ -131,16 +160,18 @@ class LLM:
 
     def _run(
         self,
-        prompts: list[tuple[str | None, Sequence[int]]],
+        prompts: list[_Encoded],
         params: list[SamplingParams | None],
         adapters: list[str | None],
     ) -> list[RequestOutput]:
         request_ids = [f"offline-{next(self._ids)}" for _ in prompts]
         try:
-            for request_id, (text, token_ids), p, lora in zip(
+            for request_id, (text, token_ids, media), p, lora in zip(
                 request_ids, prompts, params, adapters, strict=True
             ):
                 request = EngineRequest.of(request_id, token_ids, p, prompt=text, lora=lora)
+                if media:
+                    request = dataclasses.replace(request, media=media)
                 self.engine.add_request(request)
             results = self._step_until_done(set(request_ids))
         except BaseException:
@@ -165,15 +196,16 @@ class LLM:
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
-    if isinstance(prompts, str):
+    if isinstance(prompts, (str, Mapping)):
         return [prompts]
     items: list[Any] = list(prompts)
     if items and all(isinstance(p, int) for p in items):  # one token-id prompt
         return [items]
     for i, prompt in enumerate(items):
-        if isinstance(prompt, bytes) or not isinstance(prompt, (str, Sequence)):
+        if isinstance(prompt, bytes) or not isinstance(prompt, (str, Sequence, Mapping)):
             raise ValueError(
-                f"`prompts[{i}]` must be text or a list of token ids; got {type(prompt).__name__}"
+                f"`prompts[{i}]` must be text, a list of token ids or a prompt dict; "
+                f"got {type(prompt).__name__}"
             )
     return items
 
