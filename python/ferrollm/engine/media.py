@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from ferrollm._core import StepPlan
-from ferrollm.multimodal.encoder_cache import EncoderCache
 from ferrollm.executor.step_extras import EmbeddingOverride
+from ferrollm.multimodal.encoder_cache import EncoderCache
 from ferrollm.multimodal.inputs import MediaInput
 
 
