@@ -45,13 +45,12 @@ BUSY = {
     "max_num_seqs": 4,
     "kv_cache_memory": 48 * 2048,
 }
-#: A chat template that walks content parts, as SmolVLM's does (the tiny checkpoint's own
-#: prints content as a string).
+#: A chat template that only walks content parts, as SmolVLM's does (the tiny checkpoint's
+#: own prints content as a string).
 PARTS_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
     "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
@@ -278,10 +277,12 @@ def test_chat_renders_image_parts_through_the_template(llm: LLM) -> None:
     tokenizer.chat_template = ChatTemplate(PARTS_TEMPLATE)
     try:
         by_parts = llm.chat(conversation, GREEDY)[0]
+        text_only = llm.chat([{"role": "user", "content": "hi"}], GREEDY)[0]
     finally:
         tokenizer.chat_template = original
     assert by_parts.prompt == rendered
     assert_same([by_parts], [by_string])
+    assert text_only.prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_media_on_a_text_only_engine_is_refused(tiny_model_factory: Any) -> None:
@@ -301,3 +302,15 @@ def test_media_spans_outside_the_prompt_are_refused(llm: LLM) -> None:
     request = dataclasses.replace(EngineRequest.of("r", [1, 2, 3]), media=(item,))
     with pytest.raises(ValueError, match=r"`media\[0\]`"):
         llm.engine.add_request(request)
+
+
+def test_chat_reads_a_local_image_path(llm: LLM, tmp_path: Path) -> None:
+    path = tmp_path / "wide.png"
+    WIDE.save(path)
+
+    def conversation(part: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": [{"type": "text", "text": "see "}, part]}]
+
+    by_path = llm.chat(conversation({"type": "image_url", "image_url": str(path)}), GREEDY)
+    by_pil = llm.chat(conversation({"type": "image_pil", "image_pil": WIDE}), GREEDY)
+    assert_same(by_path, by_pil)

@@ -7,7 +7,8 @@
   that trusts the caller's own files, as an offline caller is the machine's user) and
   ``{"type": "image_pil", "image_pil": img}``. The conversation the template sees holds each
   media part as the processor's placeholder: as ``{"type": "image"}`` parts for a template
-  that walks content parts (SmolVLM's), else as text joined into one string.
+  that walks content parts (SmolVLM's, whose template also needs plain text content as a
+  text part), else as text joined into one string.
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ def chat_media(
     media: list[MediaItem] = []
     for i, message in enumerate(messages):
         content = message.get("content")
+        if isinstance(content, str) and walks_parts and processor is not None:
+            # SmolVLM's template only walks parts: text alone would render as nothing.
+            out.append({**message, "content": [{"type": "text", "text": content}]})
+            continue
         if isinstance(content, str) or not isinstance(content, Sequence):
             out.append(dict(message))
             continue
