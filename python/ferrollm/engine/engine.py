@@ -37,7 +37,7 @@ from ferrollm.engine.request import EngineRequest
 from ferrollm.engine.tracker import RequestTracker
 from ferrollm.executor.loader import load_model_source
 from ferrollm.executor.runner import ModelRunner
-from ferrollm.executor.sizing import KVCachePlan
+from ferrollm.executor.sizing import KVCachePlan, resolve_dtype
 from ferrollm.executor.step_extras import combine_overrides
 from ferrollm.lora.manager import LoRAManager, build_lora_manager
 from ferrollm.models.config import ModelConfig
@@ -127,10 +127,12 @@ class LLMEngine:
         _refuse_parallel_media(config, source)
         driver = start_driver(config, platform)
         try:
-            built = build_runner(config, platform, source, driver)
             tokenizer = Tokenizer.from_source(source)
+            # The vision tower first, so the KV cache is sized from the memory it leaves.
+            dtype = resolve_dtype(platform, config.dtype)
+            media = build_multimodal(source, tokenizer, platform.device, dtype)
+            built = build_runner(config, platform, source, driver)
             scheduler = _build_scheduler(config, built.kv_plan, source.config, tokenizer)
-            media = build_multimodal(source, tokenizer, platform.device, built.runner.dtype)
         except BaseException:
             if driver is not None:
                 driver.shutdown()
