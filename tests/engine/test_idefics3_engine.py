@@ -297,6 +297,11 @@ def test_media_on_a_text_only_engine_is_refused(tiny_model_factory: Any) -> None
     assert not llm.engine.has_unfinished_requests()
 
 
+def test_tensor_parallelism_is_refused_by_name(tiny_idefics3_dir: Path) -> None:
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        LLM(tiny_idefics3_dir, device="cpu", dtype="float32", tensor_parallel_size=2)
+
+
 def test_media_spans_outside_the_prompt_are_refused(llm: LLM) -> None:
     item = MediaInput("image", "x", {}, 2, 5)
     request = dataclasses.replace(EngineRequest.of("r", [1, 2, 3]), media=(item,))
