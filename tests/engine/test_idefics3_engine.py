@@ -222,6 +222,8 @@ def test_the_encoder_cache_encodes_a_repeated_image_once(tiny_idefics3_dir: Path
     assert_same([run_alone(llm, mm(ONE_IMAGE, WIDE))], [first])
     assert_same([run_alone(llm, mm("User: again, <image>?", WIDE))], [again])
     assert cache.misses == 9 and len(cache) == 0
+    stats = llm.engine.stats()
+    assert (stats["encoder_cache_hits"], stats["encoder_cache_misses"]) == (3, 9)
 
 
 def test_the_prefix_cache_is_salted_by_the_images(tiny_idefics3_dir: Path) -> None:

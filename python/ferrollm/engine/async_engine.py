@@ -204,9 +204,10 @@ class AsyncEngine:
             self._loop.abort(request_id)
 
     def stats(self) -> dict[str, int]:
-        """The scheduler's counters (``Scheduler.stats()``) as of the latest step."""
-        if self._loop is None:  # no engine thread yet: the scheduler is idle and ours to read
-            return self.engine.scheduler.stats()
+        """The engine's counters (``LLMEngine.stats``: the scheduler's, and the encoder
+        cache's on a multimodal engine) as of the latest step."""
+        if self._loop is None:  # no engine thread yet: the engine is idle and ours to read
+            return self.engine.stats()
         return dict(self._loop.stats)
 
     @property

@@ -285,6 +285,15 @@ class LLMEngine:
             self._tracker.remove(request_id)
         return request_ids
 
+    def stats(self) -> dict[str, int]:
+        """The scheduler's counters (``Scheduler.stats()``), with the encoder cache's
+        (``encoder_cache_hits`` / ``_misses`` / ``_entries`` / ``_bytes``) on a multimodal
+        engine."""
+        stats = self.scheduler.stats()
+        if self.encoder_cache is not None:
+            stats.update(self.encoder_cache.stats())
+        return stats
+
     def has_unfinished_requests(self) -> bool:
         """Whether any request is waiting or running."""
         return self.scheduler.has_unfinished_requests()

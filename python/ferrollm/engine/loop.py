@@ -264,8 +264,8 @@ class EngineStepper:
             return [RequestFailure(request_id, e) for request_id in request_ids]
 
     def stats(self) -> dict[str, int]:
-        """The scheduler's counters."""
-        return self.engine.scheduler.stats()
+        """The engine's counters (``LLMEngine.stats``)."""
+        return self.engine.stats()
 
 
 #: The generation engine's loop.
