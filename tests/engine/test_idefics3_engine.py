@@ -299,6 +299,16 @@ def test_media_on_a_text_only_engine_is_refused(tiny_model_factory: Any) -> None
     assert not llm.engine.has_unfinished_requests()
 
 
+def test_dummy_weights_give_a_random_vision_tower(tiny_idefics3_dir: Path, tmp_path: Path) -> None:
+    for name in ("config.json", "preprocessor_config.json", "processor_config.json"):
+        if (tiny_idefics3_dir / name).is_file():
+            (tmp_path / name).write_bytes((tiny_idefics3_dir / name).read_bytes())
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (tmp_path / name).write_bytes((tiny_idefics3_dir / name).read_bytes())
+    llm = LLM(tmp_path, device="cpu", dtype="float32", load_format="dummy")  # no weights here
+    assert len(tokens(run_alone(llm, mm(ONE_IMAGE, WIDE)))) == NUM_NEW_TOKENS
+
+
 def test_tensor_parallelism_is_refused_by_name(tiny_idefics3_dir: Path) -> None:
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         LLM(tiny_idefics3_dir, device="cpu", dtype="float32", tensor_parallel_size=2)

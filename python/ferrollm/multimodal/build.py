@@ -5,6 +5,7 @@ an image-text model (``ModelSource.vision_family``); nothing for a text-only one
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,6 +13,9 @@ from ferrollm.executor.source import ModelSource
 from ferrollm.multimodal.encoder_cache import EncoderCache
 from ferrollm.multimodal.inputs import MultimodalProcessor
 from ferrollm.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from ferrollm.models.vision import Idefics3Vision
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,8 @@ def build_multimodal(
 ) -> MultimodalParts | None:
     """The media side of ``source`` on ``device`` in ``dtype`` (the text model's), or None
     for a text-only checkpoint. The vision tower's weights are read from the checkpoint
-    directory here (the text model's loader skips them)."""
+    directory here (the text model's loader skips them); with ``load_format`` dummy they are
+    random, as the text model's are."""
     if source.vision_family is None:
         return None
     if source.vision_family != "idefics3":
@@ -35,6 +40,28 @@ def build_multimodal(
     from ferrollm.models.vision import load_idefics3_vision
     from ferrollm.multimodal.idefics3 import Idefics3Encoder, Idefics3Processor
 
-    vision = load_idefics3_vision(source.path, device, dtype)
+    if source.dummy_weights:
+        vision = _dummy_idefics3_vision(source, device, dtype)
+    else:
+        vision = load_idefics3_vision(source.path, device, dtype)
     processor = Idefics3Processor.from_directory(source.path, tokenizer, vision)
     return MultimodalParts(processor, EncoderCache(Idefics3Encoder(vision, device).encode))
+
+
+def _dummy_idefics3_vision(
+    source: ModelSource, device: torch.device, dtype: torch.dtype
+) -> Idefics3Vision:
+    """The vision tower's shape with random weights (``load_format`` dummy reads no file)."""
+    import json
+
+    from ferrollm.executor.dummy_weights import fill_dummy_weights
+    from ferrollm.models.vision import Idefics3Config, Idefics3Vision
+
+    raw = json.loads((source.path / "config.json").read_text(encoding="utf-8"))
+    with torch.device("meta"):
+        vision = Idefics3Vision(Idefics3Config.from_hf_dict(raw))
+    vision = vision.to(dtype=dtype).to_empty(device=device)
+    fill_dummy_weights(vision)
+    vision.eval()
+    vision.requires_grad_(False)
+    return vision
