@@ -169,6 +169,18 @@ def test_greedy_tokens_equal_transformers(llm: LLM, reference: Reference, case: 
     assert np.allclose(logprobs_of(output), want_logprobs, atol=LOGPROB_TOLERANCE, rtol=0)
 
 
+def test_beam_search_with_an_image_equals_transformers(llm: LLM, reference: Reference) -> None:
+    params = SamplingParams(use_beam_search=True, n=2, max_tokens=6, ignore_eos=True)
+    output = llm.generate(mm(ONE_IMAGE, WIDE), params)[0]
+    inputs = reference.inputs(ONE_IMAGE, [WIDE])
+    with torch.no_grad():
+        beams = reference.model.generate(
+            **inputs, max_new_tokens=6, do_sample=False, num_beams=2, num_return_sequences=2
+        )
+    want = beams[:, inputs["input_ids"].shape[1] :].tolist()
+    assert sorted(c.token_ids for c in output.outputs) == sorted(want)
+
+
 def test_processor_spans_are_the_image_token_runs(llm: LLM) -> None:
     processor = llm.engine.multimodal
     assert processor is not None and processor.placeholder("image") == "<image>"
