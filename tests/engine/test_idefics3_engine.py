@@ -181,6 +181,36 @@ def test_beam_search_with_an_image_equals_transformers(llm: LLM, reference: Refe
     assert sorted(c.token_ids for c in output.outputs) == sorted(want)
 
 
+def test_media_compose_with_a_prompt_table(llm: LLM) -> None:
+    """A virtual token whose table row is token 42's embedding, in an image prompt, reads as
+    token 42 (both overrides apply in the same step)."""
+    processor = llm.engine.multimodal
+    assert processor is not None
+    processed = processor.process(ONE_IMAGE, [ImageMedia(WIDE, "png", WIDE.width, WIDE.height)])
+    ids = list(processed.prompt_token_ids)
+    vocab = llm.engine.model_config.vocab_size
+    embedding = llm.engine.runner.model.model.embed_tokens.weight  # type: ignore[attr-defined]
+    table = embedding[42:43].detach().float().numpy()
+
+    def run(prompt_ids: list[int], **fields: Any) -> RequestOutput:
+        request = dataclasses.replace(
+            EngineRequest.of(f"table-{len(fields)}", prompt_ids, GREEDY),
+            media=processed.media,
+            **fields,
+        )
+        llm.engine.add_request(request)
+        finished = []
+        while llm.engine.has_unfinished_requests():
+            finished += [
+                o for o in llm.engine.step() if isinstance(o, RequestOutput) and o.finished
+            ]
+        return finished[0]
+
+    plain = run([*ids[:-1], 42, ids[-1]])
+    virtual = run([*ids[:-1], vocab, ids[-1]], prompt_table=table)
+    assert_same([virtual], [plain])
+
+
 def test_processor_spans_are_the_image_token_runs(llm: LLM) -> None:
     processor = llm.engine.multimodal
     assert processor is not None and processor.placeholder("image") == "<image>"
