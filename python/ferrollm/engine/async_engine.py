@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ferrollm.config import EngineConfig
     from ferrollm.lora.manager import LoRAManager
     from ferrollm.models.config import ModelConfig
+    from ferrollm.multimodal.inputs import MultimodalProcessor
 
 
 class EngineDeadError(RuntimeError):
@@ -83,6 +84,11 @@ class AsyncEngine:
     def lora(self) -> LoRAManager | None:
         """The engine's LoRA adapters (``enable_lora``), or None."""
         return self.engine.lora
+
+    @property
+    def multimodal(self) -> MultimodalProcessor | None:
+        """The model's media processor (`ferrollm.multimodal.inputs`); None: text only."""
+        return getattr(self.engine, "multimodal", None)
 
     @property
     def max_model_len(self) -> int:

@@ -12,11 +12,15 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from ferrollm._core import CompiledGrammar, SamplingParams
+
+if TYPE_CHECKING:
+    from ferrollm.multimodal.inputs import MediaInput
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +64,9 @@ class EngineRequest:
     return_generation_logits: bool = False
     #: The LoRA adapter the request runs on, by name (``LLMEngine.lora``); None = the base.
     lora: str | None = None
+    #: The prompt's media, ready for the encoder (`ferrollm.multimodal.inputs`); each says
+    #: which prompt positions its embeddings fill. Empty for a text prompt.
+    media: tuple[MediaInput, ...] = ()
 
     @classmethod
     def of(
