@@ -1,0 +1,125 @@
+"""A multimodal engine for the server's media tests without a multimodal model: the session's
+tiny text engine behind a proxy whose ``multimodal`` is `FakeProcessor`, which expands each
+placeholder into a few copies of one token and records what it was given, and a loopback
+http.server that serves media files."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from ferrollm.engine import AsyncEngine
+from ferrollm.media import MediaItem
+from ferrollm.multimodal.inputs import MediaInput, MediaKind, ProcessedPrompt
+from ferrollm.tokenizer import Tokenizer
+
+#: Prompt tokens each media item expands to.
+TOKENS_PER_ITEM = 5
+_PLACEHOLDER = re.compile(r"(<image>|<video>|<audio>)")
+
+
+@dataclass
+class Call:
+    """One `FakeProcessor.process` call: the prompt and the media it was given."""
+
+    prompt: str
+    media: list[MediaItem]
+    token_ids: list[int]
+
+
+@dataclass
+class FakeProcessor:
+    """Placeholders ``<image>``, ``<video>``, ``<audio>``; each expands to `TOKENS_PER_ITEM`
+    copies of one token. ValueError naming ``media[i]`` when the counts disagree."""
+
+    tokenizer: Tokenizer
+    calls: list[Call] = field(default_factory=list)
+
+    @property
+    def modalities(self) -> frozenset[MediaKind]:
+        return frozenset({"image", "video", "audio"})
+
+    def placeholder(self, kind: MediaKind) -> str:
+        return f"<{kind}>"
+
+    def process(self, prompt: str, media: Sequence[MediaItem]) -> ProcessedPrompt:
+        pieces = _PLACEHOLDER.split(prompt)
+        found = len(pieces) // 2
+        if found != len(media):
+            raise ValueError(
+                f"media[{min(found, len(media))}]: the prompt has {found} placeholder(s) for "
+                f"{len(media)} item(s)"
+            )
+        filler = self.tokenizer.encode("x", add_special_tokens=False)[0]
+        ids: list[int] = []
+        inputs = []
+        for i, piece in enumerate(pieces):
+            if i % 2 == 0:
+                ids += self.tokenizer.encode(piece, add_special_tokens=False) if piece else []
+                continue
+            kind: MediaKind = piece[1:-1]  # type: ignore[assignment]
+            inputs.append(MediaInput(kind, f"d{i}", {}, len(ids), TOKENS_PER_ITEM))
+            ids += [filler] * TOKENS_PER_ITEM
+        self.calls.append(Call(prompt, list(media), ids))
+        return ProcessedPrompt(prompt, ids, tuple(inputs))
+
+
+class MultimodalEngine:
+    """``engine`` with ``multimodal`` set: everything else is the real engine's."""
+
+    def __init__(self, engine: AsyncEngine, processor: FakeProcessor) -> None:
+        self._engine = engine
+        self.multimodal = processor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+def data_uri(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def png(width: int = 4, height: int = 3) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (10, 200, 30)).save(out, format="PNG")
+    return out.getvalue()
+
+
+@contextmanager
+def loopback_server(files: dict[str, bytes]) -> Iterator[tuple[int, list[str]]]:
+    """An http.server on 127.0.0.1 serving ``files`` by path: its port and the paths asked."""
+    asked: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            body = files.get(self.path)
+            self.send_response(404 if body is None else 200)
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield server.server_address[1], asked
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
