@@ -20,7 +20,7 @@ import asyncio
 import logging
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,30 +109,35 @@ class ChatMedia(LoadedMedia):
 
     segments: dict[int, list[Segment]]
 
-    def template_messages(
-        self, messages: Sequence[Mapping[str, Any]], template: str | None
-    ) -> Iterator[list[dict[str, Any]]]:
-        """The messages a chat template may render, best first: content as a list of typed
-        parts (``{"type": "text", "text": ...}``, ``{"type": "image"}``) when the template reads
-        parts (Hugging Face multimodal templates write their own marker for each), then content
-        as one string with each media part's placeholder where it stood."""
-        if template is not None and _reads_parts(template):
-            yield self._with_content(messages, self._parts)
-        yield self._with_content(messages, self.joined)
-
-    def _parts(self, segments: Sequence[Segment]) -> list[dict[str, Any]]:
+    def template_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """``messages`` (the validator's, text parts joined) with each message that has media
+        holding its parts as one string, each media part as its placeholder where it stood.
+        Strings, so the tool-calling rewrites of the history work on them unchanged."""
         return [
-            {"type": "text", "text": s.text} if s.part is None else {"type": s.part.kind}
-            for s in segments
-        ]
-
-    def _with_content(
-        self, messages: Sequence[Mapping[str, Any]], content: Any
-    ) -> list[dict[str, Any]]:
-        return [
-            {**m, "content": content(self.segments[i])} if i in self.segments else dict(m)
+            {**m, "content": self.joined(self.segments[i])} if i in self.segments else dict(m)
             for i, m in enumerate(messages)
         ]
+
+    def as_parts(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """``messages`` for a template that reads typed parts (Hugging Face's multimodal
+        templates, which write their own marker for ``{"type": "image"}``): every string
+        content split at the placeholders into ``{"type": "text", "text": ...}`` and
+        ``{"type": <kind>}`` parts; a message without media becomes one text part, since such
+        a template reads every message's content as parts."""
+        kinds = {self.placeholder(p): p.kind for p in self.parts}
+        split = re.compile("(" + "|".join(map(re.escape, sorted(kinds, key=len))) + ")")
+        out = []
+        for m in messages:
+            content = m.get("content")
+            if isinstance(content, str):
+                pieces = split.split(content)
+                content = [
+                    {"type": "text", "text": piece} if i % 2 == 0 else {"type": kinds[piece]}
+                    for i, piece in enumerate(pieces)
+                    if piece
+                ]
+            out.append({**m, "content": content})
+        return out
 
 
 @dataclass
@@ -238,10 +243,12 @@ def _kind(part: MediaPart) -> MediaKind:
     return kind  # type: ignore[return-value]
 
 
-def _reads_parts(template: str) -> bool:
+def reads_parts(template: str | None) -> bool:
     """Whether a chat template reads content as typed parts (it tests a part's ``type`` and
     knows media parts), as Hugging Face's multimodal templates do; a text template reads
     content as a string."""
+    if template is None:
+        return False
     tests_type = any(t in template for t in ("['type']", '["type"]', ".type"))
     return tests_type and any(k in template for k in ("'image'", '"image"', "'video'", "'audio'"))
 

@@ -18,7 +18,7 @@ from ferrollm.multimodal.inputs import MediaInput
 from ferrollm.reasoning import ReasoningPlan
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import bad_request
-from ferrollm.server.media_intake import ChatMedia
+from ferrollm.server.media_intake import ChatMedia, reads_parts
 from ferrollm.server.protocol.openai import (
     Delta,
     DeltaFunction,
@@ -119,20 +119,25 @@ def _rendered(
             )
     tools = None if plan is None else plan.template_tools()
 
-    def render(messages: list[dict[str, Any]]) -> str:
+    def render(messages: list[dict[str, Any]], parts: bool = False) -> str:
         messages = history_messages(parser, template, messages)
         if plan is not None:
             messages = plan.prompt_messages(messages)
+        if parts:
+            assert media is not None
+            messages = media.as_parts(messages)
         return tokenizer.apply_chat_template(messages, tools, **kwargs)
 
     if media is None:
         text = render(valid.template_messages)
         # No special tokens are added: the template writes its own BOS (as transformers does).
         return tokenizer.encode(text, add_special_tokens=False), plan, text, ()
-    for messages in media.template_messages(valid.template_messages, template):
+    messages = media.template_messages(valid.template_messages)
+    # A template that reads typed parts gets them, unless it writes a marker of its own
+    # rather than the processor's placeholder: then each part is the placeholder in the text.
+    text = render(messages, parts=True) if reads_parts(template) else ""
+    if not media.placed(text):
         text = render(messages)
-        if media.placed(text):
-            break
     processed = media.process(text)
     return processed.prompt_token_ids, plan, text, processed.media
 
