@@ -6,6 +6,7 @@ http.server that serves media files."""
 from __future__ import annotations
 
 import base64
+import copy
 import io
 import re
 import threading
@@ -18,7 +19,7 @@ from typing import Any
 from ferrollm.engine import AsyncEngine
 from ferrollm.media import MediaItem
 from ferrollm.multimodal.inputs import MediaInput, MediaKind, ProcessedPrompt
-from ferrollm.tokenizer import Tokenizer
+from ferrollm.tokenizer import ChatTemplate, Tokenizer
 
 #: Prompt tokens each media item expands to.
 TOKENS_PER_ITEM = 5
@@ -72,14 +73,33 @@ class FakeProcessor:
 
 
 class MultimodalEngine:
-    """``engine`` with ``multimodal`` set: everything else is the real engine's."""
+    """``engine`` with ``multimodal`` set (and another chat template, when given): everything
+    else is the real engine's."""
 
-    def __init__(self, engine: AsyncEngine, processor: FakeProcessor) -> None:
+    def __init__(
+        self, engine: AsyncEngine, processor: FakeProcessor, chat_template: str | None = None
+    ) -> None:
         self._engine = engine
         self.multimodal = processor
+        if chat_template is not None:
+            tokenizer = copy.copy(engine.tokenizer)
+            assert engine.tokenizer.chat_template is not None
+            special = engine.tokenizer.chat_template.special_tokens
+            tokenizer.chat_template = ChatTemplate(chat_template, special)
+            self.tokenizer = tokenizer
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
+
+
+#: A template that reads typed content parts and writes ``<image>`` for an image part, as
+#: SmolVLM's does (every message's content is a list of parts to it).
+PARTS_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] | capitalize }}:"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{ line['text'] }}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}\n"
+    "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
 
 
 def data_uri(data: bytes, mime: str = "image/png") -> str:
