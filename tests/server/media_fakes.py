@@ -10,6 +10,7 @@ import copy
 import io
 import re
 import threading
+import wave
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ class Call:
     prompt: str
     media: list[MediaItem]
     token_ids: list[int]
+    #: The thread it ran on (never the event loop's).
+    thread: int
 
 
 @dataclass
@@ -68,7 +71,7 @@ class FakeProcessor:
             kind: MediaKind = piece[1:-1]  # type: ignore[assignment]
             inputs.append(MediaInput(kind, f"d{i}", {}, len(ids), TOKENS_PER_ITEM))
             ids += [filler] * TOKENS_PER_ITEM
-        self.calls.append(Call(prompt, list(media), ids))
+        self.calls.append(Call(prompt, list(media), ids, threading.get_ident()))
         return ProcessedPrompt(prompt, ids, tuple(inputs))
 
 
@@ -111,6 +114,17 @@ def png(width: int = 4, height: int = 3) -> bytes:
 
     out = io.BytesIO()
     Image.new("RGB", (width, height), (10, 200, 30)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def wav(seconds: float = 0.25, rate: int = 16_000) -> bytes:
+    """A quiet 16-bit mono WAV clip."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(b"\x00\x01" * int(seconds * rate))
     return out.getvalue()
 
 

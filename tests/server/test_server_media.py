@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,6 +23,7 @@ from media_fakes import (
     data_uri,
     loopback_server,
     png,
+    wav,
 )
 from server_harness import MODEL, ROUTE_PATHS, Server, sse_json
 
@@ -124,6 +126,15 @@ def test_chat_images_across_messages_keep_their_order(media: MediaApps, calls: l
     prompt = call.prompt
     assert prompt.index("<image>first") < prompt.index("second<image>")
     assert [(m.width, m.height) for m in call.media] == [(4, 3), (2, 5)]
+
+
+def test_chat_audio_part(media: MediaApps, calls: list[Any]) -> None:
+    audio = {"type": "audio_url", "audio_url": {"url": data_uri(wav(), "audio/wav")}}
+    response = media.post(CHAT, chat([text("Transcribe: "), audio], max_tokens=1))
+    assert response.status_code == 200, response.text
+    (call,) = calls
+    assert "Transcribe: <audio>" in call.prompt
+    assert call.media[0].sample_rate == 16_000 and call.media[0].duration_s > 0.2
 
 
 def test_chat_template_that_reads_parts_gets_typed_parts(
@@ -364,3 +375,9 @@ def test_loads_run_off_the_event_loop(media: MediaApps, calls: list[Any]) -> Non
 
     assert media.server.run(go()) == [200] * 8
     assert len(calls) == 8
+    loop_thread = media.server.run(_thread_id())
+    assert all(call.thread != loop_thread for call in calls)
+
+
+async def _thread_id() -> int:
+    return threading.get_ident()
