@@ -55,6 +55,9 @@ class MediaApps:
         #: A chat template that reads typed parts (SmolVLM's way).
         parts_engine = MultimodalEngine(server.engine, self.processor, PARTS_TEMPLATE)
         self.parts = App(ctx=ServerContext.build(cast(AsyncEngine, parts_engine), opened))
+        #: Room for one image's tokens and a word or two.
+        small = ServerConfig(served_model_name=MODEL, max_input_tokens=TOKENS_PER_ITEM + 3)
+        self.small = App(ctx=ServerContext.build(engine, small))
 
     def post(self, path: str, body: Any, app: App | None = None) -> httpx.Response:
         return self.server.post(path, body, app=app or self.open)
@@ -285,6 +288,22 @@ def test_generate_stream_with_an_image(media: MediaApps, calls: list[Any]) -> No
     frames = sse_json(response, done=False)
     assert frames[-1]["details"]["finish_reason"] in ("length", "eos_token")
     assert calls[0].prompt == "<image>what?"
+
+
+def test_generate_prompt_limit_counts_the_image_tokens(media: MediaApps) -> None:
+    uri = data_uri(png())
+    response = media.post(GENERATE, generate([text("Hi"), image(uri)]), media.small)
+    assert response.status_code == 200, response.text
+    long_text = text("one two three four five six seven eight")
+    response = media.post(GENERATE, generate([long_text]), media.small)
+    assert response.status_code == 400, response.text
+    short_text = text("one two")
+    alone = media.post(GENERATE, generate([short_text]), media.small)
+    assert alone.status_code == 200, alone.text
+    # The same words pass alone, not with the image's tokens.
+    response = media.post(GENERATE, generate([short_text, image(uri), short_text]), media.small)
+    assert response.status_code == 400, response.text
+    assert "token" in response.json()["error"]
 
 
 def test_generate_takes_one_image_only(media: MediaApps, calls: list[Any]) -> None:
