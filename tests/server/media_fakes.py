@@ -45,10 +45,11 @@ class FakeProcessor:
 
     tokenizer: Tokenizer
     calls: list[Call] = field(default_factory=list)
+    kinds: frozenset[MediaKind] = frozenset({"image", "video", "audio"})
 
     @property
     def modalities(self) -> frozenset[MediaKind]:
-        return frozenset({"image", "video", "audio"})
+        return self.kinds
 
     def placeholder(self, kind: MediaKind) -> str:
         return f"<{kind}>"

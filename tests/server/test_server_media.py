@@ -55,6 +55,9 @@ class MediaApps:
         #: A chat template that reads typed parts (SmolVLM's way).
         parts_engine = MultimodalEngine(server.engine, self.processor, PARTS_TEMPLATE)
         self.parts = App(ctx=ServerContext.build(cast(AsyncEngine, parts_engine), opened))
+        image_only = FakeProcessor(server.tokenizer, kinds=frozenset({"image"}))
+        image_engine = cast(AsyncEngine, MultimodalEngine(server.engine, image_only))
+        self.image_only = App(ctx=ServerContext.build(image_engine, opened))
         #: Room for one image's tokens and a word or two.
         small = ServerConfig(served_model_name=MODEL, max_input_tokens=TOKENS_PER_ITEM + 3)
         self.small = App(ctx=ServerContext.build(engine, small))
@@ -185,6 +188,18 @@ def test_chat_http_url_from_an_allowed_host_only(media: MediaApps, calls: list[A
         assert e["code"] == "media_url_not_allowed"
         assert e["param"] == "messages[0].content[0].image_url"
         assert asked == ["/cat.png"]  # refused before any connection
+
+
+def test_a_kind_the_model_does_not_take_is_refused_before_loading(media: MediaApps) -> None:
+    with loopback_server({"/a.wav": wav()}) as (port, asked):
+        audio = {"type": "audio_url", "audio_url": f"http://127.0.0.1:{port}/a.wav"}
+        e = error(media.post(CHAT, chat([text("?"), audio]), media.image_only))
+        assert asked == []
+    assert e["code"] == "unsupported_content_type"
+    assert e["param"] == "messages[0].content[1].type"
+    assert "text, image" in e["message"]
+    (card,) = media.server.get("/v1/models", media.image_only).json()["data"]
+    assert card["modalities"] == ["text", "image"]
 
 
 def test_chat_at_most_twenty_media(media: MediaApps, calls: list[Any]) -> None:

@@ -22,7 +22,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -37,7 +37,7 @@ from ferrollm.media import (
     load_media,
     parse_media_part,
 )
-from ferrollm.media.errors import INVALID_MEDIA
+from ferrollm.media.errors import INVALID_MEDIA, UNSUPPORTED_CONTENT_TYPE
 from ferrollm.multimodal.inputs import MediaKind, MultimodalProcessor, ProcessedPrompt
 from ferrollm.server.errors import ApiError
 
@@ -172,7 +172,7 @@ class MediaIntake:
             if not isinstance(content, list) or not any(map(is_media_part, content)):
                 continue
             where = f"messages[{i}].content"
-            segments[i] = _segments(content, where, self.chat_policy.limits, parts)
+            segments[i] = self._segments(content, where, self.chat_policy.limits, parts)
         if not parts:
             return None
         items = await self._load(parts, self.chat_policy)
@@ -185,11 +185,36 @@ class MediaIntake:
         if not isinstance(text_input, list) or not any(map(is_media_part, text_input)):
             return None
         parts: list[MediaPart] = []
-        segments = _segments(text_input, "text_input", self.generate_policy.limits, parts)
+        segments = self._segments(text_input, "text_input", self.generate_policy.limits, parts)
         items = await self._load(parts, self.generate_policy)
         media = GenerateMedia(self.processor, parts, items, "")
         media.prompt = media.joined(segments)
         return media
+
+    def _segments(
+        self, content: Sequence[Any], where: str, limits: MediaLimits, parts: list[MediaPart]
+    ) -> list[Segment]:
+        """The content parts at ``where`` as segments; media parts appended to ``parts`` too.
+        A media kind the model does not take is a 400 ``unsupported_content_type`` naming the
+        part's ``type`` here, before anything is fetched (the validator knows only whether the
+        model takes media at all)."""
+        takes = self.processor.modalities
+        segments = []
+        for j, item in enumerate(content):
+            if is_media_part(item):
+                part = parse_media_part(item, f"{where}[{j}]", limits)
+                if part.kind not in takes:
+                    raise MediaError(
+                        f"{where}[{j}].type",
+                        UNSUPPORTED_CONTENT_TYPE,
+                        f"is {part.part_type!r}, which is not supported: the model takes "
+                        + ", ".join(self.modalities),
+                    )
+                parts.append(part)
+                segments.append(Segment(part=part))
+            elif isinstance(item, Mapping) and item.get("type") == "text":
+                segments.append(Segment(text=str(item.get("text", ""))))
+        return segments
 
     async def _load(self, parts: list[MediaPart], policy: MediaPolicy) -> list[MediaItem]:
         """Every part loaded (at most `MAX_CONCURRENT_LOADS` at once across the server); the
@@ -201,7 +226,7 @@ class MediaIntake:
         for result in results:
             if isinstance(result, BaseException):
                 raise result
-        return list(results)  # type: ignore[arg-type]
+        return cast("list[MediaItem]", results)
 
     async def _load_one(self, part: MediaPart, policy: MediaPolicy) -> MediaItem:
         async with self._slots:
@@ -222,25 +247,9 @@ class MediaIntake:
         return await asyncio.to_thread(media.process, prompt)
 
 
-def _segments(
-    content: Sequence[Any], where: str, limits: MediaLimits, parts: list[MediaPart]
-) -> list[Segment]:
-    """The content parts at ``where`` as segments; media parts appended to ``parts`` too."""
-    segments = []
-    for j, item in enumerate(content):
-        if is_media_part(item):
-            part = parse_media_part(item, f"{where}[{j}]", limits)
-            parts.append(part)
-            segments.append(Segment(part=part))
-        elif isinstance(item, Mapping) and item.get("type") == "text":
-            segments.append(Segment(text=str(item.get("text", ""))))
-    return segments
-
-
 def _kind(part: MediaPart) -> MediaKind:
-    kind = part.kind
-    assert kind in ("image", "video", "audio")
-    return kind  # type: ignore[return-value]
+    assert part.kind in ("image", "video", "audio")
+    return cast(MediaKind, part.kind)
 
 
 def reads_parts(template: str | None) -> bool:
