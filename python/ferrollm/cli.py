@@ -96,6 +96,16 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
         str,
         "the directory adapters loaded at run time must lie under",
     ),
+    "--allowed-local-media-path": (
+        "allowed_local_media_path",
+        str,
+        "the directory media parts may name server-local files under (default: none)",
+    ),
+    "--allowed-media-domains": (
+        "allowed_media_domains",
+        str,
+        "HOST[,HOST...]: the only hosts media URLs are fetched from (default: any public host)",
+    ),
     "--task": ("task", str, "generate (default) or embed (an embedding model, /v1/embeddings)"),
     "--pooling": ("pooling", str, "embed: mean, cls, last or max (default: as the model says)"),
     "--api-key-file": ("api_key_file", str, "file of API keys, one a line"),

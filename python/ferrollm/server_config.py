@@ -18,6 +18,7 @@ from ferrollm.config import (
     parse_bytes,
     positive_int,
 )
+from ferrollm.media.options import MediaPolicy
 from ferrollm.reasoning import REASONING_PARSERS
 
 #: The default limit on a request body (docs/api/common.md#request-bodies: 413 past it).
@@ -101,6 +102,12 @@ class ServerConfig:
     #: lie under ``allowed_lora_path`` (symlinks and ``..`` resolved first).
     allow_runtime_lora_updating: bool = False
     allowed_lora_path: str | None = None
+    #: Media parts (docs/api/common.md#media-parts) may name server-local files only under
+    #: this directory (vLLM's ``--allowed-local-media-path``); None = no local files.
+    allowed_local_media_path: str | None = None
+    #: The only hosts http(s) media is fetched from (vLLM's ``--allowed-media-domains``; a
+    #: comma-separated string or a list); empty = any host with public addresses only.
+    allowed_media_domains: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_reliability_options(self)
@@ -128,6 +135,7 @@ class ServerConfig:
                 "`allow_runtime_lora_updating` needs `allowed_lora_path`: the directory that "
                 "adapters loaded at run time must lie under",
             )
+        check_media_options(self)
         for option in ("full_text", "strict_model_name", "allow_runtime_lora_updating"):
             if not isinstance(getattr(self, option), bool):
                 raise EngineConfigError(
@@ -148,6 +156,12 @@ class ServerConfig:
         """``max_body_bytes`` in bytes."""
         return int(self.max_body_bytes)
 
+    def media_policy(self) -> MediaPolicy:
+        """Where media parts may come from, by ``allowed_local_media_path`` and
+        ``allowed_media_domains`` (checked on construction, so this does not raise unless the
+        directory has gone since)."""
+        return MediaPolicy.create(self.allowed_local_media_path, self.allowed_media_domains)
+
 
 def split_options(options: Mapping[str, Any]) -> tuple[EngineConfig, ServerConfig]:
     """The engine and server configs of one mapping of options (a ``--config`` file mirrors
@@ -166,6 +180,18 @@ def split_options(options: Mapping[str, Any]) -> tuple[EngineConfig, ServerConfi
             valid = ", ".join(sorted(engine_names | server_names))
             raise EngineConfigError(name, f"unknown option `{key}`; valid: {valid}")
     return EngineConfig(**engine), ServerConfig(**server)
+
+
+def check_media_options(config: ServerConfig) -> None:
+    """Check the media sources: the local root must be an absolute, existing directory and
+    the domains host names (a flag's comma-separated string becomes a tuple); raises
+    EngineConfigError naming the option, so a bad root stops the server at start-up."""
+    try:
+        policy = MediaPolicy.create(config.allowed_local_media_path, config.allowed_media_domains)
+    except EngineConfigError as e:
+        flag = "--" + e.field.replace("_", "-")
+        raise EngineConfigError(e.field, f"{e} (the {flag} flag)") from None
+    object.__setattr__(config, "allowed_media_domains", tuple(sorted(policy.allowed_media_domains)))
 
 
 def check_reliability_options(config: ServerConfig) -> None:

@@ -49,3 +49,25 @@ def test_load_format_reaches_the_engine_config(tmp_path: Path) -> None:
     with pytest.raises(EngineConfigError, match="load_format") as e:
         options(str(tmp_path), "--load-format", "random")
     assert e.value.field == "load_format"
+
+
+def test_media_flags_reach_the_server_config(tmp_path: Path) -> None:
+    _, server = split_options(
+        options(
+            "--allowed-local-media-path", str(tmp_path),
+            "--allowed-media-domains", "images.example.com,127.0.0.1",
+        )
+    )  # fmt: skip
+    assert server.allowed_local_media_path == str(tmp_path)
+    assert server.allowed_media_domains == ("127.0.0.1", "images.example.com")
+    assert server.media_policy().allowed_local_media_path == tmp_path.resolve()
+    assert split_options(options())[1].media_policy().allowed_local_media_path is None
+
+
+def test_a_bad_media_root_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    for root in ("relative/dir", str(tmp_path / "missing")):
+        with pytest.raises(EngineConfigError, match="--allowed-local-media-path") as e:
+            options("--allowed-local-media-path", root)
+        assert e.value.field == "allowed_local_media_path"
+    with pytest.raises(EngineConfigError, match="--allowed-media-domains"):
+        options("--allowed-media-domains", "http://x.example/")

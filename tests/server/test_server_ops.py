@@ -34,6 +34,7 @@ def test_models(server: Server) -> None:
                 "max_model_len": MAX_MODEL_LEN,
                 "task": "generate",
                 "parent": None,
+                "modalities": ["text"],
             }
         ],
     }

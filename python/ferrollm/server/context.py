@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, cast
 from ferrollm._core import Limits
 from ferrollm.server.errors import ApiError
 from ferrollm.server.guard import Guard
+from ferrollm.server.media_intake import MediaIntake
 from ferrollm.server.metrics import Metrics
 from ferrollm.server.overload import Admission
 from ferrollm.server_config import ServerConfig
@@ -34,6 +35,9 @@ class ServerContext:
     model_name: str
     limits: Limits
     metrics: Metrics
+    #: The media intake of a multimodal model (None: the model is text-only, and the
+    #: validator refuses media parts).
+    media: MediaIntake | None = None
     #: Unix seconds when the server started (``/v1/models`` ``created``).
     created: int = field(default_factory=lambda: int(time.time()))
     _counter: itertools.count[int] = field(default_factory=itertools.count)
@@ -59,6 +63,7 @@ class ServerContext:
         if engine.task == "embed":
             return cls._build_embed(cast("AsyncEmbedder", engine), config)
         engine = cast("AsyncEngine", engine)
+        media = media_intake(engine, config)
         model_config = engine.model_config
         max_model_len = engine.max_model_len
         limits = Limits(
@@ -68,9 +73,10 @@ class ServerContext:
             max_iter_times=config.max_iter_times or max_model_len,
             vocab_size=model_config.vocab_size,
             max_beam_width=engine.max_beam_width,
+            multimodal=media is not None,
         )
         name = config.served_model_name or model_name_of(engine)
-        return cls(engine, config, name, limits, Metrics(name, engine.stats))
+        return cls(engine, config, name, limits, Metrics(name, engine.stats), media)
 
     @classmethod
     def _build_embed(cls, embedder: AsyncEmbedder, config: ServerConfig) -> ServerContext:
@@ -159,6 +165,19 @@ class ServerContext:
             param=param,
             code=code,
         )
+
+
+def media_intake(engine: AsyncEngine, config: ServerConfig) -> MediaIntake | None:
+    """The intake for a model that takes media (its processor, the configured sources), or
+    None for a text-only model; Pillow and PyAV are checked here, at start-up, so a missing
+    extra is one clear error rather than every media request failing."""
+    processor = engine.multimodal
+    if processor is None:
+        return None
+    from ferrollm.media import require_media_deps
+
+    require_media_deps()
+    return MediaIntake(processor, config.media_policy())
 
 
 def model_name_of(engine: AsyncEngine | AsyncEmbedder) -> str:

@@ -15,6 +15,7 @@ import logging
 import msgspec
 
 from ferrollm._core import QueueFullError, ValidationError
+from ferrollm.media.errors import MediaDependencyError, MediaError
 from ferrollm.tokenizer import ChatTemplateError
 
 logger = logging.getLogger("ferrollm.server")
@@ -63,6 +64,13 @@ def to_api_error(error: BaseException) -> ApiError:
     if isinstance(error, ValidationError):
         # An error about the body as a whole (malformed JSON, say) names no field: param "".
         return ApiError(400, str(error), param=error.param or None, code=error.code)
+    if isinstance(error, MediaError):
+        # A media part the server cannot use: its status, the part's path and the rule broken.
+        return ApiError(error.status, error.message, param=error.param, code=error.code)
+    if isinstance(error, MediaDependencyError):
+        # The media extra is missing (start-up checks it; this is the fallback): not the
+        # client's fault, and not a crash either.
+        return ApiError(503, str(error), code="media_unavailable")
     if isinstance(error, ChatTemplateError):
         return ApiError(400, str(error), param="messages", code="chat_template_error")
     if isinstance(error, QueueFullError):

@@ -32,6 +32,14 @@ def build_context(engine_config: EngineConfig, server_config: ServerConfig) -> S
         ctx.model_name,
         ctx.model_name,
     )
+    if ctx.media is not None:
+        policy = server_config.media_policy()
+        logger.info(
+            "the model takes %s; local media under %s, media URLs from %s",
+            ", ".join(ctx.media.modalities),
+            policy.allowed_local_media_path or "nowhere (--allowed-local-media-path)",
+            ", ".join(sorted(policy.allowed_media_domains)) or "any public host",
+        )
     return ctx
 
 

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from msgspec import UNSET, UnsetType
 
 from ferrollm._core import CompiledGrammar, ValidRequest
 from ferrollm.engine import CompletionOutput
+from ferrollm.multimodal.inputs import MediaInput
 from ferrollm.reasoning import ReasoningPlan
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import bad_request
+from ferrollm.server.media_intake import ChatMedia, reads_parts
 from ferrollm.server.protocol.openai import (
     Delta,
     DeltaFunction,
@@ -48,6 +51,8 @@ class ChatPrompt:
     grammar: CompiledGrammar | None
     tools: ToolPlan | None
     reasoning: ReasoningPlan | None = None
+    #: The prompt's media expanded by the model's processor (empty for a text prompt).
+    media: tuple[MediaInput, ...] = ()
 
 
 def tool_parser(ctx: ServerContext) -> str | None:
@@ -56,16 +61,23 @@ def tool_parser(ctx: ServerContext) -> str | None:
     return resolve_parser(ctx.config.tool_call_parser, template.source if template else None)
 
 
-async def chat_prompt(ctx: ServerContext, valid: ValidRequest, size: int) -> ChatPrompt:
+async def chat_prompt(
+    ctx: ServerContext, valid: ValidRequest, size: int, media: ChatMedia | None = None
+) -> ChatPrompt:
     """Render and tokenize ``valid``'s messages (with its tools and its
     ``chat_template_kwargs``), and compile its grammar, which holds the answer after any
     reasoning (docs/api/openai.md#reasoning); a body of ``size`` bytes over the off-loop bound
     is rendered on a worker thread (a huge tool schema goes through the tool plan and the
-    template)."""
-    ids, plan, prompt = await run_sized(size, _rendered, ctx, valid)
+    template). With ``media`` (loaded parts), the model's processor tokenizes the prompt,
+    always on a worker thread."""
+    if media is None:
+        ids, plan, prompt, mm = await run_sized(size, _rendered, ctx, valid, None)
+    else:
+        ids, plan, prompt, mm = await asyncio.to_thread(_rendered, ctx, valid, media)
     reasoning = reasoning_plan(ctx, prompt)
     if plan is None:
-        return ChatPrompt(ids, await compiled_grammar(ctx, valid, reasoning), None, reasoning)
+        grammar = await compiled_grammar(ctx, valid, reasoning)
+        return ChatPrompt(ids, grammar, None, reasoning, mm)
     compiler = ctx.generator.grammar_compiler
 
     def tools_grammar() -> CompiledGrammar:
@@ -75,15 +87,20 @@ async def chat_prompt(ctx: ServerContext, valid: ValidRequest, size: int) -> Cha
         return compiler.compile("lark", text, "tools")
 
     # The grammar's text holds every tool's schema: it is written on the worker thread too.
-    return ChatPrompt(ids, await asyncio.to_thread(tools_grammar), plan, reasoning)
+    return ChatPrompt(ids, await asyncio.to_thread(tools_grammar), plan, reasoning, mm)
 
 
 #: Template variables the chat route sets itself: ``chat_template_kwargs`` may not name them.
 _RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "documents")
 
 
-def _rendered(ctx: ServerContext, valid: ValidRequest) -> tuple[list[int], ToolPlan | None, str]:
-    """The prompt's token ids, the tool plan (None: no tool calls) and the prompt's text."""
+def _rendered(
+    ctx: ServerContext, valid: ValidRequest, media: ChatMedia | None
+) -> tuple[list[int], ToolPlan | None, str, tuple[MediaInput, ...]]:
+    """The prompt's token ids, the tool plan (None: no tool calls), the prompt's text and
+    its expanded media. With ``media``, each media part is rendered as the template reads
+    parts, else as the processor's placeholder in the content's text
+    (`ChatMedia.template_messages`), and the processor tokenizes the text."""
     tokenizer = ctx.tokenizer
     parser = tool_parser(ctx)
     template = tokenizer.chat_template.source if tokenizer.chat_template else None
@@ -93,11 +110,6 @@ def _rendered(ctx: ServerContext, valid: ValidRequest) -> tuple[list[int], ToolP
     except ToolPlanError as e:
         code = "unsupported" if e.param == "tools" else "conflict"
         raise bad_request(str(e), param=e.param, code=code) from None
-    messages = history_messages(parser, template, valid.template_messages)
-    tools = None
-    if plan is not None:
-        messages = plan.prompt_messages(messages)
-        tools = plan.template_tools()
     kwargs = valid.chat_template_kwargs or {}
     for key in _RESERVED_TEMPLATE_KWARGS:
         if key in kwargs:
@@ -105,9 +117,29 @@ def _rendered(ctx: ServerContext, valid: ValidRequest) -> tuple[list[int], ToolP
                 f"`chat_template_kwargs.{key}` is set by the server; leave it out",
                 param=f"chat_template_kwargs.{key}",
             )
-    text = tokenizer.apply_chat_template(messages, tools, **kwargs)
-    # No special tokens are added: the template writes its own BOS (as transformers does).
-    return tokenizer.encode(text, add_special_tokens=False), plan, text
+    tools = None if plan is None else plan.template_tools()
+
+    def render(messages: list[dict[str, Any]], parts: bool = False) -> str:
+        messages = history_messages(parser, template, messages)
+        if plan is not None:
+            messages = plan.prompt_messages(messages)
+        if parts:
+            assert media is not None
+            messages = media.as_parts(messages)
+        return tokenizer.apply_chat_template(messages, tools, **kwargs)
+
+    if media is None:
+        text = render(valid.template_messages)
+        # No special tokens are added: the template writes its own BOS (as transformers does).
+        return tokenizer.encode(text, add_special_tokens=False), plan, text, ()
+    messages = media.template_messages(valid.template_messages)
+    # A template that reads typed parts gets them, unless it writes a marker of its own
+    # rather than the processor's placeholder: then each part is the placeholder in the text.
+    text = render(messages, parts=True) if reads_parts(template) else ""
+    if not media.placed(text):
+        text = render(messages)
+    processed = media.process(text)
+    return processed.prompt_token_ids, plan, text, processed.media
 
 
 def response_message(

@@ -287,6 +287,9 @@ class ModelCard(Struct, kw_only=True):
     task: str = "generate"
     #: A LoRA adapter's base model (vLLM's field); None for the base model itself.
     parent: str | None = None
+    #: What the model takes as input: "text", then any media kinds ("image", "video",
+    #: "audio") its content parts may carry (docs/api/openai.md#models).
+    modalities: list[str] = msgspec.field(default_factory=lambda: ["text"])
 
 
 class ModelList(Struct):

@@ -69,8 +69,10 @@ async def chat_completions(ctx: ServerContext, request: Request) -> Response:
 async def serve_chat(
     ctx: ServerContext, request: Request, valid: ValidRequest, render: Renderer
 ) -> Response:
-    """Render and run a validated chat request through ``render``'s API."""
-    prompt = await chat_prompt(ctx, valid, len(request.body))
+    """Render and run a validated chat request through ``render``'s API (its media parts
+    loaded first, on a multimodal model)."""
+    media = None if ctx.media is None else await ctx.media.chat(valid.messages)
+    prompt = await chat_prompt(ctx, valid, len(request.body), media)
     req = engine_request(
         valid,
         ctx.generator.new_request_id(),
@@ -79,6 +81,7 @@ async def serve_chat(
         grammar=prompt.grammar,
         keep_special_tokens=prompt.tools is not None and prompt.tools.keeps_special_tokens,
         lora=render.lora,
+        media=prompt.media,
     )
     response_id = render.new_id("chat")
     reasoning = prompt.reasoning if render.splits_reasoning else None

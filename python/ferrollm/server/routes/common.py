@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from ferrollm._core import Body, CompiledGrammar, SamplingParams, ValidRequest, validate
 from ferrollm.engine.request import EngineRequest
+from ferrollm.multimodal.inputs import MediaInput
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import ApiError
 from ferrollm.server.http import Request
@@ -71,17 +72,19 @@ def engine_request(
     grammar: CompiledGrammar | None = None,
     keep_special_tokens: bool = False,
     lora: str | None = None,
+    media: tuple[MediaInput, ...] = (),
 ) -> EngineRequest:
     """The engine's request for one tokenized prompt of ``valid`` (``index``: its place in a
     batch): cut under ``error_behavior: "truncate"``, then the prompt-token limit and the
     output cap, in one call; ``grammar`` is its compiled structured-output or tool grammar;
     ``keep_special_tokens`` keeps them in the text (a tool-call marker that is one); ``lora``
-    is the adapter the request's model name selected."""
+    is the adapter the request's model name selected; ``media`` the prompt's expanded media
+    (`ferrollm.server.media_intake`)."""
     ids, params = valid.fit_prompt(token_ids, index)
     if keep_special_tokens:
         params = params.keeping_special_tokens()
     return EngineRequest(
-        request_id, ids, params, arrival, prompt=prompt, grammar=grammar, lora=lora
+        request_id, ids, params, arrival, prompt=prompt, grammar=grammar, lora=lora, media=media
     )
 
 

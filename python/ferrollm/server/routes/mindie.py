@@ -6,7 +6,9 @@
 when a timeout or an error ended the request (docs/decisions.md#abnormal-ends-on-generate,
 docs/decisions.md#request-timeouts). With ``details: false`` only the final frame has ``details``
 (docs/decisions.md#details-when-not-asked-for). The stream ends after the final frame: no ``[DONE]``
-(docs/decisions.md#the-end-of-stream-sentinel).
+(docs/decisions.md#the-end-of-stream-sentinel). On a multimodal model ``text_input`` may carry
+one image part (docs/api/mindie.md#media-parts): no chat template, the parts joined with the image
+as the processor's placeholder.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import msgspec
 
 from ferrollm._core import SamplingParams
 from ferrollm.engine import RequestOutput
+from ferrollm.multimodal.inputs import MediaInput
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import ApiError, to_api_error
 from ferrollm.server.generation import Timing, generate, prime
@@ -61,13 +64,22 @@ async def versions_unsupported(ctx: ServerContext, request: Request) -> Response
 async def _serve(ctx: ServerContext, request: Request, *, stream: bool) -> Response:
     lora = ctx.select_model(request.path_params["model"])
     valid = await accept(ctx, "generate", request)
-    text = valid.prompts[0]
-    assert isinstance(text, str)  # only /v1/completions takes token-id prompts
-    ids = await run_sized(len(text), ctx.tokenizer.encode, text)
+    media = None if ctx.media is None else await ctx.media.generate(request.body)
+    mm: tuple[MediaInput, ...] = ()
+    if media is None:
+        text = valid.prompts[0]
+        assert isinstance(text, str)  # only /v1/completions takes token-id prompts
+        ids = await run_sized(len(text), ctx.tokenizer.encode, text)
+    else:
+        # No chat template: the parts joined, the image as the processor's placeholder.
+        assert ctx.media is not None
+        text = media.prompt
+        processed = await ctx.media.process(media, text)
+        ids, mm = processed.prompt_token_ids, processed.media
     client_id = valid.client_id
     response_id = client_id or ctx.next_id()
     engine_id = ctx.generator.new_request_id()
-    req = engine_request(valid, engine_id, ids, request.arrival, prompt=text, lora=lora)
+    req = engine_request(valid, engine_id, ids, request.arrival, prompt=text, lora=lora, media=mm)
     timing = Timing(req.arrival_time)
     gen = _Generate(ctx, response_id, req.params, timing, valid.details, lora or ctx.model_name)
     outputs = generate(ctx, req, gen.timing, client_id)

@@ -15,13 +15,16 @@ STALL_S = 60.0
 
 async def models(ctx: ServerContext, request: Request) -> Response:
     """``GET /v1/models``: the served model, then each loaded LoRA adapter with its directory
-    as ``root`` and the base model as ``parent`` (as vLLM lists them)."""
+    as ``root`` and the base model as ``parent`` (as vLLM lists them); each card's
+    ``modalities`` says what the model takes."""
+
+    modalities = ["text"] if ctx.media is None else ctx.media.modalities
 
     def card(name: str, root: str, parent: str | None = None) -> ModelCard:
         max_len = ctx.limits.max_model_len
         return ModelCard(
             id=name, created=ctx.created, root=root, max_model_len=max_len, task=ctx.task,
-            parent=parent,
+            parent=parent, modalities=modalities,
         )  # fmt: skip
 
     cards = [card(ctx.model_name, ctx.model_name)]
