@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import io
 import re
 import threading
 import wave
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from ferrollm.engine import AsyncEngine
+from ferrollm.engine import AsyncEngine, RequestOutput
+from ferrollm.engine.request import EngineRequest
 from ferrollm.media import MediaItem
 from ferrollm.multimodal.inputs import MediaInput, MediaKind, ProcessedPrompt
 from ferrollm.tokenizer import ChatTemplate, Tokenizer
@@ -36,6 +38,8 @@ class Call:
     token_ids: list[int]
     #: The thread it ran on (never the event loop's).
     thread: int
+    #: Whether the prompt's special tokens (BOS) were to be added: False for a rendered chat.
+    add_special_tokens: bool = True
 
 
 @dataclass
@@ -54,7 +58,9 @@ class FakeProcessor:
     def placeholder(self, kind: MediaKind) -> str:
         return f"<{kind}>"
 
-    def process(self, prompt: str, media: Sequence[MediaItem]) -> ProcessedPrompt:
+    def process(
+        self, prompt: str, media: Sequence[MediaItem], *, add_special_tokens: bool = True
+    ) -> ProcessedPrompt:
         pieces = _PLACEHOLDER.split(prompt)
         found = len(pieces) // 2
         if found != len(media):
@@ -72,7 +78,8 @@ class FakeProcessor:
             kind: MediaKind = piece[1:-1]  # type: ignore[assignment]
             inputs.append(MediaInput(kind, f"d{i}", {}, len(ids), TOKENS_PER_ITEM))
             ids += [filler] * TOKENS_PER_ITEM
-        self.calls.append(Call(prompt, list(media), ids, threading.get_ident()))
+        call = Call(prompt, list(media), ids, threading.get_ident(), add_special_tokens)
+        self.calls.append(call)
         return ProcessedPrompt(prompt, ids, tuple(inputs))
 
 
@@ -91,6 +98,14 @@ class MultimodalEngine:
             special = engine.tokenizer.chat_template.special_tokens
             tokenizer.chat_template = ChatTemplate(chat_template, special)
             self.tokenizer = tokenizer
+
+    def generate(
+        self, request: EngineRequest, client_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """The real engine runs the request's tokens (the fake media's placeholder tokens are
+        ordinary ids to it); the media itself is the processor's record, not the text
+        model's input (it refuses media)."""
+        return self._engine.generate(dataclasses.replace(request, media=()), client_id)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)

@@ -276,6 +276,8 @@ def test_chat_streamed_and_whole_with_the_openai_sdk(media: MediaApps, calls: li
 
     whole, chunks = media.server.run(go())
     assert len(calls) == 2 and calls[0].prompt == calls[1].prompt
+    # The template wrote the BOS: the processor adds no special tokens (as for text chats).
+    assert not calls[0].add_special_tokens and not calls[1].add_special_tokens
     assert whole.usage.prompt_tokens == len(calls[0].token_ids)
     assert chunks[-1].usage.prompt_tokens == len(calls[1].token_ids)
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -293,7 +295,7 @@ def test_generate_joins_parts_with_no_template(
     response = media.post(GENERATE, body)
     assert response.status_code == 200, response.text
     (call,) = calls
-    assert call.prompt == "Describe<image>briefly"
+    assert call.prompt == "Describe<image>briefly" and call.add_special_tokens
     assert response.json()["details"]["generated_tokens"] >= 1
 
 

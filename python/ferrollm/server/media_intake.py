@@ -82,11 +82,12 @@ class LoadedMedia:
         wanted = Counter(self.placeholder(p) for p in self.parts)
         return all(prompt.count(text) == n for text, n in wanted.items())
 
-    def process(self, prompt: str) -> ProcessedPrompt:
+    def process(self, prompt: str, *, add_special_tokens: bool = True) -> ProcessedPrompt:
         """``prompt`` expanded by the processor (blocking: run it on a worker thread); its
-        ValueError about ``media[i]`` becomes a 400 naming the i-th part."""
+        ValueError about ``media[i]`` becomes a 400 naming the i-th part. A rendered chat
+        passes ``add_special_tokens`` False: its template wrote its own BOS."""
         try:
-            return self.processor.process(prompt, self.items)
+            return self.processor.process(prompt, self.items, add_special_tokens=add_special_tokens)
         except ValueError as e:
             raise self._item_error(e) from None
 

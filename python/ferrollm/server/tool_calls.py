@@ -138,7 +138,7 @@ def _rendered(
     text = render(messages, parts=True) if reads_parts(template) else ""
     if not media.placed(text):
         text = render(messages)
-    processed = media.process(text)
+    processed = media.process(text, add_special_tokens=False)  # the template wrote the BOS
     return processed.prompt_token_ids, plan, text, processed.media
 
 
