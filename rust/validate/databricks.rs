@@ -27,7 +27,7 @@ const TEMPERATURE: FloatRange = FloatRange::new(0.0, false, 2.0, false);
 /// Validates a Databricks chat body.
 pub(super) fn chat(body: &Raw, limits: &Limits) -> CoreResult<ValidRequest> {
     let o = Obj::root(body)?;
-    let chars = messages(o.field("messages"), Flavor::Databricks, false)?;
+    let chars = messages(o.field("messages"), Flavor::Databricks, limits.multimodal)?;
     prompt_chars(o.field("messages"), chars, limits)?;
     let max_tools = Some(limits.max_tools_databricks);
     let names = tools(o.field("tools"), Flavor::Databricks, max_tools)?;

@@ -17,8 +17,7 @@ const MAX_CHAT_MEDIA: u32 = 20;
 /// What content parts a route accepts.
 #[derive(Copy, Clone, Debug)]
 pub(crate) struct PartRules {
-    /// Media types the route knows (`image_url` on generate, all three on MindIE chat, none
-    /// on Databricks).
+    /// Media types the route knows (`image_url` on generate, all three on chat).
     pub(crate) media: &'static [&'static str],
     /// Whether the model takes media at all (`Limits::multimodal`).
     pub(crate) multimodal: bool,
@@ -32,22 +31,15 @@ pub(crate) struct PartRules {
 pub(crate) const GENERATE_PARTS: &[&str] = &["image_url"];
 
 impl PartRules {
-    /// Chat parts for a route flavour: MindIE knows images, videos and audio (at most 20);
-    /// Databricks is text only.
-    pub(crate) fn chat(flavor: Flavor, multimodal: bool) -> PartRules {
-        match flavor {
-            Flavor::MindIE => PartRules {
-                media: &MEDIA_TYPES,
-                multimodal,
-                max_media: MAX_CHAT_MEDIA,
-                media_name: "image, video and audio",
-            },
-            Flavor::Databricks => PartRules {
-                media: &[],
-                multimodal: false,
-                max_media: 0,
-                media_name: "media",
-            },
+    /// Chat parts: images, videos and audio (at most 20), on every chat flavour. Databricks
+    /// chat takes them as OpenAI chat does (its vision endpoints take content parts), on a
+    /// model that takes media.
+    pub(crate) fn chat(_flavor: Flavor, multimodal: bool) -> PartRules {
+        PartRules {
+            media: &MEDIA_TYPES,
+            multimodal,
+            max_media: MAX_CHAT_MEDIA,
+            media_name: "image, video and audio",
         }
     }
 }

@@ -369,7 +369,9 @@ def test_text_only_arrays_are_joined(server: Server, media: MediaApps, app_name:
     assert split["text_output"] == whole["text_output"]
 
 
-def test_databricks_chat_takes_text_parts_and_refuses_media(media: MediaApps) -> None:
+def test_databricks_chat_takes_text_and_media_parts(
+    media: MediaApps, calls: list[Any], server: Server
+) -> None:
     path = ROUTE_PATHS["databricks"]
     body = {"messages": [{"role": "user", "content": [text("Hi "), text("you")]}], "max_tokens": 2}
     response = media.post(path, body)
@@ -377,6 +379,12 @@ def test_databricks_chat_takes_text_parts_and_refuses_media(media: MediaApps) ->
     assert response.json()["usage"]["prompt_tokens"] > 0
     body["messages"][0]["content"].append(image(data_uri(png())))
     response = media.post(path, body)
+    assert response.status_code == 200, response.text
+    (call,) = calls
+    assert "<image>" in call.prompt and len(call.media) == 1
+    assert response.json()["usage"]["prompt_tokens"] == len(call.token_ids)
+    # A text-only model refuses the part, naming it.
+    response = server.post(path, body)
     assert response.status_code == 400, response.text
     assert "messages[0].content[2].type" in response.json()["message"]
 

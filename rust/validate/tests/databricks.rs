@@ -272,3 +272,29 @@ fn embeddings() {
         "tokens",
     );
 }
+
+#[test]
+fn chat_media_on_a_multimodal_model() {
+    let mm = Limits {
+        multimodal: true,
+        ..limits()
+    };
+    let body = |parts: &str| {
+        parse(&format!(
+            r#"{{"messages": [{{"role": "user", "content": [{{"type": "text", "text": "a"}}, {parts}]}}]}}"#
+        ))
+    };
+    let image = r#"{"type": "image_url", "image_url": {"url": "/m.png"}}"#;
+    assert!(validate(Route::DatabricksChat, &body(image), None, &mm).is_ok());
+    // A text-only model still refuses it, naming the part.
+    let result = validate(Route::DatabricksChat, &body(image), None, &limits());
+    assert_err(
+        result,
+        "messages[0].content[1].type",
+        UNSUPPORTED_CONTENT_TYPE,
+        "text-only",
+    );
+    let many = vec![image; 21].join(", ");
+    let result = validate(Route::DatabricksChat, &body(&many), None, &mm);
+    assert_err(result, "messages[0].content[21]", TOO_MANY, "21 media parts");
+}
