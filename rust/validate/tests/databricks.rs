@@ -296,5 +296,10 @@ fn chat_media_on_a_multimodal_model() {
     );
     let many = vec![image; 21].join(", ");
     let result = validate(Route::DatabricksChat, &body(&many), None, &mm);
-    assert_err(result, "messages[0].content[21]", TOO_MANY, "21 media parts");
+    assert_err(
+        result,
+        "messages[0].content[21]",
+        TOO_MANY,
+        "21 media parts",
+    );
 }
