@@ -5,6 +5,7 @@ back until a slot's adapter is done; adapters pin, evict and reload as `LoRAMana
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +197,33 @@ def test_two_ranks_serve_adapters_as_one(tiny: tuple[Path, dict[str, Path]]) -> 
         assert late[0].outputs[0].token_ids == want[0].outputs[0].token_ids
     finally:
         two.shutdown()
+
+
+def test_a_mixture_of_experts_base_takes_attention_adapters_and_refuses_expert_ones(
+    tmp_path: Path,
+) -> None:
+    # The attention projections of a MoE model are adapted as on a dense one; its experts are
+    # not adaptable yet, and an adapter with an expert's tensor is refused naming it.
+    from safetensors.torch import load_file, save_file
+
+    base = build_tiny_model("mixtral", tmp_path / "moe")
+    attention = make_adapter(
+        base,
+        tmp_path / "attn",
+        5,
+        r=8,
+        lora_alpha=16,
+        target_modules=["q_proj", "v_proj", "o_proj"],
+    )
+    llm = LLM(base, enable_lora=True, lora_modules=[f"attn={attention}"], **OPTIONS)
+    out = llm.generate([PROMPTS[0]], GREEDY, LoRARequest("attn"))
+    assert out[0].outputs[0].token_ids == _hf_greedy(base, attention, PROMPTS[0])
+    assert out[0].outputs[0].token_ids != llm.generate([PROMPTS[0]], GREEDY)[0].outputs[0].token_ids
+    expert = tmp_path / "expert"
+    shutil.copytree(attention, expert)
+    tensors = load_file(expert / "adapter_model.safetensors")
+    name = "base_model.model.model.layers.0.block_sparse_moe.experts.0.w1.lora_A.weight"
+    tensors[name] = torch.zeros(8, 64)
+    save_file(tensors, expert / "adapter_model.safetensors")
+    with pytest.raises(LoRAError, match=r"experts\.0\.w1"):
+        llm.generate([PROMPTS[0]], GREEDY, LoRARequest("expert", 2, str(expert)))
