@@ -7,9 +7,10 @@ engine's tokenizer, so the ids are those transformers' ``Qwen2AudioProcessor`` g
 clip is one `MediaInput`, named by a hash of its features: the same clip is encoded once.
 
 The features come from transformers' own ``WhisperFeatureExtractor`` (imported when the
-engine starts), so they are the model's by construction rather than by re-implementation; it
-costs a few milliseconds per clip on one CPU core (its STFT runs in numpy over the whole 30 s
-window, however short the clip), small beside the encoder.
+engine starts), so they are the model's by construction rather than by re-implementation.
+Measured cost: 12-18 ms per clip at 128 mel channels on a 2-core CPU, about the same for a
+1 s clip as for 30 s (its torch STFT runs over the whole padded 30 s window); the intake runs
+it on a worker thread, and the encoder's cache keeps a clip's output, not its features.
 
 `Qwen2AudioEncoder.encode` runs the audio tower over a batch of clips.
 """
