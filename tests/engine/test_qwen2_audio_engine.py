@@ -37,6 +37,15 @@ GREEDY = SamplingParams(temperature=0, max_tokens=NUM_NEW_TOKENS, ignore_eos=Tru
 #: Float32 on both sides: logprobs agree to rounding.
 LOGPROB_TOLERANCE = 1e-4
 RATE = 16_000
+#: Chunks of 8 tokens (every clip's run is cut), 4 seats and a KV cache of 24 blocks of 4
+#: tokens (2 KiB each), too small for the clip prompts at once: preemption.
+BUSY = {
+    "dtype": "float32",
+    "max_num_batched_tokens": 8,
+    "block_size": 4,
+    "max_num_seqs": 4,
+    "kv_cache_memory": 24 * 2048,
+}
 
 
 def tone(seconds: float, hz: float, amplitude: float = 0.5) -> npt.NDArray[np.float32]:
@@ -243,6 +252,41 @@ def test_mixed_batch_equals_each_alone(llm: LLM) -> None:
         (alone,) = llm.generate([prompt], GREEDY)
         assert tokens(got) == tokens(alone)
         np.testing.assert_allclose(logprobs_of(got), logprobs_of(alone), atol=LOGPROB_TOLERANCE)
+
+
+def test_chunked_prefill_and_preemption_through_clips(tiny_qwen2_audio_dir: Path, llm: LLM) -> None:
+    """Chunks that cut through clip spans, and recomputes after preemption, give what each
+    prompt gives alone in one chunk."""
+    prompts: list[Any] = [mm(ONE_CLIP, A), mm(TWO_CLIPS, A, B), TEXT_ONLY, mm(ONE_CLIP, B)]
+    alone = [llm.generate([p], GREEDY)[0] for p in prompts]
+    busy = LLM(tiny_qwen2_audio_dir, device="cpu", **BUSY)
+    for got, want in zip(busy.generate(prompts, GREEDY), alone, strict=True):
+        assert tokens(got) == tokens(want)
+        np.testing.assert_allclose(logprobs_of(got), logprobs_of(want), atol=LOGPROB_TOLERANCE)
+    assert busy.engine.scheduler.stats()["num_preemptions"] > 0
+
+
+def test_a_repeated_clip_is_encoded_once(tiny_qwen2_audio_dir: Path) -> None:
+    """The encoder cache names a clip by its features: the same clip twice in one prompt, in
+    two prompts of a batch and in a later prompt is encoded once."""
+    fresh = LLM(tiny_qwen2_audio_dir, device="cpu", dtype="float32")
+    fresh.generate([mm(TWO_CLIPS, A, A), mm(ONE_CLIP, A)], GREEDY)
+    cache = fresh.engine.encoder_cache
+    assert cache is not None
+    assert cache.misses == 1
+    fresh.generate([mm("hello " + ONE_CLIP, A)], GREEDY)  # another prefix: no KV reuse
+    assert cache.misses == 1 and cache.hits == 1
+
+
+def test_dummy_weights_give_a_random_audio_tower(
+    tiny_qwen2_audio_dir: Path, tmp_path: Path
+) -> None:
+    """``load_format`` dummy on a directory without weights builds a random tower too."""
+    for name in ("config.json", "processor_config.json", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((tiny_qwen2_audio_dir / name).read_bytes())
+    llm = LLM(tmp_path, device="cpu", dtype="float32", load_format="dummy")
+    (got,) = llm.generate([mm(ONE_CLIP, A)], GREEDY)
+    assert len(tokens(got)) == NUM_NEW_TOKENS
 
 
 def test_clip_at_another_rate_is_resampled(llm: LLM) -> None:
