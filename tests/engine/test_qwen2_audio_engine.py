@@ -30,6 +30,7 @@ from ferrollm.media.loader import load_media_sync
 from ferrollm.media.options import MediaPolicy
 from ferrollm.media.parts import parse_media_part
 from ferrollm.models.audio import load_qwen2_audio_tower
+from ferrollm.models.audio.log_mel import LogMel, LogMelSettings, mel_filter_bank
 from ferrollm.multimodal.qwen2_audio import Qwen2AudioProcessor
 
 NUM_NEW_TOKENS = 6
@@ -173,7 +174,31 @@ def test_features_equal_transformers_feature_extractor(
     )
     assert tuple(ours.shape) == (80, 3000)
     torch.testing.assert_close(ours, theirs["input_features"][0], rtol=0, atol=1e-6)
-    assert torch.equal(mask, theirs["feature_attention_mask"][0])
+    assert torch.equal(mask.long(), theirs["feature_attention_mask"][0].long())
+
+
+def test_log_mel_at_128_channels_equals_transformers(tmp_path: Path) -> None:
+    """Qwen2-Audio's own 128 channels, settings read from a ``preprocessor_config.json`` (as
+    the released checkpoints hold them), on a noisy 7.77 s clip: the filter bank, features
+    and mask equal ``WhisperFeatureExtractor``'s."""
+    extractor = transformers.WhisperFeatureExtractor(feature_size=128)
+    extractor.save_pretrained(tmp_path)
+    settings = LogMelSettings.from_directory(tmp_path)
+    assert settings.feature_size == 128 and settings.num_frames == 3000
+    np.testing.assert_allclose(mel_filter_bank(settings), extractor.mel_filters, rtol=0, atol=1e-8)
+    rng = np.random.default_rng(0)
+    clip = tone(7.77, 440.0) + (0.05 * rng.standard_normal(round(7.77 * RATE))).astype(np.float32)
+    ours, mask = LogMel(settings)(clip)
+    theirs = extractor(
+        clip,
+        sampling_rate=RATE,
+        return_attention_mask=True,
+        padding="max_length",
+        return_tensors="pt",
+    )
+    torch.testing.assert_close(ours, theirs["input_features"][0], rtol=0, atol=1e-6)
+    assert torch.equal(mask.long(), theirs["attention_mask"][0].long())
+    assert int(mask.sum()) == 777
 
 
 @pytest.mark.parametrize(("prompt", "clips"), [(ONE_CLIP, [A]), (TWO_CLIPS, [A, B])])
