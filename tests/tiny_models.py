@@ -303,6 +303,77 @@ def build_tiny_idefics3_processor(directory: Path) -> Any:
     return processor
 
 
+#: The tiny Qwen2-Audio's encoder: Whisper's 30 s window (1,500 positions, so transformers
+#: takes the features), 80 mel channels (Qwen2-Audio has 128: the count must come from the
+#: config), two layers.
+QWEN2_AUDIO_ENCODER_SIZES: dict[str, Any] = {
+    "model_type": "qwen2_audio_encoder",
+    "d_model": 32,
+    "encoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "encoder_ffn_dim": 64,
+    "num_mel_bins": 80,
+    "max_source_positions": 1500,
+}
+#: The audio tokens the tiny tokenizer gains (ids 300, 301, 302).
+QWEN2_AUDIO_ADDED_TOKENS = ["<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"]
+#: Qwen2-Audio-Instruct's chat template: it walks content parts and writes each audio part as
+#: ``Audio n: <|audio_bos|><|AUDIO|><|audio_eos|>``.
+QWEN2_AUDIO_CHAT_TEMPLATE = (
+    "{% set audio_count = namespace(value=0) %}{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
+    "{% if 'audio' in content or 'audio_url' in content %}"
+    "{% set audio_count.value = audio_count.value + 1 %}"
+    "Audio {{ audio_count.value }}: <|audio_bos|><|AUDIO|><|audio_eos|>\n"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}"
+    "<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tiny_qwen2_audio(directory: Path, seed: int = 0) -> Path:
+    """Save a seeded random ``Qwen2AudioForConditionalGeneration`` (Whisper-style encoder of
+    `QWEN2_AUDIO_ENCODER_SIZES`, projector, tiny Qwen2 of `TINY_SIZES`) to ``directory``,
+    with its processor (`build_tiny_qwen2_audio_processor`). Every weight is randomized as
+    `build_tiny_model`'s are, the learned positions and LayerNorms included."""
+    import transformers
+
+    processor = build_tiny_qwen2_audio_processor(directory)
+    config = transformers.Qwen2AudioConfig(
+        audio_config=QWEN2_AUDIO_ENCODER_SIZES,
+        text_config={"model_type": "qwen2", **TINY_SIZES},
+        audio_token_index=processor.audio_token_id,
+    )
+    torch.manual_seed(seed)
+    model = transformers.Qwen2AudioForConditionalGeneration(config)
+    _randomize(model, seed)
+    model.save_pretrained(directory)
+    return directory
+
+
+def build_tiny_qwen2_audio_processor(directory: Path) -> Any:
+    """Save (and return) a ``Qwen2AudioProcessor`` to ``directory``: the tiny tokenizer plus
+    `QWEN2_AUDIO_ADDED_TOKENS` and Qwen2-Audio's chat template, and transformers' Whisper
+    feature extractor with 80 mel channels."""
+    from transformers import PreTrainedTokenizerFast, Qwen2AudioProcessor, WhisperFeatureExtractor
+
+    build_tiny_tokenizer(directory)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN2_AUDIO_ADDED_TOKENS})
+    tokenizer.chat_template = QWEN2_AUDIO_CHAT_TEMPLATE
+    processor = Qwen2AudioProcessor(
+        feature_extractor=WhisperFeatureExtractor(feature_size=80),
+        tokenizer=tokenizer,
+        chat_template=QWEN2_AUDIO_CHAT_TEMPLATE,
+    )
+    processor.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return processor
+
+
 #: transformers' GLM tensor names -> ChatGLM3's, as the original checkpoints name them.
 CHATGLM_NAMES = {
     "model.embed_tokens.": "transformer.embedding.word_embeddings.",

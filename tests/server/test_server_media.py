@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -141,6 +142,26 @@ def test_chat_audio_part(media: MediaApps, calls: list[Any]) -> None:
     (call,) = calls
     assert "Transcribe: <audio>" in call.prompt
     assert call.media[0].sample_rate == 16_000 and call.media[0].duration_s > 0.2
+
+
+@dataclass
+class EightKilohertzProcessor(FakeProcessor):
+    """A processor whose features need audio at 8 kHz (``sample_rate``, as Qwen2-Audio's
+    processor names its 16 kHz)."""
+
+    sample_rate: int = 8_000
+
+
+def test_audio_is_decoded_at_the_processors_rate(server: Server, media: MediaApps) -> None:
+    processor = EightKilohertzProcessor(server.tokenizer)
+    engine = cast(AsyncEngine, MultimodalEngine(server.engine, processor))
+    app = App(ctx=ServerContext.build(engine, ServerConfig(served_model_name=MODEL)))
+    audio = {"type": "audio_url", "audio_url": {"url": data_uri(wav(0.25), "audio/wav")}}
+    response = media.post(CHAT, chat([text("Transcribe: "), audio], max_tokens=1), app)
+    assert response.status_code == 200, response.text
+    (call,) = processor.calls
+    (clip,) = call.media
+    assert clip.sample_rate == 8_000 and abs(len(clip.samples) - 2_000) <= 16
 
 
 def test_chat_template_that_reads_parts_gets_typed_parts(

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 from ferrollm.distributed.shard_plan import WHOLE, ShardPlan
 from ferrollm.executor.source import ModelSource, SpecialTokens, progress_bar
-from ferrollm.models import idefics3_text
+from ferrollm.models import media_text
 from ferrollm.models.config import ModelConfig
 
 if TYPE_CHECKING:  # opening a directory (config, tokenizer) needs no torch: `ferrollm.preflight`
@@ -46,17 +46,17 @@ class HFCheckpoint(ModelSource):
         """Read config, generation config, tokenizer and the weight index of ``directory``;
         with ``dummy_weights`` (``load_format`` dummy) no weights are looked for or read."""
         raw = _read_json(directory / "config.json")
-        family = idefics3_text.vision_family(raw)
+        family = media_text.media_family(raw)
         config = ModelConfig.from_hf_dict(
-            raw if family is None else idefics3_text.text_config(raw),
+            raw if family is None else media_text.text_config(family, raw),
             _read_json(directory / "generation_config.json", missing_ok=True),
         )
         tokenizer_json = _read_tokenizer_json(directory)
         tokenizer_config = _read_json(directory / "tokenizer_config.json", missing_ok=True)
         weight_map = {} if dummy_weights else _weight_map(directory)
         stored_names: dict[str, str] = {}
-        if family is not None:  # the decoder's tensors only, under the Llama's names
-            stored_names = idefics3_text.stored_text_names(weight_map)
+        if family is not None:  # the decoder's tensors only, under the decoder's own names
+            stored_names = media_text.stored_text_names(family, weight_map)
             weight_map = {name: weight_map[stored] for name, stored in stored_names.items()}
         return cls(
             directory,

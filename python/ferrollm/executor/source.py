@@ -66,8 +66,9 @@ class ModelSource(abc.ABC):
         #: Opened with ``load_format`` dummy: there is nothing to read (``iter_weights`` yields
         #: nothing), and the model is filled with random values instead.
         self.dummy_weights = dummy_weights
-        #: The image-text family whose text decoder this source's weights are ("idefics3":
-        #: its vision tower loads beside it, ``ferrollm.multimodal.build``), or None.
+        #: The media-text family whose text decoder this source's weights are ("idefics3",
+        #: "qwen2_audio": its media encoder loads beside it, ``ferrollm.multimodal.build``),
+        #: or None. (Named for the first family, an image one; audio families use it too.)
         self.vision_family = vision_family
 
     @property

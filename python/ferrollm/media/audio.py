@@ -74,3 +74,27 @@ def decode_audio(
         raise MediaError(part_path, INVALID_MEDIA, "the audio has no samples")
     samples = np.concatenate(chunks).astype(np.float32, copy=False)
     return AudioMedia(samples=samples, sample_rate=sample_rate, format=fmt)
+
+
+def resample_audio(
+    samples: npt.NDArray[np.float32], rate: int, target_rate: int
+) -> npt.NDArray[np.float32]:
+    """Mono float32 ``samples`` at ``rate`` Hz as ``target_rate`` Hz, through FFmpeg's
+    resampler (the one `decode_audio` uses, so raw samples and decoded files agree)."""
+    samples = np.ascontiguousarray(samples, dtype=np.float32)
+    if rate == target_rate:
+        return samples
+    try:
+        import av
+    except ImportError as error:
+        raise missing("PyAV") from error
+    if rate <= 0 or target_rate <= 0:
+        raise ValueError(f"sample rates must be positive; got {rate} and {target_rate}")
+    frame = av.AudioFrame.from_ndarray(samples[None, :], format="fltp", layout="mono")
+    frame.sample_rate = rate
+    resampler = av.AudioResampler(format="fltp", rate=target_rate, layout="mono")
+    chunks = [out.to_ndarray()[0] for out in resampler.resample(frame)]
+    chunks += [out.to_ndarray()[0] for out in resampler.resample(None)]
+    if not chunks:
+        return np.zeros(0, dtype=np.float32)
+    return np.concatenate(chunks).astype(np.float32, copy=False)

@@ -1,6 +1,7 @@
 """Building a multimodal engine's media side at engine start: the processor the intake uses
 and the encoder (behind its cache) the engine runs, for a checkpoint whose source says it is
-an image-text model (``ModelSource.vision_family``); nothing for a text-only one."""
+a media-text model (``ModelSource.vision_family``: "idefics3" images, "qwen2_audio" audio);
+nothing for a text-only one."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ferrollm.multimodal.inputs import MultimodalProcessor
 from ferrollm.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from ferrollm.models.audio import Qwen2AudioTower
     from ferrollm.models.vision import Idefics3Vision
 
 
@@ -30,11 +32,13 @@ def build_multimodal(
     source: ModelSource, tokenizer: Tokenizer, device: torch.device, dtype: torch.dtype
 ) -> MultimodalParts | None:
     """The media side of ``source`` on ``device`` in ``dtype`` (the text model's), or None
-    for a text-only checkpoint. The vision tower's weights are read from the checkpoint
+    for a text-only checkpoint. The media encoder's weights are read from the checkpoint
     directory here (the text model's loader skips them); with ``load_format`` dummy they are
     random, as the text model's are."""
     if source.vision_family is None:
         return None
+    if source.vision_family == "qwen2_audio":
+        return _build_qwen2_audio(source, tokenizer, device, dtype)
     if source.vision_family != "idefics3":
         raise ValueError(f"no media support for the {source.vision_family!r} family")
     from ferrollm.models.vision import load_idefics3_vision
@@ -46,6 +50,29 @@ def build_multimodal(
         vision = load_idefics3_vision(source.path, device, dtype)
     processor = Idefics3Processor.from_directory(source.path, tokenizer, vision)
     return MultimodalParts(processor, EncoderCache(Idefics3Encoder(vision, device).encode))
+
+
+def _build_qwen2_audio(
+    source: ModelSource, tokenizer: Tokenizer, device: torch.device, dtype: torch.dtype
+) -> MultimodalParts:
+    """A Qwen2-Audio checkpoint's audio tower (random with ``load_format`` dummy), its
+    processor and encoder cache."""
+    from ferrollm.models.audio import load_qwen2_audio_tower
+    from ferrollm.multimodal.qwen2_audio import Qwen2AudioEncoder, Qwen2AudioProcessor
+
+    tower: Qwen2AudioTower
+    if source.dummy_weights:
+        from ferrollm.executor.dummy_weights import fill_dummy_weights
+        from ferrollm.models.audio.qwen2_audio import new_qwen2_audio_tower
+
+        tower = new_qwen2_audio_tower(source.path, device, dtype)
+        fill_dummy_weights(tower)
+        tower.eval()
+        tower.requires_grad_(False)
+    else:
+        tower = load_qwen2_audio_tower(source.path, device, dtype)
+    processor = Qwen2AudioProcessor.from_directory(source.path, tokenizer, tower)
+    return MultimodalParts(processor, EncoderCache(Qwen2AudioEncoder(tower, device).encode))
 
 
 def _dummy_idefics3_vision(

@@ -21,6 +21,17 @@ if TYPE_CHECKING:
 
 MediaKind = Literal["image", "video", "audio"]
 
+#: The rate audio is decoded to for a processor that names none (Whisper's, 16 kHz).
+DEFAULT_AUDIO_RATE = 16_000
+
+
+def audio_rate(processor: object) -> int:
+    """The sample rate ``processor`` needs its audio at: its ``sample_rate`` attribute (an
+    audio model's feature extractor rate), else `DEFAULT_AUDIO_RATE`. The intake decodes and
+    resamples audio to it."""
+    rate = getattr(processor, "sample_rate", DEFAULT_AUDIO_RATE)
+    return rate if isinstance(rate, int) and rate > 0 else DEFAULT_AUDIO_RATE
+
 
 @dataclass(frozen=True)
 class MediaInput:

@@ -38,7 +38,7 @@ from ferrollm.media import (
     parse_media_part,
 )
 from ferrollm.media.errors import INVALID_MEDIA, UNSUPPORTED_CONTENT_TYPE
-from ferrollm.multimodal.inputs import MediaKind, MultimodalProcessor, ProcessedPrompt
+from ferrollm.multimodal.inputs import MediaKind, MultimodalProcessor, ProcessedPrompt, audio_rate
 from ferrollm.server.errors import ApiError
 
 logger = logging.getLogger("ferrollm.server")
@@ -232,7 +232,8 @@ class MediaIntake:
     async def _load_one(self, part: MediaPart, policy: MediaPolicy) -> MediaItem:
         async with self._slots:
             try:
-                return await load_media(part, policy)
+                # Audio decodes straight to the rate the model's features need.
+                return await load_media(part, policy, sample_rate=audio_rate(self.processor))
             except MediaError:
                 raise
             except (ImportError, MemoryError):
