@@ -22,16 +22,16 @@ either optionally under ``model.``); the decoder's are left to its own loader.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from torch import nn
 
 from ferrollm.layers.linear import copy_checked
 from ferrollm.models.audio.config import Qwen2AudioConfig, WhisperEncoderConfig
+from ferrollm.models.encoder_checkpoint import encoder_tensors, refuse_missing
 
 #: Prefix transformers 5's in-memory layout puts before the towers (absent as saved).
 _BASE_PREFIX = "model."
@@ -211,35 +211,7 @@ class Qwen2AudioTower(nn.Module):
             copy_checked(target.data, tensor.to(target.dtype), full_name)
             loaded.add(name)
         missing = [n for n in self.checkpoint_names() if n not in loaded]
-        if missing:
-            shown = ", ".join(missing[:5])
-            raise ValueError(
-                f"checkpoint lacks {len(missing)} audio tensors the model needs: {shown}"
-                + (" ..." if len(missing) > 5 else "")
-            )
-
-
-def checkpoint_audio_tensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """The audio tower and projector tensors of a safetensors checkpoint in ``directory``
-    (one file or an index of shards); the decoder's are never read."""
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-    elif (directory / "model.safetensors").is_file():
-        with safe_open(str(directory / "model.safetensors"), framework="pt") as f:
-            weight_map = dict.fromkeys(f.keys(), "model.safetensors")
-    else:
-        raise FileNotFoundError(
-            f"no model.safetensors or model.safetensors.index.json in {str(directory)!r}"
-        )
-    by_file: dict[str, list[str]] = {}
-    for name, file_name in weight_map.items():
-        if name.removeprefix(_BASE_PREFIX).startswith(_OWN_PREFIXES):
-            by_file.setdefault(file_name, []).append(name)
-    for file_name, names in sorted(by_file.items()):
-        with safe_open(str(directory / file_name), framework="pt") as f:
-            for name in names:
-                yield name, f.get_tensor(name)
+        refuse_missing("audio", missing)
 
 
 def new_qwen2_audio_tower(
@@ -261,7 +233,7 @@ def load_qwen2_audio_tower(
     ``dtype``. ``UnsupportedModelError`` naming a config field it cannot run, ValueError
     naming a checkpoint tensor that is unknown, misshapen or missing."""
     model = new_qwen2_audio_tower(directory, device, dtype)
-    model.load_weights(checkpoint_audio_tensors(directory))
+    model.load_weights(encoder_tensors(directory, _OWN_PREFIXES, _BASE_PREFIX))
     model.eval()
     model.requires_grad_(False)
     return model

@@ -16,14 +16,14 @@ Weights come from the Hugging Face checkpoint as saved (``model.vision_model.*``
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from ferrollm.layers.linear import copy_checked
+from ferrollm.models.encoder_checkpoint import encoder_tensors, refuse_missing
 from ferrollm.models.vision.config import Idefics3Config
 from ferrollm.models.vision.siglip import SiglipVisionTransformer
 
@@ -195,12 +195,7 @@ class Idefics3Vision(nn.Module):
             copy_checked(part, tensor.to(part.dtype), full_name)
             loaded.add(name)
         missing = [n for n in self.checkpoint_names() if n not in loaded]
-        if missing:
-            shown = ", ".join(_BASE_PREFIX + n for n in missing[:5])
-            raise ValueError(
-                f"checkpoint lacks {len(missing)} vision tensors the model needs: {shown}"
-                + (" ..." if len(missing) > 5 else "")
-            )
+        refuse_missing("vision", [_BASE_PREFIX + n for n in missing])
 
 
 def _flatten_tiles(
@@ -226,29 +221,6 @@ def _flatten_tiles(
     return pixel_values, pixel_attention_mask
 
 
-def checkpoint_vision_tensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """The vision and connector tensors of a safetensors checkpoint in ``directory`` (one file
-    or an index of shards); the text model's are never read."""
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-    elif (directory / "model.safetensors").is_file():
-        with safe_open(str(directory / "model.safetensors"), framework="pt") as f:
-            weight_map = dict.fromkeys(f.keys(), "model.safetensors")
-    else:
-        raise FileNotFoundError(
-            f"no model.safetensors or model.safetensors.index.json in {str(directory)!r}"
-        )
-    by_file: dict[str, list[str]] = {}
-    for name, file_name in weight_map.items():
-        if name.removeprefix(_BASE_PREFIX).startswith(_OWN_PREFIXES):
-            by_file.setdefault(file_name, []).append(name)
-    for file_name, names in sorted(by_file.items()):
-        with safe_open(str(directory / file_name), framework="pt") as f:
-            for name in names:
-                yield name, f.get_tensor(name)
-
-
 def load_idefics3_vision(
     directory: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
 ) -> Idefics3Vision:
@@ -264,7 +236,7 @@ def load_idefics3_vision(
     with torch.device("meta"):
         model = Idefics3Vision(config)
     model = model.to(dtype=dtype).to_empty(device=device)
-    model.load_weights(checkpoint_vision_tensors(directory))
+    model.load_weights(encoder_tensors(directory, _OWN_PREFIXES, _BASE_PREFIX))
     model.eval()
     model.requires_grad_(False)
     return model
