@@ -330,8 +330,9 @@ def test_clip_at_another_rate_is_resampled(llm: LLM) -> None:
 
 
 def test_chat_with_audio_url_equals_generate(llm: LLM, reference: Reference) -> None:
-    """``LLM.chat`` with an ``audio_url`` WAV data URI renders the clip as its placeholder,
-    and generates what transformers does on that rendered prompt and the decoded clip."""
+    """``LLM.chat`` with an ``audio_url`` WAV data URI renders the conversation as
+    transformers' processor does, and generates what transformers does on that prompt and
+    the decoded clip."""
     url = "data:audio/wav;base64," + base64.b64encode(wav_bytes(A)).decode()
     messages = [
         {
@@ -343,10 +344,15 @@ def test_chat_with_audio_url_equals_generate(llm: LLM, reference: Reference) -> 
         }
     ]
     (got,) = llm.chat(messages, GREEDY)
-    rendered = (
-        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
-        "<|audio_bos|><|AUDIO|><|audio_eos|>what is it?<|im_end|>\n<|im_start|>assistant\n"
+    # The model's own template writes the clip's marker ("Audio 1: ..."), as transformers'
+    # processor renders the same conversation with the part as its docs show it.
+    theirs = [
+        {**messages[0], "content": [{"type": "audio", "audio_url": url}, messages[0]["content"][1]]}
+    ]
+    rendered = reference.processor.apply_chat_template(
+        theirs, tokenize=False, add_generation_prompt=True
     )
+    assert "Audio 1: <|audio_bos|><|AUDIO|><|audio_eos|>" in rendered
     assert got.prompt == rendered
     assert_matches(got, reference.greedy(rendered, [decoded(A).samples]))
 

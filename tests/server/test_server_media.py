@@ -29,6 +29,7 @@ from media_fakes import (
 from server_harness import MODEL, ROUTE_PATHS, Server, sse_json
 
 from ferrollm.engine import AsyncEngine
+from ferrollm.multimodal.templates import reads_parts, template_part
 from ferrollm.options import EngineConfigError
 from ferrollm.server.app import App
 from ferrollm.server.context import ServerContext
@@ -176,6 +177,16 @@ def test_chat_template_that_reads_parts_gets_typed_parts(
     assert response.status_code == 200, response.text
     (call,) = calls
     assert call.prompt == "System:Be brief.User:What is <image>?Assistant:"
+
+
+def test_which_templates_read_parts() -> None:
+    # A type-testing template (SmolVLM's), a key-testing one (Qwen2-Audio's) and a text one.
+    assert reads_parts(PARTS_TEMPLATE)
+    assert reads_parts("{% for c in m['content'] %}{% if 'audio' in c %}A{% endif %}{% endfor %}")
+    assert not reads_parts("{{ message['content'] }}{% if x.type == 'function' %}{% endif %}")
+    assert not reads_parts(None)
+    # Either kind of template recognises the media part the renderers give it.
+    assert template_part("audio")["type"] == "audio" and "audio" in template_part("audio")
 
 
 def test_chat_local_file_under_the_root(media: MediaApps, calls: list[Any]) -> None:

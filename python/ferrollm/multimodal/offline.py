@@ -32,6 +32,7 @@ from ferrollm.multimodal.inputs import (
     MultimodalProcessor,
     audio_rate,
 )
+from ferrollm.multimodal.templates import reads_parts, template_part
 
 #: Offline callers read their own files: any absolute path is allowed.
 _OFFLINE_POLICY = MediaPolicy.create(allowed_local_media_path="/")
@@ -109,7 +110,7 @@ def chat_media(
     """``messages`` with each media part replaced for the template, and the media decoded,
     in order. A conversation without media comes back unchanged; one with media needs a
     multimodal ``processor`` (ValueError naming the part otherwise)."""
-    walks_parts = chat_template is not None and _walks_parts(chat_template)
+    walks_parts = reads_parts(chat_template)
     out: list[dict[str, Any]] = []
     media: list[MediaItem] = []
     for i, message in enumerate(messages):
@@ -137,7 +138,7 @@ def chat_media(
                 raise ValueError(f"`{here}`: this model does not take {kind}")
             media.append(item)
             found += 1
-            parts.append({"type": kind})
+            parts.append(template_part(kind))
         if not found:
             out.append(dict(message))
         elif walks_parts:
@@ -181,9 +182,3 @@ def _media_item(part: Any, where: str, sample_rate: int) -> MediaItem | None:
     if ":" not in url.split("/", 1)[0] and not url.startswith("/"):  # a relative path
         parsed = type(parsed)(parsed.kind, str(Path(url).resolve()), parsed.path)
     return load_media_sync(parsed, _OFFLINE_POLICY, sample_rate=sample_rate)
-
-
-def _walks_parts(template: str) -> bool:
-    """Whether a chat template reads content parts' ``type`` (else it prints content as
-    text)."""
-    return any(probe in template for probe in ("['type']", '["type"]', ".type"))

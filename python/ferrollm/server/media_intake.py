@@ -39,6 +39,7 @@ from ferrollm.media import (
 )
 from ferrollm.media.errors import INVALID_MEDIA, UNSUPPORTED_CONTENT_TYPE
 from ferrollm.multimodal.inputs import MediaKind, MultimodalProcessor, ProcessedPrompt, audio_rate
+from ferrollm.multimodal.templates import template_part
 from ferrollm.server.errors import ApiError
 
 logger = logging.getLogger("ferrollm.server")
@@ -123,9 +124,9 @@ class ChatMedia(LoadedMedia):
         """``messages`` for a template that reads typed parts (Hugging Face's multimodal
         templates, which write their own marker for ``{"type": "image"}``): every string
         content split at the placeholders into ``{"type": "text", "text": ...}`` and
-        ``{"type": <kind>}`` parts; a message without media becomes one text part, since such
-        a template reads every message's content as parts."""
-        kinds = {self.placeholder(p): p.kind for p in self.parts}
+        media parts (`template_part`); a message without media becomes one text part, since
+        such a template reads every message's content as parts."""
+        kinds = {self.placeholder(p): _kind(p) for p in self.parts}
         split = re.compile("(" + "|".join(map(re.escape, sorted(kinds, key=len))) + ")")
         out = []
         for m in messages:
@@ -133,7 +134,7 @@ class ChatMedia(LoadedMedia):
             if isinstance(content, str):
                 pieces = split.split(content)
                 content = [
-                    {"type": "text", "text": piece} if i % 2 == 0 else {"type": kinds[piece]}
+                    {"type": "text", "text": piece} if i % 2 == 0 else template_part(kinds[piece])
                     for i, piece in enumerate(pieces)
                     if piece
                 ]
@@ -252,16 +253,6 @@ class MediaIntake:
 def _kind(part: MediaPart) -> MediaKind:
     assert part.kind in ("image", "video", "audio")
     return cast(MediaKind, part.kind)
-
-
-def reads_parts(template: str | None) -> bool:
-    """Whether a chat template reads content as typed parts (it tests a part's ``type`` and
-    knows media parts), as Hugging Face's multimodal templates do; a text template reads
-    content as a string."""
-    if template is None:
-        return False
-    tests_type = any(t in template for t in ("['type']", '["type"]', ".type"))
-    return tests_type and any(k in template for k in ("'image'", '"image"', "'video'", "'audio'"))
 
 
 #: Bodies larger than this are decoded on a worker thread (as `routes.common.run_sized`).

@@ -15,10 +15,11 @@ from msgspec import UNSET, UnsetType
 from ferrollm._core import CompiledGrammar, ValidRequest
 from ferrollm.engine import CompletionOutput
 from ferrollm.multimodal.inputs import MediaInput
+from ferrollm.multimodal.templates import reads_parts
 from ferrollm.reasoning import ReasoningPlan
 from ferrollm.server.context import ServerContext
 from ferrollm.server.errors import bad_request
-from ferrollm.server.media_intake import ChatMedia, reads_parts
+from ferrollm.server.media_intake import ChatMedia
 from ferrollm.server.protocol.openai import (
     Delta,
     DeltaFunction,
