@@ -13,6 +13,7 @@ defined, hence here, before any test module imports one.
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +64,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="no CUDA device"))
         if "npu" in item.keywords and importlib.util.find_spec("torch_npu") is None:
             item.add_marker(pytest.mark.skip(reason="no Ascend NPU (torch_npu absent)"))
+
+
+@pytest.fixture(scope="session")
+def smolvlm_demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The SmolVLM demo checkpoint (`ferrollm.multimodal.demo`, seed 0), built once per
+    session from the default GGUF (a few seconds; 550 MB of float32 weights)."""
+    from ferrollm.multimodal.demo import build_smolvlm_demo
+
+    return build_smolvlm_demo(tmp_path_factory.mktemp("smolvlm-demo"))

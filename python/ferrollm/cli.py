@@ -1,4 +1,6 @@
 """``ferrollm serve [MODEL] [options]``: the HTTP server on Granian (one worker).
+``ferrollm make-smolvlm-demo OUT_DIR [--seed N]``: write the SmolVLM-shaped demo checkpoint
+(`ferrollm.multimodal.demo`).
 
 With ``--tensor-parallel-size N`` the server process spawns N - 1 workers on this node; on
 several nodes, start every rank with torch's launcher environment (``MASTER_ADDR``,
@@ -171,6 +173,16 @@ def build_parser() -> argparse.ArgumentParser:
         )
     serve.add_argument("--config", type=Path, help="JSON file of options (keys mirror the flags)")
     serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    demo = commands.add_parser(
+        "make-smolvlm-demo",
+        help="write a SmolVLM-shaped checkpoint: the default SmolLM2 decoder plus a random, "
+        "seeded vision tower (nothing is fetched)",
+    )
+    demo.add_argument("out_dir", type=Path, help="directory to write (created)")
+    demo.add_argument("--seed", type=int, default=0, help="the vision weights' seed")
+    demo.add_argument(
+        "--gguf", type=Path, default=None, help="the SmolLM2 GGUF (default: the default model)"
+    )
     return parser
 
 
@@ -195,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``ferrollm`` and ``python -m ferrollm``."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "make-smolvlm-demo":
+        return _make_smolvlm_demo(args)
     if _worker_rank() is not None:  # a tensor-parallel rank > 0 of a launcher-placed group
         from ferrollm.distributed.worker import exit_now, run_worker
 
@@ -213,6 +227,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exception(e)
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     return _run_granian(options, args.log_level)
+
+
+def _make_smolvlm_demo(args: argparse.Namespace) -> int:
+    from ferrollm.multimodal.demo import build_smolvlm_demo
+
+    out = build_smolvlm_demo(args.out_dir, seed=args.seed, gguf_path=args.gguf)
+    print(f"wrote the SmolVLM demo checkpoint to {out}")
+    return 0
 
 
 def _worker_rank() -> int | None:

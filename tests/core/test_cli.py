@@ -71,3 +71,13 @@ def test_a_bad_media_root_is_refused_naming_the_flag(tmp_path: Path) -> None:
         assert e.value.field == "allowed_local_media_path"
     with pytest.raises(EngineConfigError, match="--allowed-media-domains"):
         options("--allowed-media-domains", "http://x.example/")
+
+
+def test_make_smolvlm_demo_takes_a_directory_and_a_seed(tmp_path: Path) -> None:
+    args = build_parser().parse_args(["make-smolvlm-demo", str(tmp_path / "demo"), "--seed", "3"])
+    assert (args.command, args.out_dir, args.seed, args.gguf) == (
+        "make-smolvlm-demo",
+        tmp_path / "demo",
+        3,
+        None,
+    )
