@@ -19,7 +19,8 @@ RUNTIME_PIP_ARGS ?=
 export PYO3_PYTHON := $(VPY)
 
 .PHONY: help venv build test test-rust test-python test-avx2 lint fmt bench bench-throughput serve \
-	clean check-runtime-install fuzz fuzz-http bench-overload bench-soak
+	clean check-runtime-install fuzz fuzz-http bench-overload bench-soak smolvlm-demo serve-smolvlm \
+	bench-multimodal
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -138,6 +139,19 @@ bench-soak: build ## (slow) 20,000 requests with disconnects and aborts: RSS and
 
 serve: build ## set up and serve the default model at http://127.0.0.1:8000 (SERVE_ARGS="MODEL --port N ...")
 	$(VENV)/bin/ferrollm serve $(SERVE_ARGS)
+
+# The SmolVLM demo checkpoint (docs/multimodal.md): the default GGUF's decoder plus a seeded
+# random vision tower, assembled locally (nothing is fetched); built once, kept in the cache.
+SMOLVLM_DEMO ?= $(HOME)/.cache/ferrollm/smolvlm-demo
+smolvlm-demo: build ## build the SmolVLM demo checkpoint into SMOLVLM_DEMO (~/.cache/ferrollm/smolvlm-demo) if missing
+	if [ -f $(SMOLVLM_DEMO)/model.safetensors ]; then echo "== $(SMOLVLM_DEMO) is built"; \
+	else $(VENV)/bin/ferrollm make-smolvlm-demo $(SMOLVLM_DEMO); fi
+
+serve-smolvlm: smolvlm-demo ## serve the SmolVLM demo at http://127.0.0.1:8000, images readable under this directory
+	$(VENV)/bin/ferrollm serve $(SMOLVLM_DEMO) --allowed-local-media-path $(CURDIR) $(SERVE_ARGS)
+
+bench-multimodal: smolvlm-demo ## one-image chats vs text at concurrency 1 and 8, and the encoder cache
+	$(VPY) benches/multimodal.py --model $(SMOLVLM_DEMO)
 
 # What a user gets from `pip install ferrollm[runtime]`, checked for real: a fresh venv (not the
 # dev one, whose extra packages would hide a missing dependency), the wheel with its runtime
