@@ -64,6 +64,15 @@ RESULT_LINES: dict[str, list[str]] = {
         rf"lora_layers shape=qkv T=8 dtype=float32 base_us={NUM} masked_us={NUM} "
         rf"masked_bd_us={NUM} segmented_us={NUM} gathered_us={NUM}",
     ],
+    "multimodal.py": [
+        rf"multimodal conc={c} requests=2 image {NUM} req/s ttft_p50 {NUM} ms \| text {NUM} "
+        rf"req/s ttft_p50 {NUM} ms \(prompt (\d+) tokens, \d+ image-related"
+        for c in (1, 2)
+    ]
+    + [
+        rf"multimodal encoder_cache repeated_image requests=2 on ttft_p50 {NUM} ms "
+        rf"\(tile hits [1-9]\d*\) \| off ttft_p50 {NUM} ms \(tile encodes [1-9]\d*\)"
+    ],
     "moe.py": [rf"batch   1: +{NUM} tok/s, expert dispatch +{NUM}% of the time, sparse blocks"],
     "overload.py": [
         rf"capacity clients=2 rps={NUM}",
