@@ -228,8 +228,12 @@ def test_mindie_generate_and_stream(server: Server, offline: Any, root: Path, ba
     assert frames[-1]["details"]["generated_tokens"] == len(want.outputs[0].token_ids)
 
 
-def bad_parts(root: Path, outside: Path, web: int) -> dict[str, tuple[Any, str]]:
-    """name -> (the part, the error code)."""
+@pytest.fixture(scope="module")
+def bad_parts(
+    root: Path, web: int, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Any, str]]:
+    """name -> (the part, the error code); the files they name written once."""
+    outside = tmp_path_factory.mktemp("outside-the-root")
     (root / "huge.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(20 * 2**20))
     (root / "wide.png").write_bytes(png(Image.new("1", (16_385, 1))))
     (root / "many-pixels.png").write_bytes(png(Image.new("1", (8200, 8200))))
@@ -287,13 +291,12 @@ def still_serving(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize("name", BAD)
 def test_bad_media_is_a_400_naming_the_part(
     client: openai.OpenAI,
-    root: Path,
+    bad_parts: dict[str, tuple[Any, str]],
     loopback: tuple[int, list[str]],
-    tmp_path: Path,
     name: str,
 ) -> None:
-    port, asked = loopback
-    part, code = bad_parts(root, tmp_path, port)[name]
+    _, asked = loopback
+    part, code = bad_parts[name]
     fetched = len(asked)
     with pytest.raises(openai.BadRequestError) as caught:
         ask(client, part)
