@@ -420,10 +420,12 @@ def build_tiny_qwen2_vl(directory: Path, seed: int = 0) -> Path:
 
 
 def build_tiny_qwen2_vl_processor(directory: Path) -> Any:
-    """Save (and return) a ``Qwen2VLProcessor`` to ``directory``: the tiny tokenizer plus
-    `QWEN2VL_ADDED_TOKENS` and transformers' Pillow image processor at `QWEN2VL_PIXELS` (its
-    video processor needs torchvision, which the test environment lacks: none is saved)."""
-    from transformers import PreTrainedTokenizerFast, Qwen2VLProcessor
+    """Save (and return) the parts of a ``Qwen2VLProcessor`` to ``directory``: the tiny
+    tokenizer plus `QWEN2VL_ADDED_TOKENS`, and transformers' Pillow image processor at
+    `QWEN2VL_PIXELS` (``preprocessor_config.json``, which video processing reads too). The
+    processor itself cannot be built here: its video processor needs torchvision, which the
+    test environment lacks. Returns the image processor."""
+    from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
     )
@@ -431,13 +433,14 @@ def build_tiny_qwen2_vl_processor(directory: Path) -> Any:
     build_tiny_tokenizer(directory)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
     tokenizer.add_special_tokens({"additional_special_tokens": QWEN2VL_ADDED_TOKENS})
-    size = {"shortest_edge": QWEN2VL_PIXELS["min_pixels"], "longest_edge": QWEN2VL_PIXELS["max_pixels"]}
-    processor = Qwen2VLProcessor(
-        image_processor=Qwen2VLImageProcessorPil(size=size),
-        tokenizer=tokenizer,
-    )
-    processor.save_pretrained(directory)
-    return processor
+    tokenizer.save_pretrained(directory)
+    size = {
+        "shortest_edge": QWEN2VL_PIXELS["min_pixels"],
+        "longest_edge": QWEN2VL_PIXELS["max_pixels"],
+    }
+    image_processor = Qwen2VLImageProcessorPil(size=size)
+    image_processor.save_pretrained(directory)
+    return image_processor
 
 
 #: transformers' GLM tensor names -> ChatGLM3's, as the original checkpoints name them.

@@ -20,13 +20,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from torch import nn
 
 from ferrollm.models.config_fields import UnsupportedModelError
-
-#: Where the tower's tensors live: transformers' original layout, or its 5.x ``model.`` one.
-VISUAL_PREFIXES = ("visual.", "model.visual.")
+from ferrollm.models.encoder_checkpoint import encoder_tensors, refuse_missing
 
 
 @dataclass(frozen=True)
@@ -220,25 +217,16 @@ class Qwen2VLVision(nn.Module):
                 raise ValueError(f"vision tensor {name!r}: unknown or of shape {tuple(tensor.shape)}")
             with torch.no_grad():
                 param.copy_(tensor)
-        if params:
-            raise ValueError(f"vision tensors missing from the checkpoint: {sorted(params)}")
+        refuse_missing("vision", sorted(params))
 
 
 def checkpoint_visual_tensors(directory: Path) -> dict[str, torch.Tensor]:
-    """The tower's tensors of a checkpoint directory, named without their ``visual.`` prefix."""
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-    else:
-        files = ["model.safetensors"]
-    out: dict[str, torch.Tensor] = {}
-    for file_name in files:
-        with safe_open(str(directory / file_name), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                for prefix in VISUAL_PREFIXES:
-                    if name.startswith(prefix):
-                        out[name.removeprefix(prefix)] = f.get_tensor(name)
-    return out
+    """The tower's tensors of a checkpoint directory (``visual.*``, or transformers 5's
+    ``model.visual.*``), named as `Qwen2VLVision`'s parameters."""
+    return {
+        name.removeprefix("model.").removeprefix("visual."): tensor
+        for name, tensor in encoder_tensors(directory, ("visual.",))
+    }
 
 
 def build_qwen2_vl_vision(
