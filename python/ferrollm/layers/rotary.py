@@ -195,7 +195,7 @@ class RotaryEmbedding:
         if self.mrope_section is None or positions.shape[0] != 3:
             raise ValueError("3-component positions need M-RoPE sections (`mrope_section`)")
         per_component = positions[:, :, None].float() * self.inv_freq  # [3, T, dim/2]
-        parts = per_component.split(list(self.mrope_section), dim=-1)
+        parts = torch.split(per_component, list(self.mrope_section), dim=-1)
         return torch.cat([part[i % 3] for i, part in enumerate(parts)], dim=-1)
 
 

@@ -32,7 +32,9 @@ _VISUAL_PREFIXES = ("visual.", "model.visual.")
 def _rope_params(text: Mapping[str, Any]) -> Mapping[str, Any]:
     params = text.get("rope_parameters") or text.get("rope_scaling") or {}
     if not isinstance(params, Mapping):
-        raise UnsupportedModelError("config.json: the text model's rope parameters must be an object")
+        raise UnsupportedModelError(
+            "config.json: the text model's rope parameters must be an object"
+        )
     return params
 
 

@@ -18,9 +18,10 @@ each step (``engine.media.MediaBook``), so the scheduler keeps counting tokens.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -81,7 +82,11 @@ class Qwen2VLProcessor:
 
     @classmethod
     def from_directory(
-        cls, directory: Path, tokenizer: Tokenizer, vision: Qwen2VLVision, raw_config: dict
+        cls,
+        directory: Path,
+        tokenizer: Tokenizer,
+        vision: Qwen2VLVision,
+        raw_config: Mapping[str, Any],
     ) -> Qwen2VLProcessor:
         """The processor of the checkpoint in ``directory`` (its preprocessor settings, whose
         patch and merge sizes must be the tower's)."""

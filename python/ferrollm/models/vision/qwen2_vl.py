@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,7 @@ class _Attention(nn.Module):
         q, k, v = self.qkv(x).reshape(n, 3, self.num_heads, -1).unbind(1)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         outs = []
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        for start, end in pairwise(bounds):
             # [heads, len, head_dim]: attention within one frame of one item, no mask.
             qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
             outs.append(F.scaled_dot_product_attention(qs, ks, vs).transpose(0, 1))
@@ -147,7 +148,9 @@ class _Merger(nn.Module):
         self.merged = config.embed_dim * config.spatial_merge_size**2
         self.ln_q = nn.LayerNorm(config.embed_dim, eps=1e-6)
         self.mlp = nn.Sequential(
-            nn.Linear(self.merged, self.merged), nn.GELU(), nn.Linear(self.merged, config.hidden_size)
+            nn.Linear(self.merged, self.merged),
+            nn.GELU(),
+            nn.Linear(self.merged, config.hidden_size),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -214,7 +217,9 @@ class Qwen2VLVision(nn.Module):
         for name, tensor in tensors.items():
             param = params.pop(name, None)
             if param is None or param.shape != tensor.shape:
-                raise ValueError(f"vision tensor {name!r}: unknown or of shape {tuple(tensor.shape)}")
+                raise ValueError(
+                    f"vision tensor {name!r}: unknown or of shape {tuple(tensor.shape)}"
+                )
             with torch.no_grad():
                 param.copy_(tensor)
         refuse_missing("vision", sorted(params))

@@ -113,9 +113,7 @@ def smart_resize(
     whose area is within ``[min_pixels, max_pixels]``, the aspect ratio kept as far as can be
     (transformers' rule, rounding included)."""
     if max(height, width) / min(height, width) > 200:
-        raise ValueError(
-            f"an image's aspect ratio must be under 200; got {height}x{width} pixels"
-        )
+        raise ValueError(f"an image's aspect ratio must be under 200; got {height}x{width} pixels")
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     if h_bar * w_bar > max_pixels:
@@ -164,17 +162,18 @@ def preprocess_video(frames: npt.NDArray[np.uint8], settings: Qwen2VLImageSettin
     return _patchify(np.stack(chw), settings)
 
 
-def _normalized(pixels: npt.NDArray[Any], settings: Qwen2VLImageSettings) -> npt.NDArray[np.float32]:
+def _normalized(
+    pixels: npt.NDArray[Any], settings: Qwen2VLImageSettings
+) -> npt.NDArray[np.float32]:
     """CHW uint8 -> float32: rescaled in float64 then cast, then ``(x - mean) / std`` per
     channel in float32 (the Pillow processor's order and precision)."""
-    out = pixels.astype(np.float64) * settings.rescale_factor if settings.do_rescale else pixels
-    out = out.astype(np.float32)
+    scaled = pixels.astype(np.float64) * settings.rescale_factor if settings.do_rescale else pixels
+    out: npt.NDArray[np.float32] = scaled.astype(np.float32)
     if settings.do_normalize:
         mean = np.asarray(settings.image_mean, dtype=np.float32)[:, None, None]
         std = np.asarray(settings.image_std, dtype=np.float32)[:, None, None]
         out = (out - mean) / std
-    result: npt.NDArray[np.float32] = out
-    return result
+    return out
 
 
 def _patchify(frames: npt.NDArray[np.float32], settings: Qwen2VLImageSettings) -> Patches:
