@@ -349,3 +349,18 @@ def test_dummy_weights_build_the_tower(tiny_qwen2_vl_dir: Path) -> None:
 def test_image_settings_read_the_older_pixel_keys() -> None:
     settings = Qwen2VLImageSettings.from_dict({"min_pixels": 100, "max_pixels": 2000})
     assert (settings.min_pixels, settings.max_pixels) == (100, 2000)
+
+
+def test_compiled_decode_keeps_text_steps_and_runs_media_steps_eagerly(
+    tiny_qwen2_vl_dir: Path, llm: LLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compile`` on: steps holding an M-RoPE request pass [3, T] positions and run eagerly,
+    text-only decode steps take the graphs (compiled before M-RoPE was switched on, and
+    equal to it on 1-D positions); every output equals the eager engine's."""
+    monkeypatch.setenv("FERROLLM_COMPILE_CACHE", str(tmp_path))
+    cases = [CASES[c] for c in ("one-image", "text-only", "video")]
+    eager = [run(llm, case)[0] for case in cases]
+    compiled = LLM(tiny_qwen2_vl_dir, device="cpu", dtype="float32", compile="on", max_num_seqs=2)
+    assert compiled.engine.runner.compiled is not None
+    assert_same(run(compiled, *cases), eager)
+    assert_same([run(compiled, CASES["text-only"])[0]], [eager[1]])  # decodes on the graphs
