@@ -33,7 +33,7 @@ from ferrollm.models.vision.qwen2_vl_images import (
     preprocess_video,
 )
 from ferrollm.multimodal.qwen2_vl import Qwen2VLProcessor
-from tiny_models import QWEN2VL_ADDED_TOKENS
+from tiny_models import QWEN2VL_ADDED_TOKENS, TINY_SIZES
 
 NUM_NEW_TOKENS = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True, logprobs=0)
@@ -364,3 +364,41 @@ def test_compiled_decode_keeps_text_steps_and_runs_media_steps_eagerly(
     assert compiled.engine.runner.compiled is not None
     assert_same(run(compiled, *cases), eager)
     assert_same([run(compiled, CASES["text-only"])[0]], [eager[1]])  # decodes on the graphs
+
+
+def test_the_original_checkpoint_layout_reads_as_a_qwen2() -> None:
+    """Qwen2-VL's own config.json keeps the decoder's fields at the top level with
+    ``rope_scaling: {type: mrope}``; transformers 5 may name tensors ``model.language_model.*``
+    and ``model.visual.*``."""
+    from ferrollm.models.config import ModelConfig
+    from ferrollm.models.qwen2_vl_text import mrope_section, stored_text_names, text_config
+
+    raw = {
+        "architectures": ["Qwen2VLForConditionalGeneration"],
+        "model_type": "qwen2_vl",
+        **TINY_SIZES,
+        "rope_theta": 1000000.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+        "vision_config": {"depth": 2},
+        "image_token_id": 302,
+    }
+    config = ModelConfig.from_hf_dict(text_config(raw), {})
+    assert (config.architecture, config.rope_theta, config.rope_scaling) == (
+        "Qwen2ForCausalLM",
+        1000000.0,
+        None,
+    )
+    assert config.attention_bias
+    assert mrope_section(raw) == (2, 3, 3)
+    stored = {
+        "model.language_model.layers.0.mlp.up_proj.weight": "a",
+        "model.visual.blocks.0.attn.qkv.weight": "a",
+        "visual.merger.mlp.0.bias": "a",
+        "model.embed_tokens.weight": "a",
+        "lm_head.weight": "a",
+    }
+    assert stored_text_names(stored) == {
+        "model.layers.0.mlp.up_proj.weight": "model.language_model.layers.0.mlp.up_proj.weight",
+        "model.embed_tokens.weight": "model.embed_tokens.weight",
+        "lm_head.weight": "lm_head.weight",
+    }
