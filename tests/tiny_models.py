@@ -371,6 +371,8 @@ def build_tiny_qwen2_audio_processor(directory: Path) -> Any:
     )
     processor.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+
+
 #: Qwen2-VL's special tokens, added after the tiny tokenizer's 300 (ids 300-303).
 QWEN2VL_ADDED_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 #: The tiny Qwen2-VL vision tower: 14-pixel patches, 2x2 merge, 2 frames a temporal patch.

@@ -5,9 +5,10 @@ A ``Qwen2VLForConditionalGeneration`` directory keeps its decoder's fields eithe
 under ``model.*`` (or ``model.language_model.*``, transformers 5's in-memory layout) beside
 the vision tower's ``visual.*``. The engine runs the decoder as ``Qwen2ForCausalLM``: this
 module rewrites the config into that shape and maps tensor names, as ``media_text``'s table
-does for the other media families (which defers to it here). Its rope is M-RoPE (``mrope_section``), which reduces to plain rope wherever the
-three position components agree: the config keeps plain rope here, and the multimodal build
-switches the model's rotary to three components (`mrope_section`). Torch-free.
+does for the other media families (which defers to it here). Its rope is M-RoPE
+(``mrope_section``), which reduces to plain rope wherever the three position components
+agree: the config keeps plain rope here, and the multimodal build switches the model's rotary
+to three components (`mrope_section`). Torch-free.
 """
 
 from __future__ import annotations
