@@ -86,6 +86,7 @@ CASES: dict[str, tuple[str, list[MediaItem]]] = {
     ),
     "video": (chat("video", text="what happens"), [CLIP]),
     "text-only": (chat(text="describe a red square"), []),
+    "image-then-video": (chat("image", "video", text="which one moves"), [image(TALL), CLIP]),
 }
 
 
@@ -316,6 +317,20 @@ def test_the_offline_api_takes_images(llm: LLM) -> None:
     assert_same([out], run(llm, (prompt, media)))
 
 
+def test_the_offline_api_takes_videos_and_each_kind_in_its_own_list(llm: LLM) -> None:
+    """As transformers' processor: the i-th image pad is the i-th image, the i-th video pad
+    the i-th video, whichever order the list gives them in."""
+    prompt, media = CASES["image-then-video"]
+    data = {"image": [TALL], "video": CLIP.frames}
+    out = llm.generate({"prompt": prompt, "multi_modal_data": data}, GREEDY)[0]
+    assert_same([out], run(llm, (prompt, media)))
+    swapped = processor_of(llm).process(prompt, [CLIP, image(TALL)])
+    ordered = processor_of(llm).process(prompt, media)
+    assert swapped.prompt_token_ids == ordered.prompt_token_ids
+    key = [(m.kind, m.digest, m.offset, m.length) for m in ordered.media]
+    assert [(m.kind, m.digest, m.offset, m.length) for m in swapped.media] == key
+
+
 def test_streamed_equals_non_streamed(llm: LLM) -> None:
     prompt, media = CASES["one-image"]
     engine = AsyncEngine(llm.engine)
@@ -334,7 +349,7 @@ def test_mismatched_media_is_refused_by_index(llm: LLM) -> None:
     processor = processor_of(llm)
     with pytest.raises(ValueError, match=r"media\[1\]"):
         processor.process(chat("image", "image"), [image(WIDE)])
-    with pytest.raises(ValueError, match=r"media\[0\]"):
+    with pytest.raises(ValueError, match=r"media\[0\].*0 <\|image_pad\|> placeholders"):
         processor.process(chat("video"), [image(WIDE)])
     assert processor.placeholder("video") == "<|vision_start|><|video_pad|><|vision_end|>"
     assert set(QWEN2VL_ADDED_TOKENS) >= {"<|image_pad|>", "<|video_pad|>"}

@@ -40,6 +40,7 @@ from ferrollm.tokenizer import Tokenizer
 
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
+PAD_TOKENS: dict[MediaKind, str] = {"image": IMAGE_PAD, "video": VIDEO_PAD}
 _PLACEHOLDERS = {
     "image": f"<|vision_start|>{IMAGE_PAD}<|vision_end|>",
     "video": f"<|vision_start|>{VIDEO_PAD}<|vision_end|>",
@@ -122,27 +123,42 @@ class Qwen2VLProcessor:
     def process(
         self, prompt: str, media: Sequence[MediaItem], *, add_special_tokens: bool = True
     ) -> ProcessedPrompt:
-        """See `MultimodalProcessor.process`: the i-th pad token of the prompt (image or
-        video, in order) stands for ``media[i]``, which must be of its kind."""
+        """See `MultimodalProcessor.process`. As transformers' processor takes images and
+        videos as two lists, the i-th image pad of the prompt stands for the i-th image of
+        ``media`` and likewise for videos, so ``media`` may list one kind after the other (the
+        offline API's ``multi_modal_data``) or both in prompt order (the chat intake's)."""
         pads = _pad_tokens_in_order(prompt)
-        if len(pads) != len(media):
-            raise ValueError(
-                f"`media[{min(len(pads), len(media))}]`: the prompt has {len(pads)} "
-                f"{IMAGE_PAD}/{VIDEO_PAD} placeholders for {len(media)} media items"
-            )
-        items: list[tuple[MediaKind, Patches]] = []
-        for i, (item, (kind, _)) in enumerate(zip(media, pads, strict=True)):
-            if kind == "image" and isinstance(item, ImageMedia):
-                items.append(("image", preprocess_image(item.image, self.image_settings)))
-            elif kind == "video" and isinstance(item, VideoMedia):
-                items.append(("video", preprocess_video(item.frames, self.video_settings)))
+        queues: dict[MediaKind, list[tuple[int, MediaItem]]] = {"image": [], "video": []}
+        for i, item in enumerate(media):
+            if isinstance(item, ImageMedia):
+                queues["image"].append((i, item))
+            elif isinstance(item, VideoMedia):
+                queues["video"].append((i, item))
             else:
-                raise ValueError(f"`media[{i}]`: the prompt's placeholder there is for a {kind}")
+                raise ValueError(f"`media[{i}]`: this model takes images and videos only")
+        for kind, queue in queues.items():
+            count = sum(k == kind for k, _ in pads)
+            if count != len(queue):
+                at = queue[count][0] if count < len(queue) else len(media)
+                raise ValueError(
+                    f"`media[{at}]`: the prompt has {count} {PAD_TOKENS[kind]} placeholders "
+                    f"for {len(queue)} {kind}s"
+                )
+        items: list[tuple[MediaKind, Patches]] = []
+        taken = {"image": 0, "video": 0}
+        for kind, _ in pads:
+            _, item = queues[kind][taken[kind]]
+            taken[kind] += 1
+            if isinstance(item, ImageMedia):
+                items.append(("image", preprocess_image(item.image, self.image_settings)))
+            else:
+                assert isinstance(item, VideoMedia)
+                items.append(("video", preprocess_video(item.frames, self.video_settings)))
         merge = self.image_settings.merge_size**2
         pieces, last = [], 0
         for (kind, start), (_, patches) in zip(pads, items, strict=True):
             t, h, w = patches.grid_thw
-            pad = IMAGE_PAD if kind == "image" else VIDEO_PAD
+            pad = PAD_TOKENS[kind]
             pieces += [prompt[last:start], pad * (t * h * w // merge)]
             last = start + len(pad)
         text = "".join([*pieces, prompt[last:]])
@@ -194,10 +210,10 @@ class Qwen2VLProcessor:
 def _pad_tokens_in_order(prompt: str) -> list[tuple[MediaKind, int]]:
     """Each image/video pad token of ``prompt`` with its character offset, in order."""
     found: list[tuple[MediaKind, int]] = []
-    for kind, pad in (("image", IMAGE_PAD), ("video", VIDEO_PAD)):
+    for kind, pad in PAD_TOKENS.items():
         at = prompt.find(pad)
         while at >= 0:
-            found.append((kind, at))  # type: ignore[arg-type]
+            found.append((kind, at))
             at = prompt.find(pad, at + len(pad))
     return sorted(found, key=lambda pair: pair[1])
 
