@@ -371,6 +371,7 @@ def build_tiny_qwen2_audio_processor(directory: Path) -> Any:
     )
     processor.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    return processor
 
 
 #: Qwen2-VL's special tokens, added after the tiny tokenizer's 300 (ids 300-303).
