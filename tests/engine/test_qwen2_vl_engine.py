@@ -331,6 +331,50 @@ def test_the_offline_api_takes_videos_and_each_kind_in_its_own_list(llm: LLM) ->
     assert [(m.kind, m.digest, m.offset, m.length) for m in swapped.media] == key
 
 
+def test_chat_renders_image_parts_as_the_placeholder(llm: LLM) -> None:
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "image_pil", "image_pil": WIDE},
+            {"type": "text", "text": "what is this?"},
+        ],
+    }
+    out = llm.chat([message], GREEDY)[0]
+    assert (
+        out.prompt_token_ids
+        == processor_of(llm)
+        .process(chat("image"), [image(WIDE)], add_special_tokens=False)
+        .prompt_token_ids
+    )
+    assert_same([out], run(llm, CASES["one-image"]))
+
+
+def test_chat_reads_a_video_file(llm: LLM, tmp_path: Path) -> None:
+    """A ``video_url`` part (a local mp4 of six 32x32 frames) is decoded, every frame kept,
+    and expanded to 3 temporal x 2x2 merged tokens (each frame resized up to 56x56)."""
+    import av
+
+    path = tmp_path / "clip.mp4"
+    with av.open(str(path), "w", format="mp4") as file:
+        stream = file.add_stream("mpeg4", rate=4)
+        stream.width = stream.height = 32
+        stream.pix_fmt = "yuv420p"
+        for i in range(6):
+            pixels = np.full((32, 32, 3), 40 * i, np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                file.mux(packet)
+        for packet in stream.encode():
+            file.mux(packet)
+    content = [
+        {"type": "video_url", "video_url": {"url": str(path)}},
+        {"type": "text", "text": "what happens?"},
+    ]
+    out = llm.chat([{"role": "user", "content": content}], GREEDY)[0]
+    assert out.prompt_token_ids is not None
+    assert out.prompt_token_ids.count(VIDEO_ID) == 3 * 4
+    assert len(tokens(out)) == NUM_NEW_TOKENS
+
+
 def test_streamed_equals_non_streamed(llm: LLM) -> None:
     prompt, media = CASES["one-image"]
     engine = AsyncEngine(llm.engine)
