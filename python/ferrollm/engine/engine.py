@@ -43,7 +43,7 @@ from ferrollm.lora.manager import LoRAManager, build_lora_manager
 from ferrollm.models.config import ModelConfig
 from ferrollm.multimodal.build import build_multimodal, install_mrope
 from ferrollm.multimodal.encoder_cache import EncoderCache
-from ferrollm.multimodal.inputs import MultimodalProcessor
+from ferrollm.multimodal.inputs import MultimodalProcessor, RopePositionsProcessor
 from ferrollm.platforms import get_platform
 from ferrollm.platforms.host import settle_after_load
 from ferrollm.tokenizer import Tokenizer
@@ -214,9 +214,8 @@ class LLMEngine:
                 self.lora.unbind(internal_id)
             raise
         self._tracker.add(request, internal_id)
-        rope_positions = getattr(self.multimodal, "rope_positions", None)
-        if request.media and rope_positions is not None:
-            rope = rope_positions(request.num_prompt_tokens, request.media)
+        if request.media and isinstance(self.multimodal, RopePositionsProcessor):
+            rope = self.multimodal.rope_positions(request.num_prompt_tokens, request.media)
             self._tracker.media.add_rope(internal_id, rope)
 
     def _check_media(self, request: EngineRequest) -> None:

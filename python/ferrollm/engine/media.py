@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,10 +19,7 @@ import torch
 from ferrollm._core import StepPlan
 from ferrollm.executor.step_extras import EmbeddingOverride
 from ferrollm.multimodal.encoder_cache import EncoderCache
-from ferrollm.multimodal.inputs import MediaInput
-
-if TYPE_CHECKING:
-    from ferrollm.multimodal.qwen2_vl import RopePositions
+from ferrollm.multimodal.inputs import MediaInput, RopePositions
 
 
 def media_digest(media: Sequence[MediaInput]) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from ferrollm.models.vision.qwen2_vl_images import (
     preprocess_image,
     preprocess_video,
 )
-from ferrollm.multimodal.inputs import MediaInput, MediaKind, ProcessedPrompt
+from ferrollm.multimodal.inputs import MediaInput, MediaKind, ProcessedPrompt, RopePositions
 from ferrollm.tokenizer import Tokenizer
 
 IMAGE_PAD = "<|image_pad|>"
@@ -47,15 +46,6 @@ _PLACEHOLDERS = {
 }
 _PIXELS = "pixel_values"
 _GRID = "grid_thw"
-
-
-@dataclass(frozen=True)
-class RopePositions:
-    """A prompt's M-RoPE positions ``[3, num_prompt_tokens]`` and the offset of every later
-    position from its token index."""
-
-    table: npt.NDArray[np.int64]
-    delta: int
 
 
 def patches_digest(kind: MediaKind, patches: Patches) -> str:
