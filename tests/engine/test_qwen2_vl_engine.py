@@ -447,7 +447,9 @@ def test_the_original_checkpoint_layout_reads_as_a_qwen2() -> None:
         1000000.0,
         None,
     )
-    assert config.attention_bias
+    assert config.attention_bias and not config.tie_word_embeddings
+    nested = {"model_type": "qwen2_vl", "text_config": {**TINY_SIZES, "tie_word_embeddings": True}}
+    assert ModelConfig.from_hf_dict(text_config(nested), {}).tie_word_embeddings
     assert mrope_section(raw) == (2, 3, 3)
     stored = {
         "model.language_model.layers.0.mlp.up_proj.weight": "a",

@@ -24,7 +24,7 @@ QWEN2_VL_MODEL_TYPE = "qwen2_vl"
 #: Keys of the wrapper that are not the decoder's (the tower, the media token ids).
 _NOT_TEXT = ("vision_config", "text_config", "architectures", "model_type", "auto_map")
 #: Top-level keys of the wrapper that describe the decoder too.
-_WRAPPER_KEYS = ("tie_word_embeddings", "dtype", "torch_dtype")
+_WRAPPER_KEYS = ("dtype", "torch_dtype")
 #: Tensor prefixes of the decoder (renamed to Qwen2's ``model.``) and of the vision tower.
 _TEXT_PREFIXES = ("model.language_model.", "model.")
 _VISUAL_PREFIXES = ("visual.", "model.visual.")
@@ -69,6 +69,10 @@ def text_config(config: Mapping[str, Any]) -> dict[str, Any]:
     for key in _WRAPPER_KEYS:
         if key in config:
             out[key] = config[key]
+    # Tied when either says so, as transformers' Qwen2VLConfig resolves it.
+    out["tie_word_embeddings"] = bool(config.get("tie_word_embeddings")) or bool(
+        text.get("tie_word_embeddings")
+    )
     return out
 
 
