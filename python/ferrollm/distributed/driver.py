@@ -49,6 +49,9 @@ from ferrollm.lora.adapter import LoRAError
 from ferrollm.platforms import Platform
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
     from ferrollm.lora.layers import LoRAState
 
 logger = logging.getLogger("ferrollm.distributed")
@@ -219,8 +222,13 @@ class DriverRunner(ModelRunner):
         *,
         embeds: EmbeddingOverride | None = None,
         keep_logits: LogitRows | None = None,
+        positions: npt.NDArray[np.int64] | None = None,
     ) -> torch.Tensor:
-        """As `ModelRunner.run`, on every rank; raises the group's GroupError once it broke."""
+        """As `ModelRunner.run`, on every rank; raises the group's GroupError once it broke.
+        ``positions`` (M-RoPE) are not sent to the workers: a media model runs on one device
+        (the engine refuses tensor parallelism for it)."""
+        if positions is not None:
+            raise ValueError("M-RoPE positions need a single-device engine")
         driver = self.driver
         with driver.lock:
             if driver.fault is not None:

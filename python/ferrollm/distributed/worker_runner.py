@@ -10,6 +10,8 @@ them with, then the sampled rows. Nothing is returned.
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from ferrollm.executor.prompt_logprobs import PromptTargets
@@ -27,8 +29,12 @@ class WorkerRunner(ModelRunner):
         *,
         embeds: EmbeddingOverride | None = None,
         keep_logits: LogitRows | None = None,
+        positions: npt.NDArray[np.int64] | None = None,
     ) -> torch.Tensor:
-        """As `ModelRunner.run`, for the collectives only; an empty tensor."""
+        """As `ModelRunner.run`, for the collectives only; an empty tensor (``positions``, a
+        media model's, never reach a worker: such models run on one device)."""
+        if positions is not None:
+            raise ValueError("M-RoPE positions need a single-device engine")
         with torch.inference_mode():
             self.kv_cache.copy_blocks(plan.block_copies)
             if len(plan.input_ids) == 0:

@@ -41,9 +41,9 @@ from ferrollm.executor.sizing import KVCachePlan, resolve_dtype
 from ferrollm.executor.step_extras import combine_overrides
 from ferrollm.lora.manager import LoRAManager, build_lora_manager
 from ferrollm.models.config import ModelConfig
-from ferrollm.multimodal.build import build_multimodal
+from ferrollm.multimodal.build import build_multimodal, install_mrope
 from ferrollm.multimodal.encoder_cache import EncoderCache
-from ferrollm.multimodal.inputs import MultimodalProcessor
+from ferrollm.multimodal.inputs import MultimodalProcessor, RopePositionsProcessor
 from ferrollm.platforms import get_platform
 from ferrollm.platforms.host import settle_after_load
 from ferrollm.tokenizer import Tokenizer
@@ -132,6 +132,8 @@ class LLMEngine:
             dtype = resolve_dtype(platform, config.dtype)
             media = build_multimodal(source, tokenizer, platform.device, dtype)
             built = build_runner(config, platform, source, driver)
+            if media is not None and media.mrope_section is not None:
+                install_mrope(built.runner.model, media.mrope_section)
             scheduler = _build_scheduler(config, built.kv_plan, source.config, tokenizer)
         except BaseException:
             if driver is not None:
@@ -212,6 +214,9 @@ class LLMEngine:
                 self.lora.unbind(internal_id)
             raise
         self._tracker.add(request, internal_id)
+        if request.media and isinstance(self.multimodal, RopePositionsProcessor):
+            rope = self.multimodal.rope_positions(request.num_prompt_tokens, request.media)
+            self._tracker.media.add_rope(internal_id, rope)
 
     def _check_media(self, request: EngineRequest) -> None:
         """ValueError naming `media` when this engine takes none, or of a kind or at a span
@@ -328,11 +333,15 @@ class LLMEngine:
         targets = books.prompt_logprobs.targets(plan)
         keep = books.logits.context_rows(plan)
         embeds = books.prompt_tables.overrides(plan)
+        positions = None
         if books.media and self.encoder_cache is not None:
             embeds = combine_overrides(embeds, books.media.overrides(plan, self.encoder_cache))
-        if targets is None and embeds is None and not books.logits:
+            positions = books.media.rope_positions(plan)
+        if targets is None and embeds is None and positions is None and not books.logits:
             return self.runner.run(plan).numpy()  # the common step: nothing else asked
-        logits = self.runner.run(plan, targets, embeds=embeds, keep_logits=keep).numpy()
+        logits = self.runner.run(
+            plan, targets, embeds=embeds, keep_logits=keep, positions=positions
+        ).numpy()
         if targets is not None:
             books.prompt_logprobs.record(targets)
         books.logits.record(plan, keep, logits)

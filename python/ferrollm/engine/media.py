@@ -19,7 +19,7 @@ import torch
 from ferrollm._core import StepPlan
 from ferrollm.executor.step_extras import EmbeddingOverride
 from ferrollm.multimodal.encoder_cache import EncoderCache
-from ferrollm.multimodal.inputs import MediaInput
+from ferrollm.multimodal.inputs import MediaInput, RopePositions
 
 
 def media_digest(media: Sequence[MediaInput]) -> str:
@@ -50,6 +50,8 @@ class MediaBook:
 
     def __init__(self) -> None:
         self._media: dict[int, tuple[MediaInput, ...]] = {}
+        #: M-RoPE positions of the requests whose model rotates by three components.
+        self._rope: dict[int, RopePositions] = {}
 
     def __bool__(self) -> bool:
         return bool(self._media)
@@ -58,9 +60,40 @@ class MediaBook:
         """Request ``key``'s prompt spans are filled by ``media`` (in prompt order)."""
         self._media[key] = tuple(media)
 
+    def add_rope(self, key: int, rope: RopePositions) -> None:
+        """Request ``key``'s prompt positions are ``rope.table``, later ones its 1-D
+        positions plus ``rope.delta`` (M-RoPE; see `rope_positions`)."""
+        self._rope[key] = rope
+
     def remove(self, key: int) -> None:
         """Forget request ``key`` (finished or failed)."""
         self._media.pop(key, None)
+        self._rope.pop(key, None)
+
+    def rope_positions(self, plan: StepPlan) -> np.ndarray | None:
+        """The step's ``[3, T]`` M-RoPE positions, or None when no request in it has any (its
+        1-D positions are then every component's). A request's prompt position ``p`` takes
+        its table's column ``p``; a later one ``p + delta`` in all three components; requests
+        without a table keep ``p``. Computed from the plan's positions each step, so chunked
+        prefills, prefix hits and recomputes get the same positions as one whole prefill."""
+        if not self._rope:
+            return None
+        positions = plan.positions
+        out: np.ndarray | None = None
+        cu = plan.cu_seqlens_q
+        for row, key in enumerate(plan.req_ids.tolist()):
+            rope = self._rope.get(key)
+            if rope is None:
+                continue
+            if out is None:
+                out = np.repeat(positions[None, :].astype(np.int64), 3, axis=0)
+            start, end = int(cu[row]), int(cu[row + 1])
+            pos = positions[start:end]
+            in_prompt = pos < rope.table.shape[1]
+            block = np.where(in_prompt, 0, pos + rope.delta)[None, :].repeat(3, axis=0)
+            block[:, in_prompt] = rope.table[:, pos[in_prompt]]
+            out[:, start:end] = block
+        return out
 
     def overrides(self, plan: StepPlan, cache: EncoderCache) -> EmbeddingOverride | None:
         """The embeddings of the media positions ``plan`` computes (encoding through

@@ -112,13 +112,16 @@ class ModelRunner:
         *,
         embeds: EmbeddingOverride | None = None,
         keep_logits: LogitRows | None = None,
+        positions: npt.NDArray[np.int64] | None = None,
     ) -> torch.Tensor:
         """Float32 logits ``[plan.num_samples, vocab]`` on the CPU, row ``i`` for sample ``i``.
 
         With ``prompt_targets`` (the prompt positions of this step whose requests asked for
         prompt logprobs) it also scores them from the same hidden states into
         ``prompt_targets.scores``; with ``keep_logits`` it puts the full logits of those rows
-        in ``keep_logits.logits``. ``embeds`` replaces the input embedding of some tokens.
+        in ``keep_logits.logits``. ``embeds`` replaces the input embedding of some tokens;
+        ``positions`` (``[3, T]``: M-RoPE's temporal, height and width) replaces the plan's
+        rotary positions (the KV slots stay the plan's); such a step runs eagerly.
         """
         with torch.inference_mode():
             self.kv_cache.copy_blocks(plan.block_copies)
@@ -130,10 +133,11 @@ class ModelRunner:
                 and embeds is None
                 and prompt_targets is None
                 and keep_logits is None
+                and positions is None
                 and compiled.accepts(plan)
             ):
                 return self._to_host(compiled.run(plan))
-            hidden = self.hidden_states(plan, embeds)
+            hidden = self.hidden_states(plan, embeds, positions)
             if prompt_targets is not None:
                 prompt_targets.scores = score_prompt_tokens(
                     hidden, self.model.compute_logits, self.model.vocab_size, prompt_targets
@@ -166,13 +170,17 @@ class ModelRunner:
         return host
 
     def hidden_states(
-        self, plan: StepInputs, embeds: EmbeddingOverride | None = None
+        self,
+        plan: StepInputs,
+        embeds: EmbeddingOverride | None = None,
+        positions: npt.NDArray[np.int64] | None = None,
     ) -> torch.Tensor:
         """The model's final hidden states ``[T, hidden]`` for every token of ``plan``
-        (writing their K/V to the cache); call under ``torch.inference_mode()``."""
+        (writing their K/V to the cache), rotated by ``positions`` when given, else the plan's;
+        call under ``torch.inference_mode()``."""
         return self.model(
             self._to_device(plan.input_ids),
-            self._to_device(plan.positions),
+            self._to_device(plan.positions if positions is None else positions),
             self._context(plan),
             None if embeds is None else embeds.to(self.device),
         )

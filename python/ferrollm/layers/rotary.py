@@ -153,6 +153,9 @@ class RotaryEmbedding:
         self.rope_theta = rope_theta
         self.rope_scaling = rope_scaling
         self.attention_factor = rope_attention_factor(rope_scaling)
+        #: M-RoPE (Qwen2-VL): how many frequencies turn by each of a token's temporal, height
+        #: and width positions, when `cos_sin` gets ``[3, T]`` positions; None: 1-D only.
+        self.mrope_section: tuple[int, ...] | None = None
         self.set_max_model_len(max_model_len)
 
     def set_max_model_len(self, max_model_len: int) -> None:
@@ -167,10 +170,16 @@ class RotaryEmbedding:
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)``, each ``[num_tokens, rotary_dim]`` in ``dtype``, for int ``positions``."""
+        """``(cos, sin)``, each ``[num_tokens, rotary_dim]`` in ``dtype``, for int ``positions``
+        ``[num_tokens]``, or ``[3, num_tokens]`` (temporal, height, width) with M-RoPE: frequency
+        ``i`` then turns by the component its `mrope_section` assigns it (cycling t, h, w), which
+        is plain rope wherever the three agree."""
         if self.inv_freq.device != positions.device:
             self.inv_freq = self.inv_freq.to(positions.device)
-        freqs = positions[:, None].float() * self.inv_freq
+        if positions.dim() == 2:
+            freqs = self._mrope_freqs(positions)
+        else:
+            freqs = positions[:, None].float() * self.inv_freq
         if self.interleaved:
             emb = freqs.repeat_interleave(2, dim=-1)
         else:
@@ -179,6 +188,15 @@ class RotaryEmbedding:
         if self.attention_factor != 1.0:  # in float32 before the cast, as transformers does
             cos, sin = cos * self.attention_factor, sin * self.attention_factor
         return cos.to(dtype), sin.to(dtype)
+
+    def _mrope_freqs(self, positions: torch.Tensor) -> torch.Tensor:
+        """``[T, rotary_dim // 2]`` angles of ``[3, T]`` positions, each frequency by its
+        section's component."""
+        if self.mrope_section is None or positions.shape[0] != 3:
+            raise ValueError("3-component positions need M-RoPE sections (`mrope_section`)")
+        per_component = positions[:, :, None].float() * self.inv_freq  # [3, T, dim/2]
+        parts = torch.split(per_component, list(self.mrope_section), dim=-1)
+        return torch.cat([part[i % 3] for i, part in enumerate(parts)], dim=-1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

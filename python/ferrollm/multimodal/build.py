@@ -1,7 +1,7 @@
 """Building a multimodal engine's media side at engine start: the processor the intake uses
 and the encoder (behind its cache) the engine runs, for a checkpoint whose source says it is
-a media-text model (``ModelSource.vision_family``: "idefics3" images, "qwen2_audio" audio);
-nothing for a text-only one."""
+a media-text model (``ModelSource.vision_family``: "idefics3" images, "qwen2_audio" audio,
+"qwen2_vl" images and videos); nothing for a text-only one."""
 
 from __future__ import annotations
 
@@ -22,10 +22,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class MultimodalParts:
-    """What an engine serving media holds: the prompt processor and the encoder cache."""
+    """What an engine serving media holds: the prompt processor and the encoder cache, and
+    for an M-RoPE decoder (Qwen2-VL) the rotary sections to switch the text model's rope to
+    (`install_mrope`)."""
 
     processor: MultimodalProcessor
     encoder_cache: EncoderCache
+    mrope_section: tuple[int, ...] | None = None
 
 
 def build_multimodal(
@@ -39,6 +42,8 @@ def build_multimodal(
         return None
     if source.vision_family == "qwen2_audio":
         return _build_qwen2_audio(source, tokenizer, device, dtype)
+    if source.vision_family == "qwen2_vl":
+        return _build_qwen2_vl(source, tokenizer, device, dtype)
     if source.vision_family != "idefics3":
         raise ValueError(f"no media support for the {source.vision_family!r} family")
     from ferrollm.models.vision import load_idefics3_vision
@@ -92,3 +97,37 @@ def _dummy_idefics3_vision(
     vision.eval()
     vision.requires_grad_(False)
     return vision
+
+
+def _build_qwen2_vl(
+    source: ModelSource, tokenizer: Tokenizer, device: torch.device, dtype: torch.dtype
+) -> MultimodalParts:
+    import json
+
+    from ferrollm.models.qwen2_vl_text import mrope_section
+    from ferrollm.models.vision.qwen2_vl import build_qwen2_vl_vision
+    from ferrollm.multimodal.qwen2_vl import Qwen2VLEncoder, Qwen2VLProcessor
+
+    raw = json.loads((source.path / "config.json").read_text(encoding="utf-8"))
+    vision = build_qwen2_vl_vision(source.path, device, dtype, dummy=source.dummy_weights)
+    processor = Qwen2VLProcessor.from_directory(source.path, tokenizer, vision, raw)
+    encoder = EncoderCache(Qwen2VLEncoder(vision, device).encode)
+    return MultimodalParts(processor, encoder, mrope_section(raw))
+
+
+def install_mrope(model: object, section: tuple[int, ...]) -> None:
+    """Switch ``model``'s rotary embedding to M-RoPE over ``section`` (it then takes
+    ``[3, T]`` positions; 1-D positions, as compiled decode graphs use, rotate as before).
+    ValueError when the model has no such rope or the sections do not cover its
+    frequencies."""
+    from ferrollm.layers.rotary import RotaryEmbedding
+
+    rotary = getattr(model, "rotary", None)
+    if not isinstance(rotary, RotaryEmbedding) or rotary.interleaved:
+        raise ValueError(f"{type(model).__name__} has no rotary embedding M-RoPE can drive")
+    if sum(section) != rotary.rotary_dim // 2:
+        raise ValueError(
+            f"config.json: `mrope_section` {list(section)} must sum to half the rotary "
+            f"dims ({rotary.rotary_dim // 2})"
+        )
+    rotary.mrope_section = section

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
     import torch
 
     from ferrollm.media.items import MediaItem
@@ -80,4 +82,25 @@ class MultimodalProcessor(Protocol):
         item (``media[i]``) when it cannot be used (count mismatch, a kind the model does not
         take). ``add_special_tokens`` as for a text prompt: True (the default) for a plain
         prompt, False for a rendered chat, whose template wrote its own BOS."""
+        ...
+
+
+@dataclass(frozen=True)
+class RopePositions:
+    """A prompt's multi-component rotary positions (M-RoPE: temporal, height, width)
+    ``[3, num_prompt_tokens]``, and the offset of every later position from its token index
+    (the same in all three components)."""
+
+    table: npt.NDArray[np.int64]
+    delta: int
+
+
+@runtime_checkable
+class RopePositionsProcessor(Protocol):
+    """A processor whose model rotates by M-RoPE positions (Qwen2-VL): the engine asks it
+    for each media request's positions and maps the scheduler's 1-D ones through them."""
+
+    def rope_positions(self, num_tokens: int, media: Sequence[MediaInput]) -> RopePositions:
+        """The positions of a prompt of ``num_tokens`` tokens whose media fill ``media``'s
+        spans."""
         ...

@@ -3,15 +3,16 @@
 * ``generate`` takes ``{"prompt": "... <image> ...", "multi_modal_data": {"image": img or
   [img, ...]}}`` with Pillow images, one per placeholder in order; an audio model's
   ``{"audio": (samples, rate) or [(samples, rate), ...]}`` takes mono samples at any rate,
-  resampled to the processor's.
+  resampled to the processor's; a video model's ``{"video": frames or [frames, ...]}`` takes
+  uint8 RGB frames ``[F, H, W, 3]`` (already sampled, as vLLM's) or `VideoMedia`.
 * ``chat`` takes OpenAI content parts: ``{"type": "text", "text": ...}``, ``{"type":
   "image_url", "image_url": {"url": ...}}`` (a data URI or a local path, read with a policy
   that trusts the caller's own files, as an offline caller is the machine's user) and
   ``{"type": "image_pil", "image_pil": img}``; an ``audio_url`` part for an audio model,
-  decoded at the processor's rate. The conversation the template sees holds each
-  media part as the processor's placeholder: as ``{"type": "image"}`` parts for a template
-  that walks content parts (SmolVLM's, whose template also needs plain text content as a
-  text part), else as text joined into one string.
+  decoded at the processor's rate; a ``video_url`` part for a video model. The conversation
+  the template sees holds each media part as the processor's placeholder: as ``{"type":
+  "image"}`` parts for a template that walks content parts (SmolVLM's, whose template also
+  needs plain text content as a text part), else as text joined into one string.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ferrollm.media.items import AudioMedia, ImageMedia, MediaItem
+from ferrollm.media.items import AudioMedia, ImageMedia, MediaItem, VideoMedia
 from ferrollm.media.loader import load_media_sync
 from ferrollm.media.options import MediaPolicy
 from ferrollm.media.parts import is_media_part, parse_media_part
@@ -45,6 +46,19 @@ def image_media(image: Any, where: str) -> ImageMedia:
     if not isinstance(image, Image.Image):
         raise ValueError(f"`{where}` must be a PIL.Image; got {type(image).__name__}")
     return ImageMedia(image, (image.format or "pil").lower(), image.width, image.height)
+
+
+def video_media(value: Any, where: str) -> VideoMedia:
+    """Frames ``[F, H, W, 3]`` uint8 (or a `VideoMedia`, kept) as `VideoMedia`, at unknown
+    timing; ValueError naming ``where`` for anything else."""
+    if isinstance(value, VideoMedia):
+        return value
+    frames = np.asarray(value) if isinstance(value, np.ndarray) else None
+    if frames is None or frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3:
+        raise ValueError(f"`{where}` must be uint8 RGB frames of shape [F, H, W, 3]")
+    count = frames.shape[0]
+    times = np.zeros(count, dtype=np.float64)
+    return VideoMedia(frames, times, np.arange(count), 0.0, count, 0.0, "frames")
 
 
 def audio_media(value: Any, where: str, sample_rate: int) -> AudioMedia:
@@ -78,10 +92,10 @@ def prompt_media(
     data = prompt.get("multi_modal_data") or {}
     if not isinstance(data, Mapping):
         raise ValueError(f"`{where}.multi_modal_data` must be a mapping")
-    unknown = sorted(set(data) - {"image", "audio"})
+    unknown = sorted(set(data) - {"image", "audio", "video"})
     if unknown:
         raise ValueError(
-            f"`{where}.multi_modal_data.{unknown[0]}`: only images and audio are supported"
+            f"`{where}.multi_modal_data.{unknown[0]}`: only images, audio and video are supported"
         )
     images = data.get("image", [])
     if not isinstance(images, (list, tuple)):
@@ -97,6 +111,12 @@ def prompt_media(
     media += [
         audio_media(clip, f"{where}.multi_modal_data.audio[{i}]", sample_rate)
         for i, clip in enumerate(clips)
+    ]
+    videos = data.get("video", [])
+    if isinstance(videos, (np.ndarray, VideoMedia)):
+        videos = [videos]
+    media += [
+        video_media(video, f"{where}.multi_modal_data.video[{i}]") for i, video in enumerate(videos)
     ]
     return text, media
 
@@ -176,8 +196,8 @@ def _media_item(part: Any, where: str, sample_rate: int) -> MediaItem | None:
     if not is_media_part(part):
         return None
     parsed = parse_media_part(part, where)
-    if parsed.kind not in ("image", "audio"):
-        raise ValueError(f"`{where}`: only images and audio are supported")
+    if parsed.kind not in ("image", "audio", "video"):
+        raise ValueError(f"`{where}`: only images, audio and video are supported")
     url = parsed.url
     if ":" not in url.split("/", 1)[0] and not url.startswith("/"):  # a relative path
         parsed = type(parsed)(parsed.kind, str(Path(url).resolve()), parsed.path)

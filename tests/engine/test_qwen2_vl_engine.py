@@ -1,0 +1,465 @@
+"""Qwen2-VL end to end on a tiny random checkpoint, against transformers as the oracle.
+
+Preprocessing equals transformers' Pillow image processor (pixels, grids) and its processor's
+pad expansion (input ids); the vision tower equals ``get_image_features`` /
+``get_video_features``; the M-RoPE positions equal ``get_rope_index``; greedy tokens and
+their logprobs equal ``generate`` on the same inputs, in float32, for one image, two images of
+different sizes, a video and text alone. Batching, chunked prefill (cutting through an image
+and its positions), preemption and streaming change nothing. transformers' video processor
+needs torchvision, which is absent here: the video's patches are checked against the image
+path's layout instead, and ``generate`` runs on our video patches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from parity_support import assert_stream_adds_up
+from PIL import Image
+
+from ferrollm import LLM, SamplingParams
+from ferrollm.engine import AsyncEngine, EngineRequest, RequestOutput
+from ferrollm.media.items import ImageMedia, MediaItem, VideoMedia
+from ferrollm.models.vision.qwen2_vl_images import (
+    Qwen2VLImageSettings,
+    preprocess_image,
+    preprocess_video,
+)
+from ferrollm.multimodal.qwen2_vl import Qwen2VLProcessor
+from tiny_models import QWEN2VL_ADDED_TOKENS, TINY_SIZES
+
+NUM_NEW_TOKENS = 8
+GREEDY = SamplingParams(temperature=0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True, logprobs=0)
+LOGPROB_TOLERANCE = 1e-4
+#: Chunks of 8 tokens (every image's run is cut), KV blocks of 4 tokens, too few for all the
+#: prompts at once: chunked prefill through images and preemption.
+BUSY = {
+    "dtype": "float32",
+    "max_num_batched_tokens": 8,
+    "block_size": 4,
+    "max_num_seqs": 4,
+    "kv_cache_memory": 24 * 2048,
+}
+IMAGE_ID, VIDEO_ID = 302, 303
+PAD = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
+
+
+def noise(height: int, width: int, seed: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
+
+
+def video(count: int, height: int, width: int, seed: int) -> VideoMedia:
+    rng = np.random.default_rng(seed)
+    frames = rng.integers(0, 256, (count, height, width, 3), dtype=np.uint8)
+    times = np.arange(count, dtype=np.float64)
+    return VideoMedia(frames, times, np.arange(count), 1.0, count, float(count), "mp4")
+
+
+def image(img: Image.Image) -> ImageMedia:
+    return ImageMedia(img, "png", img.width, img.height)
+
+
+WIDE = noise(60, 150, 1)  # 4 x 10 patches: 10 tokens, rows != columns
+SMALL = noise(30, 40, 2)  # resized up to the minimum
+TALL = noise(200, 90, 3)
+CLIP = video(3, 56, 84, 4)  # 3 frames: padded to 4, 2 temporal patches
+
+
+def chat(*kinds: str, text: str = "what is this") -> str:
+    parts = "".join(f"<|vision_start|>{PAD[k]}<|vision_end|>" for k in kinds)
+    return f"<|im_start|>user\n{parts}{text}?<|im_end|>\n<|im_start|>assistant\n"
+
+
+CASES: dict[str, tuple[str, list[MediaItem]]] = {
+    "one-image": (chat("image"), [image(WIDE)]),
+    "two-images-of-different-sizes": (
+        chat("image", "image", text="compare them"),
+        [image(SMALL), image(TALL)],
+    ),
+    "video": (chat("video", text="what happens"), [CLIP]),
+    "text-only": (chat(text="describe a red square"), []),
+    "image-then-video": (chat("image", "video", text="which one moves"), [image(TALL), CLIP]),
+}
+
+
+@dataclasses.dataclass
+class Reference:
+    """transformers' model, image processor and tokenizer over the tiny checkpoint."""
+
+    model: Any
+    image_processor: Any
+    tokenizer: Any
+
+    def inputs(self, prompt: str, media: list[MediaItem], processor: Qwen2VLProcessor) -> dict:
+        """What transformers' processor gives: pixels from its image processor (ours for a
+        video), each pad repeated per merged token, ``mm_token_type_ids``."""
+        extra: dict[str, torch.Tensor] = {}
+        counts = []
+        images = [m.image for m in media if isinstance(m, ImageMedia)]
+        if images:
+            out = self.image_processor(images=images, return_tensors="pt")
+            extra |= {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+        videos = [
+            preprocess_video(m.frames, processor.video_settings)
+            for m in media
+            if isinstance(m, VideoMedia)
+        ]
+        if videos:
+            extra["pixel_values_videos"] = torch.from_numpy(
+                np.concatenate([v.pixel_values for v in videos])
+            )
+            extra["video_grid_thw"] = torch.tensor([v.grid_thw for v in videos])
+        grids = iter(extra.get("image_grid_thw", torch.zeros(0, 3)).tolist())
+        video_grids = iter(extra.get("video_grid_thw", torch.zeros(0, 3)).tolist())
+        text, rest = "", prompt
+        for item in media:
+            kind = "image" if isinstance(item, ImageMedia) else "video"
+            before, _, rest = rest.partition(PAD[kind])
+            t, h, w = next(grids if kind == "image" else video_grids)
+            counts.append(int(t * h * w) // 4)
+            text += before + PAD[kind] * counts[-1]
+        ids = self.tokenizer(text + rest, return_tensors="pt")
+        types = torch.zeros_like(ids["input_ids"])
+        types[ids["input_ids"] == IMAGE_ID] = 1
+        types[ids["input_ids"] == VIDEO_ID] = 2
+        return {**ids, **extra, "mm_token_type_ids": types}
+
+    def greedy(self, inputs: dict) -> tuple[list[int], list[float]]:
+        with torch.no_grad():
+            out = self.model.generate(
+                **inputs,
+                max_new_tokens=NUM_NEW_TOKENS,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        new = [int(t) for t in out.sequences[0, inputs["input_ids"].shape[1] :]]
+        logprobs = [
+            float(step[0].float().log_softmax(-1)[t])
+            for step, t in zip(out.logits, new, strict=True)
+        ]
+        return new, logprobs
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_qwen2_vl_dir: Path) -> Reference:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    model = transformers.Qwen2VLForConditionalGeneration.from_pretrained(
+        tiny_qwen2_vl_dir, dtype=torch.float32
+    ).eval()
+    model.generation_config.eos_token_id = None  # as ignore_eos
+    return Reference(
+        model,
+        Qwen2VLImageProcessorPil.from_pretrained(tiny_qwen2_vl_dir),
+        transformers.AutoTokenizer.from_pretrained(tiny_qwen2_vl_dir),
+    )
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen2_vl_dir: Path) -> LLM:
+    return LLM(tiny_qwen2_vl_dir, device="cpu", dtype="float32")
+
+
+def processor_of(llm: LLM) -> Qwen2VLProcessor:
+    processor = llm.engine.multimodal
+    assert isinstance(processor, Qwen2VLProcessor)
+    return processor
+
+
+def request(llm: LLM, request_id: str, prompt: str, media: list[MediaItem]) -> EngineRequest:
+    processed = processor_of(llm).process(prompt, media)
+    return dataclasses.replace(
+        EngineRequest.of(request_id, processed.prompt_token_ids, GREEDY), media=processed.media
+    )
+
+
+def run(llm: LLM, *cases: tuple[str, list[MediaItem]]) -> list[RequestOutput]:
+    """Each case through the engine together, outputs in case order."""
+    engine = llm.engine
+    for i, (prompt, media) in enumerate(cases):
+        engine.add_request(request(llm, f"r{i}", prompt, media))
+    done: dict[str, RequestOutput] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            assert isinstance(out, RequestOutput)
+            if out.finished:
+                done[out.request_id] = out
+    return [done[f"r{i}"] for i in range(len(cases))]
+
+
+def tokens(output: RequestOutput) -> list[int]:
+    assert output.finished
+    return output.outputs[0].token_ids
+
+
+def logprobs_of(output: RequestOutput) -> list[float]:
+    logprobs = output.outputs[0].logprobs
+    assert logprobs is not None
+    return [entry.logprob for entry in logprobs]
+
+
+def assert_same(got: list[RequestOutput], want: list[RequestOutput]) -> None:
+    assert [tokens(o) for o in got] == [tokens(o) for o in want]
+    for a, b in zip(got, want, strict=True):
+        assert np.allclose(logprobs_of(a), logprobs_of(b), atol=LOGPROB_TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("size", [(60, 150), (30, 40), (200, 90), (500, 700), (28, 5000)])
+def test_image_preprocessing_equals_transformers(
+    reference: Reference, llm: LLM, size: tuple[int, int]
+) -> None:
+    img = noise(*size, seed=sum(size))
+    want = reference.image_processor(images=[img], return_tensors="np")
+    got = preprocess_image(img, processor_of(llm).image_settings)
+    assert [list(got.grid_thw)] == want["image_grid_thw"].tolist()
+    np.testing.assert_array_equal(got.pixel_values, want["pixel_values"])
+
+
+def test_video_patches_pair_frames_as_images_repeat_one(llm: LLM) -> None:
+    settings = processor_of(llm).image_settings
+    frame = np.asarray(WIDE)
+    still = preprocess_video(np.stack([frame, frame]), settings)
+    assert still.grid_thw == preprocess_image(WIDE, settings).grid_thw
+    np.testing.assert_array_equal(still.pixel_values, preprocess_image(WIDE, settings).pixel_values)
+    padded = preprocess_video(CLIP.frames, settings)  # 3 frames: the last repeated
+    again = preprocess_video(CLIP.frames[[0, 1, 2, 2]], settings)
+    assert padded.grid_thw[0] == 2
+    np.testing.assert_array_equal(padded.pixel_values, again.pixel_values)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_prompt_ids_features_and_positions_equal_transformers(
+    reference: Reference, llm: LLM, case: str
+) -> None:
+    prompt, media = CASES[case]
+    processor = processor_of(llm)
+    inputs = reference.inputs(prompt, media, processor)
+    processed = processor.process(prompt, media)
+    assert processed.prompt_token_ids == inputs["input_ids"][0].tolist()
+    assert [m.kind for m in processed.media] == [
+        "image" if isinstance(m, ImageMedia) else "video" for m in media
+    ]
+    cache = llm.engine.encoder_cache
+    assert cache is not None
+    ours = cache.get(processed.media)
+    with torch.no_grad():
+        want = []
+        if "pixel_values" in inputs:
+            want += reference.model.model.get_image_features(
+                inputs["pixel_values"], inputs["image_grid_thw"]
+            ).pooler_output
+        if "pixel_values_videos" in inputs:
+            want += reference.model.model.get_video_features(
+                inputs["pixel_values_videos"], inputs["video_grid_thw"]
+            ).pooler_output
+    for got, expected in zip(ours, want, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    rope = processor.rope_positions(len(processed.prompt_token_ids), processed.media)
+    if media:
+        positions, delta = reference.model.model.get_rope_index(
+            inputs["input_ids"],
+            inputs["mm_token_type_ids"],
+            inputs.get("image_grid_thw"),
+            inputs.get("video_grid_thw"),
+        )
+        np.testing.assert_array_equal(rope.table, positions[:, 0].numpy())
+        assert rope.delta == int(delta[0, 0])
+        assert rope.delta < 0  # the tests below would not see a dropped delta otherwise
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_greedy_tokens_equal_transformers(reference: Reference, llm: LLM, case: str) -> None:
+    prompt, media = CASES[case]
+    want_tokens, want_logprobs = reference.greedy(
+        reference.inputs(prompt, media, processor_of(llm))
+    )
+    (got,) = run(llm, (prompt, media))
+    assert tokens(got) == want_tokens
+    assert np.allclose(logprobs_of(got), want_logprobs, atol=LOGPROB_TOLERANCE, rtol=0)
+
+
+def test_a_mixed_batch_equals_each_request_alone(llm: LLM) -> None:
+    cases = [CASES[c] for c in ("one-image", "text-only", "video", "two-images-of-different-sizes")]
+    alone = [run(llm, case)[0] for case in cases]
+    assert_same(run(llm, *cases), alone)
+
+
+def test_chunked_prefill_and_preemption_through_images(tiny_qwen2_vl_dir: Path, llm: LLM) -> None:
+    cases = [CASES[c] for c in ("two-images-of-different-sizes", "one-image", "video", "text-only")]
+    unchunked = [run(llm, case)[0] for case in cases]
+    busy = LLM(tiny_qwen2_vl_dir, device="cpu", **BUSY)
+    assert_same(run(busy, *cases), unchunked)
+    assert busy.engine.scheduler.stats()["num_preemptions"] > 0
+
+
+def test_a_prefix_cache_hit_keeps_the_positions(tiny_qwen2_vl_dir: Path) -> None:
+    llm = LLM(tiny_qwen2_vl_dir, device="cpu", dtype="float32", block_size=4)
+    first = run(llm, CASES["one-image"])
+    before = llm.engine.scheduler.stats()["num_prefix_hit_blocks"]
+    assert_same(run(llm, CASES["one-image"]), first)
+    assert llm.engine.scheduler.stats()["num_prefix_hit_blocks"] > before
+
+
+def test_the_offline_api_takes_images(llm: LLM) -> None:
+    prompt, media = CASES["one-image"]
+    out = llm.generate({"prompt": prompt, "multi_modal_data": {"image": [WIDE]}}, GREEDY)[0]
+    assert_same([out], run(llm, (prompt, media)))
+
+
+def test_the_offline_api_takes_videos_and_each_kind_in_its_own_list(llm: LLM) -> None:
+    """As transformers' processor: the i-th image pad is the i-th image, the i-th video pad
+    the i-th video, whichever order the list gives them in."""
+    prompt, media = CASES["image-then-video"]
+    data = {"image": [TALL], "video": CLIP.frames}
+    out = llm.generate({"prompt": prompt, "multi_modal_data": data}, GREEDY)[0]
+    assert_same([out], run(llm, (prompt, media)))
+    swapped = processor_of(llm).process(prompt, [CLIP, image(TALL)])
+    ordered = processor_of(llm).process(prompt, media)
+    assert swapped.prompt_token_ids == ordered.prompt_token_ids
+    key = [(m.kind, m.digest, m.offset, m.length) for m in ordered.media]
+    assert [(m.kind, m.digest, m.offset, m.length) for m in swapped.media] == key
+
+
+def test_chat_renders_image_parts_as_the_placeholder(llm: LLM) -> None:
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "image_pil", "image_pil": WIDE},
+            {"type": "text", "text": "what is this?"},
+        ],
+    }
+    out = llm.chat([message], GREEDY)[0]
+    assert (
+        out.prompt_token_ids
+        == processor_of(llm)
+        .process(chat("image"), [image(WIDE)], add_special_tokens=False)
+        .prompt_token_ids
+    )
+    assert_same([out], run(llm, CASES["one-image"]))
+
+
+def test_chat_reads_a_video_file(llm: LLM, tmp_path: Path) -> None:
+    """A ``video_url`` part (a local mp4 of six 32x32 frames) is decoded, every frame kept,
+    and expanded to 3 temporal x 2x2 merged tokens (each frame resized up to 56x56)."""
+    import av
+
+    path = tmp_path / "clip.mp4"
+    with av.open(str(path), "w", format="mp4") as file:
+        stream = file.add_stream("mpeg4", rate=4)
+        stream.width = stream.height = 32
+        stream.pix_fmt = "yuv420p"
+        for i in range(6):
+            pixels = np.full((32, 32, 3), 40 * i, np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                file.mux(packet)
+        for packet in stream.encode():
+            file.mux(packet)
+    content = [
+        {"type": "video_url", "video_url": {"url": str(path)}},
+        {"type": "text", "text": "what happens?"},
+    ]
+    out = llm.chat([{"role": "user", "content": content}], GREEDY)[0]
+    assert out.prompt_token_ids is not None
+    assert out.prompt_token_ids.count(VIDEO_ID) == 3 * 4
+    assert len(tokens(out)) == NUM_NEW_TOKENS
+
+
+def test_streamed_equals_non_streamed(llm: LLM) -> None:
+    prompt, media = CASES["one-image"]
+    engine = AsyncEngine(llm.engine)
+
+    async def body() -> list[RequestOutput]:
+        try:
+            return [o async for o in engine.generate(request(llm, "stream-0", prompt, media))]
+        finally:
+            engine.shutdown()
+
+    streamed = assert_stream_adds_up(asyncio.run(body()))
+    assert_same([streamed], run(llm, (prompt, media)))
+
+
+def test_mismatched_media_is_refused_by_index(llm: LLM) -> None:
+    processor = processor_of(llm)
+    with pytest.raises(ValueError, match=r"media\[1\]"):
+        processor.process(chat("image", "image"), [image(WIDE)])
+    with pytest.raises(ValueError, match=r"media\[0\].*0 <\|image_pad\|> placeholders"):
+        processor.process(chat("video"), [image(WIDE)])
+    assert processor.placeholder("video") == "<|vision_start|><|video_pad|><|vision_end|>"
+    assert set(QWEN2VL_ADDED_TOKENS) >= {"<|image_pad|>", "<|video_pad|>"}
+
+
+def test_dummy_weights_build_the_tower(tiny_qwen2_vl_dir: Path) -> None:
+    llm = LLM(tiny_qwen2_vl_dir, device="cpu", dtype="float32", load_format="dummy")
+    (out,) = run(llm, CASES["one-image"])
+    assert len(tokens(out)) == NUM_NEW_TOKENS
+
+
+def test_image_settings_read_the_older_pixel_keys() -> None:
+    settings = Qwen2VLImageSettings.from_dict({"min_pixels": 100, "max_pixels": 2000})
+    assert (settings.min_pixels, settings.max_pixels) == (100, 2000)
+
+
+def test_compiled_decode_keeps_text_steps_and_runs_media_steps_eagerly(
+    tiny_qwen2_vl_dir: Path, llm: LLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compile`` on: steps holding an M-RoPE request pass [3, T] positions and run eagerly,
+    text-only decode steps take the graphs (compiled before M-RoPE was switched on, and
+    equal to it on 1-D positions); every output equals the eager engine's."""
+    monkeypatch.setenv("FERROLLM_COMPILE_CACHE", str(tmp_path))
+    cases = [CASES[c] for c in ("one-image", "text-only", "video")]
+    eager = [run(llm, case)[0] for case in cases]
+    compiled = LLM(tiny_qwen2_vl_dir, device="cpu", dtype="float32", compile="on", max_num_seqs=2)
+    assert compiled.engine.runner.compiled is not None
+    assert_same(run(compiled, *cases), eager)
+    assert_same([run(compiled, CASES["text-only"])[0]], [eager[1]])  # decodes on the graphs
+
+
+def test_the_original_checkpoint_layout_reads_as_a_qwen2() -> None:
+    """Qwen2-VL's own config.json keeps the decoder's fields at the top level with
+    ``rope_scaling: {type: mrope}``; transformers 5 may name tensors ``model.language_model.*``
+    and ``model.visual.*``."""
+    from ferrollm.models.config import ModelConfig
+    from ferrollm.models.qwen2_vl_text import mrope_section, stored_text_names, text_config
+
+    raw = {
+        "architectures": ["Qwen2VLForConditionalGeneration"],
+        "model_type": "qwen2_vl",
+        **TINY_SIZES,
+        "rope_theta": 1000000.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+        "vision_config": {"depth": 2},
+        "image_token_id": 302,
+    }
+    config = ModelConfig.from_hf_dict(text_config(raw), {})
+    assert (config.architecture, config.rope_theta, config.rope_scaling) == (
+        "Qwen2ForCausalLM",
+        1000000.0,
+        None,
+    )
+    assert config.attention_bias and not config.tie_word_embeddings
+    nested = {"model_type": "qwen2_vl", "text_config": {**TINY_SIZES, "tie_word_embeddings": True}}
+    assert ModelConfig.from_hf_dict(text_config(nested), {}).tie_word_embeddings
+    assert mrope_section(raw) == (2, 3, 3)
+    stored = {
+        "model.language_model.layers.0.mlp.up_proj.weight": "a",
+        "model.visual.blocks.0.attn.qkv.weight": "a",
+        "visual.merger.mlp.0.bias": "a",
+        "model.embed_tokens.weight": "a",
+        "lm_head.weight": "a",
+    }
+    assert stored_text_names(stored) == {
+        "model.layers.0.mlp.up_proj.weight": "model.language_model.layers.0.mlp.up_proj.weight",
+        "model.embed_tokens.weight": "model.embed_tokens.weight",
+        "lm_head.weight": "lm_head.weight",
+    }
