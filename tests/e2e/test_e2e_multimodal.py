@@ -14,12 +14,9 @@ answers the next request.
 from __future__ import annotations
 
 import base64
-import contextlib
 import io
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +27,7 @@ from PIL import Image
 
 from ferrollm import LLM, SamplingParams
 from ferrollm.multimodal.demo import IMAGE_SEQ_LEN
+from loopback_http import loopback_server
 
 from .e2e_support import Server, serving, sse_payloads
 
@@ -72,38 +70,6 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("media-root")
     (root / "picture.png").write_bytes(PICTURE)
     return root
-
-
-@contextlib.contextmanager
-def loopback_server(files: dict[str, bytes]) -> Iterator[tuple[int, list[str]]]:
-    """An http.server on 127.0.0.1 serving ``files`` by path (404 for others): its port and
-    the paths asked."""
-    asked: list[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self) -> None:
-            asked.append(self.path)
-            body = files.get(self.path)
-            self.send_response(404 if body is None else 200)
-            self.send_header("Content-Length", str(len(body or b"")))
-            self.end_headers()
-            self.wfile.write(body or b"")
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
-    try:
-        yield server.server_address[1], asked
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
 
 
 @pytest.fixture(scope="module")

@@ -108,6 +108,26 @@ class Reference:
         return self._cache[key]
 
 
+def hf_greedy_media(
+    model: Any, inputs: dict[str, Any], num_new_tokens: int
+) -> tuple[list[int], list[float]]:
+    """transformers' greedy tokens of a media model on its processor's ``inputs`` (EOS as
+    the model's generation config says), and each token's logprob."""
+    with torch.no_grad():
+        out = model.generate(
+            **inputs,
+            max_new_tokens=num_new_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    new = [int(t) for t in out.sequences[0, inputs["input_ids"].shape[1] :]]
+    logprobs = [
+        float(step[0].float().log_softmax(-1)[t]) for step, t in zip(out.logits, new, strict=True)
+    ]
+    return new, logprobs
+
+
 def reference_ids(reference: Reference, output: RequestOutput) -> list[int]:
     """The token ids the reference is run on for ``output``."""
     prompt = _reference_prompt(reference, output)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from parity_support import assert_stream_adds_up
+from parity_support import assert_stream_adds_up, hf_greedy_media
 from PIL import Image
 
 from ferrollm import LLM, SamplingParams
@@ -90,20 +90,7 @@ class Reference:
     ) -> tuple[list[int], list[float]]:
         """Greedy tokens and each one's logprob."""
         inputs = self.inputs(prompt, images, **kwargs)
-        with torch.no_grad():
-            out = self.model.generate(
-                **inputs,
-                max_new_tokens=NUM_NEW_TOKENS,
-                do_sample=False,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
-        new = [int(t) for t in out.sequences[0, inputs["input_ids"].shape[1] :]]
-        logprobs = [
-            float(step[0].float().log_softmax(-1)[t])
-            for step, t in zip(out.logits, new, strict=True)
-        ]
-        return new, logprobs
+        return hf_greedy_media(self.model, inputs, NUM_NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")

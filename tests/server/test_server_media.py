@@ -22,7 +22,6 @@ from media_fakes import (
     FakeProcessor,
     MultimodalEngine,
     data_uri,
-    loopback_server,
     png,
     wav,
 )
@@ -34,6 +33,7 @@ from ferrollm.options import EngineConfigError
 from ferrollm.server.app import App
 from ferrollm.server.context import ServerContext
 from ferrollm.server_config import ServerConfig
+from loopback_http import loopback_server
 
 CHAT, GENERATE = ROUTE_PATHS["chat"], ROUTE_PATHS["generate"]
 
