@@ -103,7 +103,7 @@ test-avx2: build $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) $(MEDIA_DEPS_STAMP) 
 # plain torch and numpy (a minute and a half of CI time for nothing the cap changes).
 AVX2_SKIP := tests/engine/test_smolvlm_demo.py tests/engine/test_idefics3_engine.py \
 	tests/engine/test_idefics3_images.py tests/engine/test_idefics3_vision.py \
-	tests/engine/test_qwen2_audio_engine.py
+	tests/engine/test_qwen2_audio_engine.py tests/engine/test_qwen2_vl_engine.py
 
 lint: $(STAMP) $(MEDIA_DEPS_STAMP) ## ruff, mypy, stubtest, cargo fmt --check, clippy -D warnings
 	$(VPY) -m ruff format --check python tests benches
