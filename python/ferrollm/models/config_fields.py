@@ -39,3 +39,25 @@ def float_field(config: Mapping[str, Any], key: str, default: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ValueError(f"config.json: `{key}` must be a positive number; got {value!r}")
     return float(value)
+
+
+def positive_int(raw: Mapping[str, Any], key: str, where: str, default: Any = None) -> int:
+    """``raw[key]`` (else ``default``) as a positive int; UnsupportedModelError naming
+    ``{where}{key}`` (a nested config's path, e.g. ``vision_config.``) otherwise."""
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UnsupportedModelError(
+            f"config.json: `{where}{key}` must be a positive integer; got {value!r}"
+        )
+    return value
+
+
+def positive_float(raw: Mapping[str, Any], key: str, where: str, default: float) -> float:
+    """``raw[key]`` (else ``default``) as a positive float; UnsupportedModelError naming
+    ``{where}{key}`` otherwise."""
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise UnsupportedModelError(
+            f"config.json: `{where}{key}` must be a positive number; got {value!r}"
+        )
+    return float(value)

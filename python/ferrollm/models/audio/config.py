@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ferrollm.models.config_fields import UnsupportedModelError
+from ferrollm.models.config_fields import UnsupportedModelError, positive_int
 
 #: Encoder activations this implementation runs (transformers' names).
 AUDIO_ACTIVATIONS = ("gelu",)
@@ -32,15 +32,6 @@ _ENCODER_DEFAULTS: Mapping[str, Any] = {
     "max_source_positions": 1500,
 }
 _DEFAULT_AUDIO_TOKEN_ID = 151646
-
-
-def _positive_int(raw: Mapping[str, Any], key: str, where: str) -> int:
-    value = raw.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise UnsupportedModelError(
-            f"config.json: `{where}{key}` must be a positive integer; got {value!r}"
-        )
-    return value
 
 
 @dataclass(frozen=True)
@@ -71,14 +62,14 @@ class WhisperEncoderConfig:
                 f"supported: {', '.join(AUDIO_ACTIVATIONS)}"
             )
         config = cls(
-            num_mel_bins=_positive_int(fields, "num_mel_bins", where),
-            encoder_layers=_positive_int(fields, "encoder_layers", where),
-            encoder_attention_heads=_positive_int(fields, "encoder_attention_heads", where),
-            encoder_ffn_dim=_positive_int(fields, "encoder_ffn_dim", where),
-            d_model=_positive_int(fields, "d_model", where),
+            num_mel_bins=positive_int(fields, "num_mel_bins", where),
+            encoder_layers=positive_int(fields, "encoder_layers", where),
+            encoder_attention_heads=positive_int(fields, "encoder_attention_heads", where),
+            encoder_ffn_dim=positive_int(fields, "encoder_ffn_dim", where),
+            d_model=positive_int(fields, "d_model", where),
             activation_function=str(act),
             scale_embedding=bool(fields["scale_embedding"]),
-            max_source_positions=_positive_int(fields, "max_source_positions", where),
+            max_source_positions=positive_int(fields, "max_source_positions", where),
         )
         if config.d_model % config.encoder_attention_heads:
             raise UnsupportedModelError(
@@ -126,6 +117,6 @@ class Qwen2AudioConfig:
             )
         return cls(
             encoder=WhisperEncoderConfig.from_dict(audio_raw),
-            text_hidden_size=_positive_int(text_raw, "hidden_size", "text_config."),
+            text_hidden_size=positive_int(text_raw, "hidden_size", "text_config."),
             audio_token_id=token,
         )

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ferrollm.models.config_fields import UnsupportedModelError
+from ferrollm.models.config_fields import UnsupportedModelError, positive_float, positive_int
 
 #: Vision activations the encoder can run (``hidden_act`` names, as transformers spells them).
 VISION_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")
@@ -38,23 +38,11 @@ _DEFAULT_IMAGE_TOKEN_ID = 128257
 
 
 def _positive_int(raw: Mapping[str, Any], key: str, where: str, default: Any = None) -> int:
+    """`positive_int`, taking a square size given as (height, width) as its side."""
     value = raw.get(key, default)
     if isinstance(value, (list, tuple)) and len(value) == 2 and value[0] == value[1]:
-        value = value[0]  # a square size given as (height, width)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise UnsupportedModelError(
-            f"config.json: `{where}{key}` must be a positive integer; got {value!r}"
-        )
-    return value
-
-
-def _positive_float(raw: Mapping[str, Any], key: str, where: str, default: float) -> float:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise UnsupportedModelError(
-            f"config.json: `{where}{key}` must be a positive number; got {value!r}"
-        )
-    return float(value)
+        return positive_int({key: value[0]}, key, where)
+    return positive_int(raw, key, where, default)
 
 
 @dataclass(frozen=True)
@@ -91,7 +79,7 @@ class SiglipConfig:
             image_size=_positive_int(fields, "image_size", where),
             patch_size=_positive_int(fields, "patch_size", where),
             hidden_act=str(act),
-            layer_norm_eps=_positive_float(fields, "layer_norm_eps", where, 1e-6),
+            layer_norm_eps=positive_float(fields, "layer_norm_eps", where, 1e-6),
         )
         if config.hidden_size % config.num_attention_heads:
             raise UnsupportedModelError(
