@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import transformers  # the oracle; pinned in requirements/dev.txt, so never skipped
@@ -126,6 +127,31 @@ def hf_greedy_media(
         float(step[0].float().log_softmax(-1)[t]) for step, t in zip(out.logits, new, strict=True)
     ]
     return new, logprobs
+
+
+#: Float32 on both sides of a media-family parity test: logprobs agree to rounding.
+MEDIA_LOGPROB_TOLERANCE = 1e-4
+
+
+def tokens(output: RequestOutput) -> list[int]:
+    """A finished request's tokens."""
+    assert output.finished
+    return output.outputs[0].token_ids
+
+
+def logprobs_of(output: RequestOutput) -> list[float]:
+    """Each of a request's tokens' logprob."""
+    logprobs = output.outputs[0].logprobs
+    assert logprobs is not None
+    return [entry.logprob for entry in logprobs]
+
+
+def assert_same(got: list[RequestOutput], want: list[RequestOutput]) -> None:
+    """Equal tokens, and logprobs equal to float32 rounding (batches, chunks and caches
+    change the order of sums)."""
+    assert [tokens(o) for o in got] == [tokens(o) for o in want]
+    for a, b in zip(got, want, strict=True):
+        assert np.allclose(logprobs_of(a), logprobs_of(b), atol=MEDIA_LOGPROB_TOLERANCE, rtol=0)
 
 
 def reference_ids(reference: Reference, output: RequestOutput) -> list[int]:

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from parity_support import assert_stream_adds_up, hf_greedy_media
+from parity_support import MEDIA_LOGPROB_TOLERANCE as LOGPROB_TOLERANCE
+from parity_support import assert_same, assert_stream_adds_up, hf_greedy_media, logprobs_of, tokens
 from PIL import Image
 
 from ferrollm import LLM, SamplingParams
@@ -34,8 +35,6 @@ NUM_NEW_TOKENS = 8
 #: Greedy, with each chosen token's logprob: the tiny random model's tokens barely depend on
 #: the image's pixels, its logprobs do (a splice off by one row shows there, not in tokens).
 GREEDY = SamplingParams(temperature=0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True, logprobs=0)
-#: Float32 on both sides: logprobs agree to rounding.
-LOGPROB_TOLERANCE = 1e-4
 #: Chunks of 8 tokens (every image's 16-token runs are cut), 4 seats and a KV cache of 48
 #: blocks of 4 tokens (2 KiB each), too small for three image prompts at once: preemption.
 BUSY = {
@@ -110,25 +109,6 @@ def llm(tiny_idefics3_dir: Path) -> LLM:
 
 def mm(prompt: str, *images: Image.Image) -> dict[str, Any]:
     return {"prompt": prompt, "multi_modal_data": {"image": list(images)}}
-
-
-def tokens(output: RequestOutput) -> list[int]:
-    assert output.finished
-    return output.outputs[0].token_ids
-
-
-def logprobs_of(output: RequestOutput) -> list[float]:
-    logprobs = output.outputs[0].logprobs
-    assert logprobs is not None
-    return [entry.logprob for entry in logprobs]
-
-
-def assert_same(got: list[RequestOutput], want: list[RequestOutput]) -> None:
-    """Equal tokens, and logprobs equal to float32 rounding (batches, chunks and caches
-    change the order of sums)."""
-    assert [tokens(o) for o in got] == [tokens(o) for o in want]
-    for a, b in zip(got, want, strict=True):
-        assert np.allclose(logprobs_of(a), logprobs_of(b), atol=LOGPROB_TOLERANCE, rtol=0)
 
 
 def run_alone(llm: LLM, prompt: str | dict[str, Any]) -> RequestOutput:

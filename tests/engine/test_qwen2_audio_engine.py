@@ -22,7 +22,8 @@ import numpy.typing as npt
 import pytest
 import torch
 import transformers
-from parity_support import hf_greedy_media
+from parity_support import MEDIA_LOGPROB_TOLERANCE as LOGPROB_TOLERANCE
+from parity_support import hf_greedy_media, logprobs_of, tokens
 
 from ferrollm import LLM, SamplingParams
 from ferrollm.engine import RequestOutput
@@ -36,8 +37,6 @@ from ferrollm.multimodal.qwen2_audio import Qwen2AudioProcessor
 
 NUM_NEW_TOKENS = 6
 GREEDY = SamplingParams(temperature=0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True, logprobs=0)
-#: Float32 on both sides: logprobs agree to rounding.
-LOGPROB_TOLERANCE = 1e-4
 RATE = 16_000
 #: Chunks of 8 tokens (every clip's run is cut), 4 seats and a KV cache of 24 blocks of 4
 #: tokens (2 KiB each), too small for the clip prompts at once: preemption.
@@ -125,17 +124,6 @@ def llm(tiny_qwen2_audio_dir: Path) -> LLM:
 
 def mm(prompt: str, *clips: npt.NDArray[np.float32]) -> dict[str, Any]:
     return {"prompt": prompt, "multi_modal_data": {"audio": [(c, RATE) for c in clips]}}
-
-
-def tokens(output: RequestOutput) -> list[int]:
-    assert output.finished
-    return output.outputs[0].token_ids
-
-
-def logprobs_of(output: RequestOutput) -> list[float]:
-    logprobs = output.outputs[0].logprobs
-    assert logprobs is not None
-    return [entry.logprob for entry in logprobs]
 
 
 def assert_matches(output: RequestOutput, want: tuple[list[int], list[float]]) -> None:

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from parity_support import assert_stream_adds_up, hf_greedy_media
+from parity_support import MEDIA_LOGPROB_TOLERANCE as LOGPROB_TOLERANCE
+from parity_support import assert_same, assert_stream_adds_up, hf_greedy_media, logprobs_of, tokens
 from PIL import Image
 
 from ferrollm import LLM, SamplingParams
@@ -37,7 +38,6 @@ from tiny_models import QWEN2VL_ADDED_TOKENS, TINY_SIZES
 
 NUM_NEW_TOKENS = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True, logprobs=0)
-LOGPROB_TOLERANCE = 1e-4
 #: Chunks of 8 tokens (every image's run is cut), KV blocks of 4 tokens, too few for all the
 #: prompts at once: chunked prefill through images and preemption.
 BUSY = {
@@ -183,23 +183,6 @@ def run(llm: LLM, *cases: tuple[str, list[MediaItem]]) -> list[RequestOutput]:
             if out.finished:
                 done[out.request_id] = out
     return [done[f"r{i}"] for i in range(len(cases))]
-
-
-def tokens(output: RequestOutput) -> list[int]:
-    assert output.finished
-    return output.outputs[0].token_ids
-
-
-def logprobs_of(output: RequestOutput) -> list[float]:
-    logprobs = output.outputs[0].logprobs
-    assert logprobs is not None
-    return [entry.logprob for entry in logprobs]
-
-
-def assert_same(got: list[RequestOutput], want: list[RequestOutput]) -> None:
-    assert [tokens(o) for o in got] == [tokens(o) for o in want]
-    for a, b in zip(got, want, strict=True):
-        assert np.allclose(logprobs_of(a), logprobs_of(b), atol=LOGPROB_TOLERANCE, rtol=0)
 
 
 @pytest.mark.parametrize("size", [(60, 150), (30, 40), (200, 90), (500, 700), (28, 5000)])
