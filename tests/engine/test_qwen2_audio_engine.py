@@ -268,6 +268,35 @@ def test_chunked_prefill_and_preemption_through_clips(tiny_qwen2_audio_dir: Path
     assert busy.engine.scheduler.stats()["num_preemptions"] > 0
 
 
+def test_the_layout_transformers_5_17_saves_loads_the_same(
+    tiny_qwen2_audio_dir: Path, llm: LLM, tmp_path: Path
+) -> None:
+    """transformers 5.17 saves the decoder as ``language_model.model.model.*`` (found on a
+    GPU machine whose image has it): the same weights under those names give the same
+    outputs."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    for item in tiny_qwen2_audio_dir.iterdir():
+        if item.name != "model.safetensors":
+            shutil.copy(item, tmp_path / item.name)
+    tensors = load_file(tiny_qwen2_audio_dir / "model.safetensors")
+    renamed = {
+        k.replace("language_model.model.", "language_model.model.model.", 1): v
+        for k, v in tensors.items()
+    }
+    assert any(k.startswith("language_model.model.model.") for k in renamed)
+    save_file(renamed, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    deeper = LLM(tmp_path, device="cpu", dtype="float32")
+    prompt = mm(ONE_CLIP, A)
+    assert_matches(deeper.generate(prompt, GREEDY)[0], tuple_of(llm.generate(prompt, GREEDY)[0]))
+
+
+def tuple_of(output: RequestOutput) -> tuple[list[int], list[float]]:
+    return tokens(output), logprobs_of(output)
+
+
 def test_a_repeated_clip_is_encoded_once(tiny_qwen2_audio_dir: Path) -> None:
     """The encoder cache names a clip by its features: the same clip twice in one prompt, in
     two prompts of a batch and in a later prompt is encoded once."""

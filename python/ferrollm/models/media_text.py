@@ -9,8 +9,9 @@ own tensor prefixes, beside the encoder's tensors (loaded apart: ``ferrollm.mult
   checkpoints, at the top level, with M-RoPE; its layout differs enough to be read by
   ``ferrollm.models.qwen2_vl_text``, which `text_config` and `stored_text_names` defer to.
 - Qwen2-Audio (audio): a Qwen2 under ``language_model.model.*`` / ``language_model.lm_head.*``
-  (the layout every transformers version saves), or transformers 5's in-memory layout
-  (``model.language_model.*``, ``lm_head.*``) should a tool save that.
+  (the layout transformers saves, ``language_model.model.model.*`` from 5.17), or
+  transformers 5's in-memory layout (``model.language_model.*``, ``lm_head.*``) should a tool
+  save that.
 
 The engine runs that decoder with its ordinary model class: `text_config` rewrites the config
 into the decoder's own ``config.json`` shape and `stored_text_names` maps the decoder's tensor
@@ -67,6 +68,9 @@ FAMILIES: dict[str, WrappedDecoder] = {
         text_types=("qwen2",),
         architecture="Qwen2ForCausalLM",
         prefixes=(
+            # transformers 5.17's save_pretrained writes the decoder one level deeper; its
+            # loader and ours read it back.
+            ("language_model.model.model.", "model."),
             ("language_model.model.", "model."),
             ("language_model.lm_head.", "lm_head."),
             ("model.language_model.", "model."),
