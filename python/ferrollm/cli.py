@@ -44,6 +44,11 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--max-num-batched-tokens": ("max_num_batched_tokens", int, "tokens per step at most"),
     "--max-beam-width": ("max_beam_width", int, "widest beam search (default 8 on CPU)"),
     "--kv-cache-memory": ("kv_cache_memory", str, "KV-cache budget, e.g. 2GiB"),
+    "--encoder-cache-memory": (
+        "encoder_cache_memory",
+        str,
+        "a media model's encoder-output cache, e.g. 256MiB (the default); 0 keeps none",
+    ),
     "--dtype": ("dtype", str, "auto, float32, bfloat16 or float16"),
     "--quantization": ("quantization", str, "weights: auto (keep the file's), none, int8, int4"),
     "--kv-cache-dtype": (

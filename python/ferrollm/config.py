@@ -35,6 +35,9 @@ DEFAULT_CPU_KV_CACHE_MEMORY = 2 * 1024**3
 #: The share of an accelerator's free memory (after weights and a profiling pass) the KV
 #: cache takes when ``kv_cache_memory`` is not given.
 DEFAULT_ACCELERATOR_MEMORY_FRACTION = 0.9
+#: A media model's encoder-cache budget when ``encoder_cache_memory`` is not given: 256 MiB of
+#: features (SmolVLM-256M: 64 x 576 bfloat16 a tile, about 3,600 tiles).
+DEFAULT_ENCODER_CACHE_MEMORY = 256 << 20
 #: ``max_num_batched_tokens`` when not given: a CPU step of 2048 tokens already takes seconds,
 #: and a smaller step keeps decode latency steady while long prompts prefill in chunks.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cpu": 2048, "accelerator": 8192}
@@ -125,6 +128,10 @@ class EngineConfig:
     #: (after a profiling pass) on accelerators; on CPU what ``max_model_len`` needs (see
     #: ``ferrollm.executor.sizing.default_kv_cache_memory``).
     kv_cache_memory: int | str | None = None
+    #: A media model's encoder cache (``ferrollm.multimodal.encoder_cache``): bytes of encoder
+    #: outputs kept by content, on the model's device, or a size like "256MiB"; 0 keeps none;
+    #: None = 256 MiB. Taken from the default KV budget. Only for a model that takes media.
+    encoder_cache_memory: int | str | None = None
     enable_prefix_caching: bool = True
     #: Seconds after which a waiting request gains one priority level.
     priority_aging_s: float = 10.0
@@ -179,12 +186,21 @@ class EngineConfig:
         )
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_bytes(self.kv_cache_memory))
+        if self.encoder_cache_memory is not None:
+            size = parse_bytes(self.encoder_cache_memory, "encoder_cache_memory", zero=True)
+            object.__setattr__(self, "encoder_cache_memory", size)
 
     @property
     def kv_cache_bytes(self) -> int | None:
         """``kv_cache_memory`` in bytes (None = the device's default budget)."""
         value = self.kv_cache_memory
         return None if value is None else int(value)
+
+    @property
+    def encoder_cache_bytes(self) -> int:
+        """``encoder_cache_memory`` in bytes (its default when not given)."""
+        value = self.encoder_cache_memory
+        return DEFAULT_ENCODER_CACHE_MEMORY if value is None else int(value)
 
     def for_platform(self, platform: Platform) -> EngineConfig:
         """This config with device-dependent defaults filled in, checked against ``platform``."""
@@ -357,6 +373,7 @@ _GENERATION_ONLY = {
     "compile": "auto",
     "load_format": "auto",
     "kv_cache_memory": None,
+    "encoder_cache_memory": None,
     "max_model_len": None,
     "max_beam_width": None,
     "block_size": 16,

@@ -24,33 +24,35 @@ class EngineConfigError(ValueError):
         self.field = field
 
 
-def parse_bytes(value: int | str) -> int:
+def parse_bytes(value: int | str, field: str = "kv_cache_memory", *, zero: bool = False) -> int:
     """Bytes from an int or a size string: "4GiB", "4G" and "4096MiB" are binary, "4GB" decimal.
 
-    Raises EngineConfigError (field ``kv_cache_memory``) unless the result is positive.
+    Raises EngineConfigError naming ``field`` unless the result is positive (or, with
+    ``zero``, 0).
     """
+    least = 0 if zero else 1
     if isinstance(value, bool):
-        raise _bad_size(value)
+        raise _bad_size(value, field, zero)
     if isinstance(value, int):
-        if value <= 0:
-            raise _bad_size(value)
+        if value < least:
+            raise _bad_size(value, field, zero)
         return value
     match = _SIZE.match(str(value))
     if match is None:
-        raise _bad_size(value)
+        raise _bad_size(value, field, zero)
     number, unit = float(match[1]), match[2].lower()
     scale = _DECIMAL_UNIT.get(unit) or _UNIT[unit[:1]]
     result = int(number * scale)
-    if result <= 0:
-        raise _bad_size(value)
+    if result < least:
+        raise _bad_size(value, field, zero)
     return result
 
 
-def _bad_size(value: object) -> EngineConfigError:
+def _bad_size(value: object, field: str, zero: bool) -> EngineConfigError:
+    kind = "a non-negative" if zero else "a positive"
     return EngineConfigError(
-        "kv_cache_memory",
-        "`kv_cache_memory` must be a positive number of bytes or a size like '4GiB' or "
-        f"'512MB'; got {value!r}",
+        field,
+        f"`{field}` must be {kind} number of bytes or a size like '4GiB' or '512MB'; got {value!r}",
     )
 
 

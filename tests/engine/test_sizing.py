@@ -306,6 +306,10 @@ def test_default_budgets() -> None:
     small = type("SmallCpu", (FixedMemoryCpu,), {"free": 256 * 2**20})
     assert default_kv_cache_memory(small(), spec, 8192) == int(0.9 * 256 * 2**20)
     assert default_kv_cache_memory(FakeAccelerator(), spec, 8192) == int(0.9 * 64 * GiB)
+    # A media model's encoder cache comes out of the free memory first.
+    assert default_kv_cache_memory(FakeAccelerator(), spec, 8192, GiB) == int(0.9 * 64 * GiB) - GiB
+    assert default_kv_cache_memory(small(), spec, 8192, 2**20) == int(0.9 * 256 * 2**20) - 2**20
+    assert default_kv_cache_memory(FixedMemoryCpu(), spec, 8192, 2**20) == needed
 
 
 def test_default_budget_applies_when_none_given(tiny: Any) -> None:

@@ -80,8 +80,12 @@ def build_runner(
     platform: Platform,
     source: ModelSource,
     group: GroupMember | Driver | None = None,
+    *,
+    reserved_bytes: int = 0,
 ) -> BuiltRunner:
-    """Load ``source`` (this rank's shard of it, in a group) and size its KV cache.
+    """Load ``source`` (this rank's shard of it, in a group) and size its KV cache, leaving
+    ``reserved_bytes`` of the default budget to what else the engine keeps on the device (a
+    media model's encoder cache).
 
     ``config`` must have come through ``for_platform``. In a tensor-parallel group every rank
     calls this with its `GroupMember` (rank 0 with its `Driver`): the ranks agree on one KV
@@ -97,7 +101,12 @@ def build_runner(
         model = load_model(source, platform.device, dtype, quantization, parallel=parallel)
         spec = model.kv_cache_spec(config.block_size, kv_dtype)
         kv_plan = plan_kv_cache(
-            model, spec, platform, config, source.config.max_position_embeddings
+            model,
+            spec,
+            platform,
+            config,
+            source.config.max_position_embeddings,
+            reserved_bytes=reserved_bytes,
         )
     except Exception as e:
         if group is not None:

@@ -124,14 +124,17 @@ class LLMEngine:
         platform = get_platform(config.device)
         config = config.for_platform(platform)
         source = load_model_source(config.model or default_model_path(), config.load_format)
-        _refuse_parallel_media(config, source)
+        _check_media_options(config, source)
         driver = start_driver(config, platform)
         try:
             tokenizer = Tokenizer.from_source(source)
             # The vision tower first, so the KV cache is sized from the memory it leaves.
             dtype = resolve_dtype(platform, config.dtype)
             media = build_multimodal(source, tokenizer, platform.device, dtype)
-            built = build_runner(config, platform, source, driver)
+            reserved = 0
+            if media is not None:
+                reserved = media.encoder_cache.capacity_bytes = config.encoder_cache_bytes
+            built = build_runner(config, platform, source, driver, reserved_bytes=reserved)
             if media is not None and media.mrope_section is not None:
                 install_mrope(built.runner.model, media.mrope_section)
             scheduler = _build_scheduler(config, built.kv_plan, source.config, tokenizer)
@@ -361,9 +364,15 @@ class LLMEngine:
         )
 
 
-def _refuse_parallel_media(config: EngineConfig, source: ModelSource) -> None:
-    """An image-text model runs on one device: the vision tower and the media overrides are
-    not carried to tensor-parallel workers."""
+def _check_media_options(config: EngineConfig, source: ModelSource) -> None:
+    """A media model runs on one device (the encoder and the media overrides are not carried
+    to tensor-parallel workers); the encoder cache's option needs a media model."""
+    if source.vision_family is None and config.encoder_cache_memory is not None:
+        raise EngineConfigError(
+            "encoder_cache_memory",
+            "`encoder_cache_memory` applies to a model that takes media (images, video or "
+            "audio); this one takes text only",
+        )
     if source.vision_family is not None and config.tensor_parallel_size > 1:
         raise EngineConfigError(
             "tensor_parallel_size",

@@ -125,12 +125,16 @@ def plan_kv_cache(
     platform: Platform,
     config: EngineConfig,
     model_max_len: int,
+    *,
+    reserved_bytes: int = 0,
 ) -> KVCachePlan:
     """Profile one worst-case step, then size the KV cache from the memory budget.
 
     ``config`` must have come through ``EngineConfig.for_platform``; ``model_max_len`` is the
-    model's ``max_position_embeddings``. Raises EngineConfigError (naming ``max_model_len`` or
-    ``kv_cache_memory``) when the request cannot be met.
+    model's ``max_position_embeddings``. Without ``kv_cache_memory``, the default budget
+    leaves ``reserved_bytes`` of the free memory to other caches (a media model's encoder
+    cache); an explicit budget is taken as given. Raises EngineConfigError (naming
+    ``max_model_len`` or ``kv_cache_memory``) when the request cannot be met.
     """
     if config.max_num_batched_tokens is None:
         raise ValueError("plan_kv_cache needs EngineConfig.for_platform(platform) first")
@@ -147,7 +151,9 @@ def plan_kv_cache(
         backend=platform.attention_backend(),
     )
     platform.synchronize()
-    budget = config.kv_cache_bytes or default_kv_cache_memory(platform, spec, max_model_len)
+    budget = config.kv_cache_bytes or default_kv_cache_memory(
+        platform, spec, max_model_len, reserved_bytes
+    )
     # Never more than every sequence at full length can use (block 0 is the null block).
     usable = config.max_num_seqs * _cdiv(max_model_len, spec.block_size) + 1
     num_blocks = min(spec.num_blocks_for(budget), usable)
@@ -167,15 +173,18 @@ def plan_kv_cache(
     return KVCachePlan(num_blocks=num_blocks, max_model_len=max_model_len, budget_bytes=budget)
 
 
-def default_kv_cache_memory(platform: Platform, spec: KVCacheSpec, max_model_len: int) -> int:
+def default_kv_cache_memory(
+    platform: Platform, spec: KVCacheSpec, max_model_len: int, reserved_bytes: int = 0
+) -> int:
     """The KV budget when none is given, read after the model and a profiling pass are in memory.
 
-    Accelerators: 90% of free device memory. CPU: what the model needs rather than a fixed
-    size: ``CPU_KV_SEQUENCES`` sequences of ``max_model_len`` tokens (a full-length one with
-    room for many short ones beside it), at most 2 GiB and 90% of available host memory.
+    Accelerators: 90% of free device memory, less ``reserved_bytes``. CPU: what the model
+    needs rather than a fixed size: ``CPU_KV_SEQUENCES`` sequences of ``max_model_len``
+    tokens (a full-length one with room for many short ones beside it), at most 2 GiB and
+    90% of available host memory less ``reserved_bytes``.
     """
     free = platform.memory_info().free
-    fraction = int(free * DEFAULT_ACCELERATOR_MEMORY_FRACTION)
+    fraction = max(int(free * DEFAULT_ACCELERATOR_MEMORY_FRACTION) - reserved_bytes, 0)
     if platform.is_accelerator:
         return fraction
     blocks = CPU_KV_SEQUENCES * _cdiv(max_model_len, spec.block_size) + 1

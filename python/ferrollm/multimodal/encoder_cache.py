@@ -14,11 +14,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ferrollm.config import DEFAULT_ENCODER_CACHE_MEMORY
 from ferrollm.multimodal.inputs import MediaInput
-
-#: The default budget: 256 MiB of embeddings (SmolVLM-256M: 64 x 576 bfloat16 a tile, ~3,600
-#: tiles).
-DEFAULT_ENCODER_CACHE_BYTES = 256 << 20
 
 #: Encodes a batch of items: one ``[item.length, hidden]`` tensor each.
 Encode = Callable[[Sequence[MediaInput]], list[torch.Tensor]]
@@ -27,7 +24,7 @@ Encode = Callable[[Sequence[MediaInput]], list[torch.Tensor]]
 class EncoderCache:
     """Encoder outputs by digest, LRU within ``capacity_bytes``; counts hits and misses."""
 
-    def __init__(self, encode: Encode, capacity_bytes: int = DEFAULT_ENCODER_CACHE_BYTES) -> None:
+    def __init__(self, encode: Encode, capacity_bytes: int = DEFAULT_ENCODER_CACHE_MEMORY) -> None:
         self._encode = encode
         self._capacity_bytes = capacity_bytes
         self._entries: OrderedDict[str, torch.Tensor] = OrderedDict()
