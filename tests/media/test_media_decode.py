@@ -183,6 +183,19 @@ def test_wav_is_resampled_to_mono_at_the_requested_rate() -> None:
     assert np.abs(middle - 0.25 * np.sin(2 * np.pi * 440 * t)).max() < 0.02
 
 
+def test_truncated_audio_is_invalid() -> None:
+    data = wav(1.0)
+    error = bad(data[: len(data) // 2], "audio", "invalid_media")
+    assert "truncated" in error.message
+    # A streaming writer's header declares no length: the bytes that came are the clip.
+    for unknown in (b"\x00\x00\x00\x00", b"\xff\xff\xff\xff"):
+        streamed = data[:4] + unknown + data[8 : len(data) // 2]
+        item = decode_media(streamed, part("audio"), POLICY, sample_rate=16000)
+        assert isinstance(item, AudioMedia) and 0 < len(item.samples) < 16000
+    flac = compressed_audio("flac", "flac")
+    bad(flac[: len(flac) // 8], "audio", "invalid_media")
+
+
 def test_audio_longer_than_the_cap_is_refused() -> None:
     limits = MediaLimits(max_items=1, kinds=frozenset({"audio"}), max_audio_seconds=0.5)
     bad(wav(1.0), "audio", "media_too_large", POLICY.with_limits(limits))

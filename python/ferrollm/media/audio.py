@@ -4,6 +4,11 @@ wants: FFmpeg's resampler changes the rate, keeping the channels, and mono is th
 As for video, the demuxer is the one the bytes were sniffed as (mp3, wav, flac). Decoding stops
 with ``media_too_large`` once the output passes ``MediaLimits.max_audio_seconds``: a 20 MiB
 low-bitrate MP3 can hold hours, which would decode to gigabytes of samples.
+
+A cut-off file is ``invalid_media``: FLAC's decoder fails on one, but FFmpeg reads a WAV file
+up to wherever its bytes end, so a WAV whose RIFF header declares more bytes than arrived is
+refused before decoding (a header of 0 or 0xFFFFFFFF, as streaming writers leave it, declares
+no length). An MP3 is a run of frames with no total to check against.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ def decode_audio(
         raise missing("PyAV") from error
     if sample_rate <= 0:
         raise ValueError(f"sample_rate must be positive; got {sample_rate}")
+    if fmt == "wav":
+        _check_riff_length(data, part_path)
     max_samples = int(limits.max_audio_seconds * sample_rate)
     chunks: list[npt.NDArray[np.float32]] = []
     count = 0
@@ -74,6 +81,24 @@ def decode_audio(
         raise MediaError(part_path, INVALID_MEDIA, "the audio has no samples")
     samples = np.concatenate(chunks).astype(np.float32, copy=False)
     return AudioMedia(samples=samples, sample_rate=sample_rate, format=fmt)
+
+
+#: RIFF sizes that declare no length (a stream's header written before its end was known).
+_UNKNOWN_RIFF_SIZES = (0, 0xFFFFFFFF)
+
+
+def _check_riff_length(data: bytes, part_path: str) -> None:
+    """MediaError when the RIFF header of WAV ``data`` declares more bytes than it has."""
+    if len(data) < 8 or data[:4] != b"RIFF":
+        return  # not a RIFF header: the demuxer says what is wrong
+    declared = int.from_bytes(data[4:8], "little")
+    if declared not in _UNKNOWN_RIFF_SIZES and declared + 8 > len(data):
+        raise MediaError(
+            part_path,
+            INVALID_MEDIA,
+            f"the wav file is truncated: its header declares {declared + 8} bytes, "
+            f"{len(data)} arrived",
+        )
 
 
 def resample_audio(
