@@ -398,10 +398,50 @@ def build_tiny_qwen2_vl(directory: Path, seed: int = 0) -> Path:
     `build_tiny_model`'s are."""
     import transformers
 
+    return _build_tiny_qwen_vl(
+        directory,
+        seed,
+        transformers.Qwen2VLConfig(vision_config=QWEN2VL_VISION_SIZES, **_qwen_vl_text_fields()),
+        transformers.Qwen2VLForConditionalGeneration,
+    )
+
+
+#: The tiny Qwen2.5-VL vision tower: as Qwen2-VL's, with windows of 2x2 merged tokens (56
+#: pixels) in block 0 and full attention in block 1.
+QWEN2_5_VL_VISION_SIZES: dict[str, Any] = {
+    "depth": 2,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_heads": 2,
+    "out_hidden_size": TINY_SIZES["hidden_size"],
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "window_size": 56,
+    "fullatt_block_indexes": [1],
+    "tokens_per_second": 2,
+}
+
+
+def build_tiny_qwen2_5_vl(directory: Path, seed: int = 0) -> Path:
+    """Save a seeded random ``Qwen2_5_VLForConditionalGeneration`` (the text model of
+    `build_tiny_qwen2_vl`, the `QWEN2_5_VL_VISION_SIZES` tower) to ``directory``, with the same
+    processor files as `build_tiny_qwen2_vl` (Qwen2.5-VL uses Qwen2-VL's image processor)."""
+    import transformers
+
+    config = transformers.Qwen2_5_VLConfig(
+        vision_config=QWEN2_5_VL_VISION_SIZES, **_qwen_vl_text_fields()
+    )
+    return _build_tiny_qwen_vl(
+        directory, seed, config, transformers.Qwen2_5_VLForConditionalGeneration
+    )
+
+
+def _qwen_vl_text_fields() -> dict[str, Any]:
+    """The tiny Qwen-VL config's text model and media token ids (`QWEN2VL_ADDED_TOKENS`)."""
     tokens = {t: 300 + i for i, t in enumerate(QWEN2VL_ADDED_TOKENS)}
-    config = transformers.Qwen2VLConfig(
-        vision_config=QWEN2VL_VISION_SIZES,
-        text_config={
+    return {
+        "text_config": {
             **TINY_SIZES,
             "rope_parameters": {
                 "rope_type": "default",
@@ -409,13 +449,16 @@ def build_tiny_qwen2_vl(directory: Path, seed: int = 0) -> Path:
                 "mrope_section": [2, 3, 3],
             },
         },
-        vision_start_token_id=tokens["<|vision_start|>"],
-        vision_end_token_id=tokens["<|vision_end|>"],
-        image_token_id=tokens["<|image_pad|>"],
-        video_token_id=tokens["<|video_pad|>"],
-    )
+        "vision_start_token_id": tokens["<|vision_start|>"],
+        "vision_end_token_id": tokens["<|vision_end|>"],
+        "image_token_id": tokens["<|image_pad|>"],
+        "video_token_id": tokens["<|video_pad|>"],
+    }
+
+
+def _build_tiny_qwen_vl(directory: Path, seed: int, config: Any, model_class: Any) -> Path:
     torch.manual_seed(seed)
-    model = transformers.Qwen2VLForConditionalGeneration(config)
+    model = model_class(config)
     _randomize(model, seed)
     model.save_pretrained(directory)
     build_tiny_qwen2_vl_processor(directory)

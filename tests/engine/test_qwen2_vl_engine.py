@@ -12,177 +12,50 @@ path's layout instead, and ``generate`` runs on our video patches.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-import torch
 import transformers
-from parity_support import MEDIA_LOGPROB_TOLERANCE as LOGPROB_TOLERANCE
-from parity_support import assert_same, assert_stream_adds_up, hf_greedy_media, logprobs_of, tokens
-from PIL import Image
+from parity_support import assert_same, tokens
+from qwen_vl_support import (
+    CASES,
+    CLIP,
+    GREEDY,
+    NUM_NEW_TOKENS,
+    TALL,
+    VIDEO_ID,
+    WIDE,
+    Reference,
+    chat,
+    check_chunked_prefill_and_preemption,
+    check_greedy,
+    check_ids_features_and_positions,
+    check_mixed_batch,
+    check_streaming,
+    image,
+    noise,
+    processor_of,
+    run,
+)
 
-from ferrollm import LLM, SamplingParams
-from ferrollm.engine import AsyncEngine, EngineRequest, RequestOutput
-from ferrollm.media.items import ImageMedia, MediaItem, VideoMedia
+from ferrollm import LLM
 from ferrollm.models.vision.qwen2_vl_images import (
     Qwen2VLImageSettings,
     preprocess_image,
     preprocess_video,
 )
-from ferrollm.multimodal.qwen2_vl import Qwen2VLProcessor
 from tiny_models import QWEN2VL_ADDED_TOKENS, TINY_SIZES
-
-NUM_NEW_TOKENS = 8
-GREEDY = SamplingParams(temperature=0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True, logprobs=0)
-#: Chunks of 8 tokens (every image's run is cut), KV blocks of 4 tokens, too few for all the
-#: prompts at once: chunked prefill through images and preemption.
-BUSY = {
-    "dtype": "float32",
-    "max_num_batched_tokens": 8,
-    "block_size": 4,
-    "max_num_seqs": 4,
-    "kv_cache_memory": 24 * 2048,
-}
-IMAGE_ID, VIDEO_ID = 302, 303
-PAD = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
-
-
-def noise(height: int, width: int, seed: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
-
-
-def video(count: int, height: int, width: int, seed: int) -> VideoMedia:
-    rng = np.random.default_rng(seed)
-    frames = rng.integers(0, 256, (count, height, width, 3), dtype=np.uint8)
-    times = np.arange(count, dtype=np.float64)
-    return VideoMedia(frames, times, np.arange(count), 1.0, count, float(count), "mp4")
-
-
-def image(img: Image.Image) -> ImageMedia:
-    return ImageMedia(img, "png", img.width, img.height)
-
-
-WIDE = noise(60, 150, 1)  # 4 x 10 patches: 10 tokens, rows != columns
-SMALL = noise(30, 40, 2)  # resized up to the minimum
-TALL = noise(200, 90, 3)
-CLIP = video(3, 56, 84, 4)  # 3 frames: padded to 4, 2 temporal patches
-
-
-def chat(*kinds: str, text: str = "what is this") -> str:
-    parts = "".join(f"<|vision_start|>{PAD[k]}<|vision_end|>" for k in kinds)
-    return f"<|im_start|>user\n{parts}{text}?<|im_end|>\n<|im_start|>assistant\n"
-
-
-CASES: dict[str, tuple[str, list[MediaItem]]] = {
-    "one-image": (chat("image"), [image(WIDE)]),
-    "two-images-of-different-sizes": (
-        chat("image", "image", text="compare them"),
-        [image(SMALL), image(TALL)],
-    ),
-    "video": (chat("video", text="what happens"), [CLIP]),
-    "text-only": (chat(text="describe a red square"), []),
-    "image-then-video": (chat("image", "video", text="which one moves"), [image(TALL), CLIP]),
-}
-
-
-@dataclasses.dataclass
-class Reference:
-    """transformers' model, image processor and tokenizer over the tiny checkpoint."""
-
-    model: Any
-    image_processor: Any
-    tokenizer: Any
-
-    def inputs(self, prompt: str, media: list[MediaItem], processor: Qwen2VLProcessor) -> dict:
-        """What transformers' processor gives: pixels from its image processor (ours for a
-        video), each pad repeated per merged token, ``mm_token_type_ids``."""
-        extra: dict[str, torch.Tensor] = {}
-        counts = []
-        images = [m.image for m in media if isinstance(m, ImageMedia)]
-        if images:
-            out = self.image_processor(images=images, return_tensors="pt")
-            extra |= {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
-        videos = [
-            preprocess_video(m.frames, processor.video_settings)
-            for m in media
-            if isinstance(m, VideoMedia)
-        ]
-        if videos:
-            extra["pixel_values_videos"] = torch.from_numpy(
-                np.concatenate([v.pixel_values for v in videos])
-            )
-            extra["video_grid_thw"] = torch.tensor([v.grid_thw for v in videos])
-        grids = iter(extra.get("image_grid_thw", torch.zeros(0, 3)).tolist())
-        video_grids = iter(extra.get("video_grid_thw", torch.zeros(0, 3)).tolist())
-        text, rest = "", prompt
-        for item in media:
-            kind = "image" if isinstance(item, ImageMedia) else "video"
-            before, _, rest = rest.partition(PAD[kind])
-            t, h, w = next(grids if kind == "image" else video_grids)
-            counts.append(int(t * h * w) // 4)
-            text += before + PAD[kind] * counts[-1]
-        ids = self.tokenizer(text + rest, return_tensors="pt")
-        types = torch.zeros_like(ids["input_ids"])
-        types[ids["input_ids"] == IMAGE_ID] = 1
-        types[ids["input_ids"] == VIDEO_ID] = 2
-        return {**ids, **extra, "mm_token_type_ids": types}
-
-    def greedy(self, inputs: dict) -> tuple[list[int], list[float]]:
-        return hf_greedy_media(self.model, inputs, NUM_NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_qwen2_vl_dir: Path) -> Reference:
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-        Qwen2VLImageProcessorPil,
-    )
-
-    model = transformers.Qwen2VLForConditionalGeneration.from_pretrained(
-        tiny_qwen2_vl_dir, dtype=torch.float32
-    ).eval()
-    model.generation_config.eos_token_id = None  # as ignore_eos
-    return Reference(
-        model,
-        Qwen2VLImageProcessorPil.from_pretrained(tiny_qwen2_vl_dir),
-        transformers.AutoTokenizer.from_pretrained(tiny_qwen2_vl_dir),
-    )
+    return Reference.load(tiny_qwen2_vl_dir, transformers.Qwen2VLForConditionalGeneration)
 
 
 @pytest.fixture(scope="module")
 def llm(tiny_qwen2_vl_dir: Path) -> LLM:
     return LLM(tiny_qwen2_vl_dir, device="cpu", dtype="float32")
-
-
-def processor_of(llm: LLM) -> Qwen2VLProcessor:
-    processor = llm.engine.multimodal
-    assert isinstance(processor, Qwen2VLProcessor)
-    return processor
-
-
-def request(llm: LLM, request_id: str, prompt: str, media: list[MediaItem]) -> EngineRequest:
-    processed = processor_of(llm).process(prompt, media)
-    return dataclasses.replace(
-        EngineRequest.of(request_id, processed.prompt_token_ids, GREEDY), media=processed.media
-    )
-
-
-def run(llm: LLM, *cases: tuple[str, list[MediaItem]]) -> list[RequestOutput]:
-    """Each case through the engine together, outputs in case order."""
-    engine = llm.engine
-    for i, (prompt, media) in enumerate(cases):
-        engine.add_request(request(llm, f"r{i}", prompt, media))
-    done: dict[str, RequestOutput] = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            assert isinstance(out, RequestOutput)
-            if out.finished:
-                done[out.request_id] = out
-    return [done[f"r{i}"] for i in range(len(cases))]
 
 
 @pytest.mark.parametrize("size", [(60, 150), (30, 40), (200, 90), (500, 700), (28, 5000)])
@@ -212,65 +85,20 @@ def test_video_patches_pair_frames_as_images_repeat_one(llm: LLM) -> None:
 def test_prompt_ids_features_and_positions_equal_transformers(
     reference: Reference, llm: LLM, case: str
 ) -> None:
-    prompt, media = CASES[case]
-    processor = processor_of(llm)
-    inputs = reference.inputs(prompt, media, processor)
-    processed = processor.process(prompt, media)
-    assert processed.prompt_token_ids == inputs["input_ids"][0].tolist()
-    assert [m.kind for m in processed.media] == [
-        "image" if isinstance(m, ImageMedia) else "video" for m in media
-    ]
-    cache = llm.engine.encoder_cache
-    assert cache is not None
-    ours = cache.get(processed.media)
-    with torch.no_grad():
-        want = []
-        if "pixel_values" in inputs:
-            want += reference.model.model.get_image_features(
-                inputs["pixel_values"], inputs["image_grid_thw"]
-            ).pooler_output
-        if "pixel_values_videos" in inputs:
-            want += reference.model.model.get_video_features(
-                inputs["pixel_values_videos"], inputs["video_grid_thw"]
-            ).pooler_output
-    for got, expected in zip(ours, want, strict=True):
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    rope = processor.rope_positions(len(processed.prompt_token_ids), processed.media)
-    if media:
-        positions, delta = reference.model.model.get_rope_index(
-            inputs["input_ids"],
-            inputs["mm_token_type_ids"],
-            inputs.get("image_grid_thw"),
-            inputs.get("video_grid_thw"),
-        )
-        np.testing.assert_array_equal(rope.table, positions[:, 0].numpy())
-        assert rope.delta == int(delta[0, 0])
-        assert rope.delta < 0  # the tests below would not see a dropped delta otherwise
+    check_ids_features_and_positions(reference, llm, CASES[case])
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_greedy_tokens_equal_transformers(reference: Reference, llm: LLM, case: str) -> None:
-    prompt, media = CASES[case]
-    want_tokens, want_logprobs = reference.greedy(
-        reference.inputs(prompt, media, processor_of(llm))
-    )
-    (got,) = run(llm, (prompt, media))
-    assert tokens(got) == want_tokens
-    assert np.allclose(logprobs_of(got), want_logprobs, atol=LOGPROB_TOLERANCE, rtol=0)
+    check_greedy(reference, llm, CASES[case])
 
 
 def test_a_mixed_batch_equals_each_request_alone(llm: LLM) -> None:
-    cases = [CASES[c] for c in ("one-image", "text-only", "video", "two-images-of-different-sizes")]
-    alone = [run(llm, case)[0] for case in cases]
-    assert_same(run(llm, *cases), alone)
+    check_mixed_batch(llm)
 
 
 def test_chunked_prefill_and_preemption_through_images(tiny_qwen2_vl_dir: Path, llm: LLM) -> None:
-    cases = [CASES[c] for c in ("two-images-of-different-sizes", "one-image", "video", "text-only")]
-    unchunked = [run(llm, case)[0] for case in cases]
-    busy = LLM(tiny_qwen2_vl_dir, device="cpu", **BUSY)
-    assert_same(run(busy, *cases), unchunked)
-    assert busy.engine.scheduler.stats()["num_preemptions"] > 0
+    check_chunked_prefill_and_preemption(tiny_qwen2_vl_dir, llm)
 
 
 def test_a_prefix_cache_hit_keeps_the_positions(tiny_qwen2_vl_dir: Path) -> None:
@@ -346,17 +174,7 @@ def test_chat_reads_a_video_file(llm: LLM, tmp_path: Path) -> None:
 
 
 def test_streamed_equals_non_streamed(llm: LLM) -> None:
-    prompt, media = CASES["one-image"]
-    engine = AsyncEngine(llm.engine)
-
-    async def body() -> list[RequestOutput]:
-        try:
-            return [o async for o in engine.generate(request(llm, "stream-0", prompt, media))]
-        finally:
-            engine.shutdown()
-
-    streamed = assert_stream_adds_up(asyncio.run(body()))
-    assert_same([streamed], run(llm, (prompt, media)))
+    check_streaming(llm)
 
 
 def test_mismatched_media_is_refused_by_index(llm: LLM) -> None:

@@ -5,9 +5,10 @@ own tensor prefixes, beside the encoder's tensors (loaded apart: ``ferrollm.mult
 
 - Idefics3 / SmolVLM (images): a Llama under ``model.text_model.*``, its head ``lm_head.*``;
   the wrapper's top-level ``tie_word_embeddings`` ties the head (transformers reads it there).
-- Qwen2-VL (images, videos): a Qwen2 whose fields sit under ``text_config`` or, in the original
-  checkpoints, at the top level, with M-RoPE; its layout differs enough to be read by
-  ``ferrollm.models.qwen2_vl_text``, which `text_config` and `stored_text_names` defer to.
+- Qwen2-VL and Qwen2.5-VL (images, videos): a Qwen2 whose fields sit under ``text_config`` or,
+  in the original checkpoints, at the top level, with M-RoPE; its layout differs enough to be
+  read by ``ferrollm.models.qwen2_vl_text``, which `text_config` and `stored_text_names` defer
+  to.
 - Qwen2-Audio (audio): a Qwen2 under ``language_model.model.*`` / ``language_model.lm_head.*``
   (the layout transformers saves, ``language_model.model.model.*`` from 5.17), or
   transformers 5's in-memory layout (``model.language_model.*``, ``lm_head.*``) should a tool
@@ -82,9 +83,9 @@ FAMILIES: dict[str, WrappedDecoder] = {
 
 def media_family(config: Mapping[str, Any]) -> str | None:
     """The media-text family of a ``config.json`` dict (its ``model_type``: "idefics3",
-    "qwen2_audio", "qwen2_vl"), or None for a text model."""
+    "qwen2_audio", "qwen2_vl", "qwen2_5_vl"), or None for a text model."""
     model_type = config.get("model_type")
-    known = model_type in FAMILIES or model_type == qwen2_vl_text.QWEN2_VL_MODEL_TYPE
+    known = model_type in FAMILIES or model_type in qwen2_vl_text.QWEN_VL_MODEL_TYPES
     return model_type if known else None
 
 
@@ -93,7 +94,7 @@ def text_config(family: str, config: Mapping[str, Any]) -> dict[str, Any]:
 
     Raises UnsupportedModelError when ``text_config`` is missing or of a type the family's
     decoder is not."""
-    if family == qwen2_vl_text.QWEN2_VL_MODEL_TYPE:
+    if family in qwen2_vl_text.QWEN_VL_MODEL_TYPES:
         return qwen2_vl_text.text_config(config)
     wrapped = FAMILIES[family]
     text = config.get("text_config")
@@ -117,7 +118,7 @@ def text_config(family: str, config: Mapping[str, Any]) -> dict[str, Any]:
 def stored_text_names(family: str, stored: Mapping[str, str]) -> dict[str, str]:
     """The decoder's tensor name -> the name a ``family`` checkpoint stores it under, for the
     decoder's tensors among ``stored`` (the checkpoint's names); the encoder's are left out."""
-    if family == qwen2_vl_text.QWEN2_VL_MODEL_TYPE:
+    if family in qwen2_vl_text.QWEN_VL_MODEL_TYPES:
         return qwen2_vl_text.stored_text_names(stored)
     names = {}
     for name in stored:

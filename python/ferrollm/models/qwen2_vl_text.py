@@ -1,6 +1,7 @@
-"""The Qwen2 decoder inside a Qwen2-VL checkpoint, seen as a plain Qwen2 causal LM.
+"""The Qwen2 decoder inside a Qwen2-VL or Qwen2.5-VL checkpoint, seen as a plain Qwen2 causal LM.
 
-A ``Qwen2VLForConditionalGeneration`` directory keeps its decoder's fields either under
+A ``Qwen2VLForConditionalGeneration`` directory (and a ``Qwen2_5_VLForConditionalGeneration``
+one, whose decoder and layout are the same) keeps its decoder's fields either under
 ``text_config`` (transformers 5) or at the top level (the original checkpoints), its tensors
 under ``model.*`` (or ``model.language_model.*``, transformers 5's in-memory layout) beside
 the vision tower's ``visual.*``. The engine runs the decoder as ``Qwen2ForCausalLM``: this
@@ -20,6 +21,10 @@ from ferrollm.models.config_fields import UnsupportedModelError
 
 #: ``model_type`` of a Qwen2-VL checkpoint.
 QWEN2_VL_MODEL_TYPE = "qwen2_vl"
+#: ``model_type`` of a Qwen2.5-VL checkpoint (its vision tower differs, not its decoder).
+QWEN2_5_VL_MODEL_TYPE = "qwen2_5_vl"
+#: The families whose decoder this module reads.
+QWEN_VL_MODEL_TYPES = (QWEN2_VL_MODEL_TYPE, QWEN2_5_VL_MODEL_TYPE)
 
 #: Keys of the wrapper that are not the decoder's (the tower, the media token ids).
 _NOT_TEXT = ("vision_config", "text_config", "architectures", "model_type", "auto_map")

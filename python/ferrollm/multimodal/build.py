@@ -1,7 +1,7 @@
 """Building a multimodal engine's media side at engine start: the processor the intake uses
 and the encoder (behind its cache) the engine runs, for a checkpoint whose source says it is
 a media-text model (``ModelSource.vision_family``: "idefics3" images, "qwen2_audio" audio,
-"qwen2_vl" images and videos); nothing for a text-only one."""
+"qwen2_vl" and "qwen2_5_vl" images and videos); nothing for a text-only one."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ferrollm.executor.source import ModelSource
+from ferrollm.models.qwen2_vl_text import QWEN_VL_MODEL_TYPES
 from ferrollm.multimodal.encoder_cache import EncoderCache
 from ferrollm.multimodal.inputs import MultimodalProcessor
 from ferrollm.tokenizer import Tokenizer
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class MultimodalParts:
     """What an engine serving media holds: the prompt processor and the encoder cache, and
-    for an M-RoPE decoder (Qwen2-VL) the rotary sections to switch the text model's rope to
-    (`install_mrope`)."""
+    for an M-RoPE decoder (Qwen2-VL, Qwen2.5-VL) the rotary sections to switch the text
+    model's rope to (`install_mrope`)."""
 
     processor: MultimodalProcessor
     encoder_cache: EncoderCache
@@ -42,7 +43,7 @@ def build_multimodal(
         return None
     if source.vision_family == "qwen2_audio":
         return _build_qwen2_audio(source, tokenizer, device, dtype)
-    if source.vision_family == "qwen2_vl":
+    if source.vision_family in QWEN_VL_MODEL_TYPES:
         return _build_qwen2_vl(source, tokenizer, device, dtype)
     if source.vision_family != "idefics3":
         raise ValueError(f"no media support for the {source.vision_family!r} family")

@@ -13,6 +13,13 @@ differ from token indices after its first item; past the prompt (generated token
 position is the token index plus one per-request offset (``delta``). `rope_positions` computes
 both from the prompt's media spans; the engine maps the scheduler's 1-D positions through them
 each step (``engine.media.MediaBook``), so the scheduler keeps counting tokens.
+
+Qwen2.5-VL spaces a video's temporal positions by time: frame group ``i`` (``temporal_patch_size``
+frames) sits at ``int(i * tokens_per_second * second_per_grid_t)`` past the start, where
+``second_per_grid_t`` is ``temporal_patch_size`` over the sampled frame rate (transformers'
+``VideoMetadata.sampled_fps``: frames kept over frames in the stream times its rate, 24 when the
+rate is unknown). Each video input carries it, and its digest names it, since the same frames at
+another rate take other positions (so other KV in the prefix cache).
 """
 
 from __future__ import annotations
@@ -46,17 +53,30 @@ _PLACEHOLDERS = {
 }
 _PIXELS = "pixel_values"
 _GRID = "grid_thw"
+_SECONDS = "second_per_grid_t"
+#: transformers' frame rate for a video whose rate is unknown (``VideoMetadata.sampled_fps``).
+_DEFAULT_FPS = 24.0
 
 
-def patches_digest(kind: MediaKind, patches: Patches) -> str:
-    """A name for one item's encoder input by content: kind, grid and pixel bytes."""
-    digest = hashlib.sha256(f"{kind}{patches.grid_thw}{patches.pixel_values.shape}".encode())
+def patches_digest(kind: MediaKind, patches: Patches, timing: str = "") -> str:
+    """A name for one item's encoder input by content: kind, grid, pixel bytes and ``timing``
+    (a video's seconds per temporal patch where its positions depend on them)."""
+    digest = hashlib.sha256(
+        f"{kind}{patches.grid_thw}{patches.pixel_values.shape}{timing}".encode()
+    )
     digest.update(patches.pixel_values.tobytes())
     return f"qwen2-vl-{kind}:{digest.hexdigest()}"
 
 
+def sampled_fps(video: VideoMedia) -> float:
+    """The rate of ``video``'s kept frames, as transformers' ``VideoMetadata.sampled_fps``."""
+    if video.fps <= 0 or video.total_frames <= 0:
+        return _DEFAULT_FPS
+    return len(video.indices) / video.total_frames * video.fps
+
+
 class Qwen2VLProcessor:
-    """The `MultimodalProcessor` of a Qwen2-VL checkpoint (images and videos)."""
+    """The `MultimodalProcessor` of a Qwen2-VL or Qwen2.5-VL checkpoint (images and videos)."""
 
     def __init__(
         self,
@@ -64,12 +84,15 @@ class Qwen2VLProcessor:
         image_settings: Qwen2VLImageSettings,
         video_settings: Qwen2VLImageSettings,
         pad_token_ids: dict[MediaKind, int],
+        tokens_per_second: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.image_settings = image_settings
         self.video_settings = video_settings
         #: The pad token each kind's features replace.
         self.pad_token_ids = pad_token_ids
+        #: Qwen2.5-VL: temporal positions a second of video spans; None: one per frame group.
+        self.tokens_per_second = tokens_per_second
 
     @classmethod
     def from_directory(
@@ -97,7 +120,7 @@ class Qwen2VLProcessor:
             "image": int(raw_config.get("image_token_id", 151655)),
             "video": int(raw_config.get("video_token_id", 151656)),
         }
-        return cls(tokenizer, image, video, pads)
+        return cls(tokenizer, image, video, pads, config.tokens_per_second or None)
 
     @property
     def modalities(self) -> frozenset[MediaKind]:
@@ -134,16 +157,8 @@ class Qwen2VLProcessor:
                     f"`media[{at}]`: the prompt has {count} {PAD_TOKENS[kind]} placeholders "
                     f"for {len(queue)} {kind}s"
                 )
-        items: list[tuple[MediaKind, Patches]] = []
-        taken = {"image": 0, "video": 0}
-        for kind, _ in pads:
-            _, item = queues[kind][taken[kind]]
-            taken[kind] += 1
-            if isinstance(item, ImageMedia):
-                items.append(("image", preprocess_image(item.image, self.image_settings)))
-            else:
-                assert isinstance(item, VideoMedia)
-                items.append(("video", preprocess_video(item.frames, self.video_settings)))
+        ordered = [queues[kind][i][1] for kind, i in _ranks(pads)]
+        items = [self._preprocess(item) for item in ordered]
         merge = self.image_settings.merge_size**2
         pieces, last = [], 0
         for (kind, start), (_, patches) in zip(pads, items, strict=True):
@@ -161,19 +176,33 @@ class Qwen2VLProcessor:
                 "item (does the text hold stray pad tokens next to a placeholder?)"
             )
         inputs = tuple(
-            MediaInput(
-                kind,
-                patches_digest(kind, patches),
-                {
-                    _PIXELS: torch.from_numpy(patches.pixel_values),
-                    _GRID: torch.tensor([patches.grid_thw], dtype=torch.int64),
-                },
-                offset,
-                length,
-            )
-            for (kind, patches), (offset, length) in zip(items, runs, strict=True)
+            self._encoder_input(item, patches, span)
+            for item, (_, patches), span in zip(ordered, items, runs, strict=True)
         )
         return ProcessedPrompt(text, token_ids, inputs)
+
+    def _preprocess(self, item: MediaItem) -> tuple[MediaKind, Patches]:
+        if isinstance(item, ImageMedia):
+            return "image", preprocess_image(item.image, self.image_settings)
+        assert isinstance(item, VideoMedia)
+        return "video", preprocess_video(item.frames, self.video_settings)
+
+    def _encoder_input(
+        self, item: MediaItem, patches: Patches, span: tuple[int, int]
+    ) -> MediaInput:
+        """``item``'s `MediaInput` over the prompt tokens ``span`` (offset, length); a
+        Qwen2.5-VL video's carries its seconds per temporal patch too."""
+        kind: MediaKind = "video" if isinstance(item, VideoMedia) else "image"
+        tensors = {
+            _PIXELS: torch.from_numpy(patches.pixel_values),
+            _GRID: torch.tensor([patches.grid_thw], dtype=torch.int64),
+        }
+        timing = ""
+        if isinstance(item, VideoMedia) and self.tokens_per_second is not None:
+            seconds = self.video_settings.temporal_patch_size / sampled_fps(item)
+            tensors[_SECONDS] = torch.tensor([seconds], dtype=torch.float32)
+            timing = f"{seconds!r}s"
+        return MediaInput(kind, patches_digest(kind, patches, timing), tensors, *span)
 
     def rope_positions(self, num_tokens: int, media: Sequence[MediaInput]) -> RopePositions:
         """The M-RoPE positions of a prompt of ``num_tokens`` tokens whose media fill
@@ -187,7 +216,8 @@ class Qwen2VLProcessor:
             start += text
             t, h, w = (int(v) for v in item.tensors[_GRID][0].tolist())
             h, w = h // merge, w // merge
-            grid = np.stack(np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij"))
+            times = self._temporal_positions(item, t)
+            grid = np.stack(np.meshgrid(times, np.arange(h), np.arange(w), indexing="ij"))
             parts.append(grid.reshape(3, -1) + start)
             start += max(h, w)
             index = item.offset + item.length
@@ -195,6 +225,16 @@ class Qwen2VLProcessor:
         parts.append(np.broadcast_to(np.arange(start, start + text), (3, text)))
         table = np.ascontiguousarray(np.concatenate(parts, axis=1), dtype=np.int64)
         return RopePositions(table, int(table.max()) + 1 - num_tokens)
+
+    def _temporal_positions(self, item: MediaInput, t: int) -> npt.NDArray[np.int64]:
+        """The temporal position (from 0) of each of ``item``'s ``t`` frame groups: their
+        index, or for a Qwen2.5-VL video their time in ``tokens_per_second`` units, rounded
+        down (float32 arithmetic, as transformers' ``get_rope_index``)."""
+        if _SECONDS not in item.tensors or self.tokens_per_second is None:
+            return np.arange(t, dtype=np.int64)
+        step = np.float32(self.tokens_per_second) * np.float32(item.tensors[_SECONDS][0])
+        times: npt.NDArray[np.int64] = (np.arange(t, dtype=np.float32) * step).astype(np.int64)
+        return times
 
 
 def _pad_tokens_in_order(prompt: str) -> list[tuple[MediaKind, int]]:
@@ -206,6 +246,16 @@ def _pad_tokens_in_order(prompt: str) -> list[tuple[MediaKind, int]]:
             found.append((kind, at))
             at = prompt.find(pad, at + len(pad))
     return sorted(found, key=lambda pair: pair[1])
+
+
+def _ranks(pads: list[tuple[MediaKind, int]]) -> list[tuple[MediaKind, int]]:
+    """Each pad's kind and its rank among that kind's pads (the i-th image pad: image i)."""
+    seen = {"image": 0, "video": 0}
+    ranks = []
+    for kind, _ in pads:
+        ranks.append((kind, seen[kind]))
+        seen[kind] += 1
+    return ranks
 
 
 def _pad_runs(token_ids: Sequence[int], pad_ids: set[int]) -> list[tuple[int, int]]:
