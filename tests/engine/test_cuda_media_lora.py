@@ -5,7 +5,7 @@ Every test is marked ``cuda`` (skipped where torch sees no GPU). Preprocessing i
 and checked against transformers' processors on the CPU (test_idefics3_engine and its
 siblings); here both sides take the processor's inputs and run their models on the GPU:
 
-* each media family (Idefics3 images, Qwen2-VL images, Qwen2-Audio clips): prompt ids equal
+* each media family (Idefics3 images, Qwen2-VL and Qwen2.5-VL images, Qwen2-Audio clips): prompt ids equal
   transformers' processor's, greedy tokens equal its ``generate``, each token's logprob within
   1e-3 (the float32 bound of test_cuda_parity); a batch of media and text requests equals
   each request alone;
@@ -174,13 +174,24 @@ def _qwen2_vl_inputs(directory: Path, prompt: str, images: list[Image.Image]) ->
     return {**ids, **extra, "mm_token_type_ids": types}
 
 
-def test_qwen2_vl_on_the_gpu_equals_transformers(tiny_qwen2_vl_dir: Path) -> None:
-    model, _ = oracle("Qwen2VLForConditionalGeneration", tiny_qwen2_vl_dir, processor=False)
-    llm = LLM(tiny_qwen2_vl_dir, device=DEVICE, **ENGINE)
+@pytest.mark.parametrize(
+    ("family", "model_class"),
+    [
+        ("tiny_qwen2_vl_dir", "Qwen2VLForConditionalGeneration"),
+        ("tiny_qwen2_5_vl_dir", "Qwen2_5_VLForConditionalGeneration"),
+    ],
+    ids=["qwen2-vl", "qwen2.5-vl"],
+)
+def test_qwen_vl_on_the_gpu_equals_transformers(
+    family: str, model_class: str, request: pytest.FixtureRequest
+) -> None:
+    directory: Path = request.getfixturevalue(family)
+    model, _ = oracle(model_class, directory, processor=False)
+    llm = LLM(directory, device=DEVICE, **ENGINE)
     prompts: list[Any] = []
     for case, (text,) in QWEN2_VL_CASES.items():
         prompt, images = _qwen2_vl_chat(text), QWEN2_VL_IMAGES[case]
-        inputs = _qwen2_vl_inputs(tiny_qwen2_vl_dir, prompt, images)
+        inputs = _qwen2_vl_inputs(directory, prompt, images)
         prompts.append(
             {"prompt": prompt, "multi_modal_data": {"image": images}} if images else prompt
         )
