@@ -53,9 +53,14 @@ $(TEST_MODELS_STAMP): $(STAMP)
 
 # Oracles only the tests use, installed the same way (a stamp named by the list's hash, so the
 # requirements file and with it the venv's path stay as they are): peft checks LoRA adapters
-# (tests/engine/test_lora_*.py). --no-deps: its dependencies (torch, transformers, safetensors,
-# accelerate, ...) are already in the venv at the versions $(REQS) pins, and must stay so.
-TEST_ORACLES := peft==0.21.2
+# (tests/engine/test_lora_*.py); torchvision runs transformers' video processors, which Qwen2-VL
+# video preprocessing is checked against (tests/engine/test_qwen2_vl_video.py; ferrollm itself
+# never imports it). With torchvision present transformers' Auto* image processors default to
+# the torchvision classes, so tests comparing with our Pillow path pin the Pillow ones.
+# --no-deps: their dependencies (torch, transformers, safetensors, accelerate, ...) are already
+# in the venv at the versions $(REQS) pins, and must stay so (torchvision 0.29.2 is torch
+# 2.15's).
+TEST_ORACLES := peft==0.21.2 torchvision==0.29.2
 TEST_ORACLES_STAMP := $(VENV)/.ferrollm-test-oracles-$(shell echo $(TEST_ORACLES) | sha256sum | cut -c1-16)
 $(TEST_ORACLES_STAMP): $(STAMP)
 	$(VPY) -m pip install -q --no-deps $(TEST_ORACLES)

@@ -1,13 +1,15 @@
 """Qwen2-VL end to end on a tiny random checkpoint, against transformers as the oracle.
 
-Preprocessing equals transformers' Pillow image processor (pixels, grids) and its processor's
-pad expansion (input ids); the vision tower equals ``get_image_features`` /
-``get_video_features``; the M-RoPE positions equal ``get_rope_index``; greedy tokens and
-their logprobs equal ``generate`` on the same inputs, in float32, for one image, two images of
-different sizes, a video and text alone. Batching, chunked prefill (cutting through an image
-and its positions), preemption and streaming change nothing. transformers' video processor
-needs torchvision, which is absent here: the video's patches are checked against the image
-path's layout instead, and ``generate`` runs on our video patches.
+Preprocessing equals transformers' Pillow image processor and its torchvision video processor
+(pixels, grids; the video processor read from the tiny checkpoint, which has no video config,
+as ours is) and its processor's pad expansion (input ids); the vision tower equals
+``get_image_features`` / ``get_video_features``; the M-RoPE positions equal ``get_rope_index``;
+greedy tokens and their logprobs equal ``generate`` on transformers' own processors' outputs,
+in float32, for one image, two images of different sizes, a video and text alone. Batching,
+chunked prefill (cutting through an image and its positions), preemption and streaming change
+nothing. The image processor is pinned to the Pillow class: with torchvision present
+transformers would pick its torchvision one, whose pixels differ (docs/multimodal.md).
+``test_qwen2_vl_video.py`` checks the video preprocessing against more settings and sizes.
 """
 
 from __future__ import annotations
@@ -28,11 +30,8 @@ from PIL import Image
 from ferrollm import LLM, SamplingParams
 from ferrollm.engine import AsyncEngine, EngineRequest, RequestOutput
 from ferrollm.media.items import ImageMedia, MediaItem, VideoMedia
-from ferrollm.models.vision.qwen2_vl_images import (
-    Qwen2VLImageSettings,
-    preprocess_image,
-    preprocess_video,
-)
+from ferrollm.models.vision.qwen2_vl_images import Qwen2VLImageSettings, preprocess_image
+from ferrollm.models.vision.qwen2_vl_video import preprocess_video
 from ferrollm.multimodal.qwen2_vl import Qwen2VLProcessor
 from tiny_models import QWEN2VL_ADDED_TOKENS, TINY_SIZES
 
@@ -92,31 +91,27 @@ CASES: dict[str, tuple[str, list[MediaItem]]] = {
 
 @dataclasses.dataclass
 class Reference:
-    """transformers' model, image processor and tokenizer over the tiny checkpoint."""
+    """transformers' model, image and video processors and tokenizer over the tiny checkpoint."""
 
     model: Any
     image_processor: Any
+    video_processor: Any
     tokenizer: Any
 
-    def inputs(self, prompt: str, media: list[MediaItem], processor: Qwen2VLProcessor) -> dict:
-        """What transformers' processor gives: pixels from its image processor (ours for a
-        video), each pad repeated per merged token, ``mm_token_type_ids``."""
+    def inputs(self, prompt: str, media: list[MediaItem]) -> dict:
+        """What transformers' processor gives: pixels from its image and video processors,
+        each pad repeated per merged token, ``mm_token_type_ids``."""
         extra: dict[str, torch.Tensor] = {}
         counts = []
         images = [m.image for m in media if isinstance(m, ImageMedia)]
         if images:
             out = self.image_processor(images=images, return_tensors="pt")
             extra |= {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
-        videos = [
-            preprocess_video(m.frames, processor.video_settings)
-            for m in media
-            if isinstance(m, VideoMedia)
-        ]
+        videos = [m.frames for m in media if isinstance(m, VideoMedia)]
         if videos:
-            extra["pixel_values_videos"] = torch.from_numpy(
-                np.concatenate([v.pixel_values for v in videos])
-            )
-            extra["video_grid_thw"] = torch.tensor([v.grid_thw for v in videos])
+            out = self.video_processor(videos=videos, return_tensors="pt")
+            extra["pixel_values_videos"] = out["pixel_values_videos"]
+            extra["video_grid_thw"] = out["video_grid_thw"]
         grids = iter(extra.get("image_grid_thw", torch.zeros(0, 3)).tolist())
         video_grids = iter(extra.get("video_grid_thw", torch.zeros(0, 3)).tolist())
         text, rest = "", prompt
@@ -141,6 +136,7 @@ def reference(tiny_qwen2_vl_dir: Path) -> Reference:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
     )
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
     model = transformers.Qwen2VLForConditionalGeneration.from_pretrained(
         tiny_qwen2_vl_dir, dtype=torch.float32
@@ -149,6 +145,7 @@ def reference(tiny_qwen2_vl_dir: Path) -> Reference:
     return Reference(
         model,
         Qwen2VLImageProcessorPil.from_pretrained(tiny_qwen2_vl_dir),
+        Qwen2VLVideoProcessor.from_pretrained(tiny_qwen2_vl_dir),
         transformers.AutoTokenizer.from_pretrained(tiny_qwen2_vl_dir),
     )
 
@@ -196,12 +193,24 @@ def test_image_preprocessing_equals_transformers(
     np.testing.assert_array_equal(got.pixel_values, want["pixel_values"])
 
 
+@pytest.mark.parametrize("shape", [(3, 56, 84), (4, 30, 40), (1, 200, 90), (2, 500, 700)])
+def test_video_preprocessing_equals_transformers(
+    reference: Reference, llm: LLM, shape: tuple[int, int, int]
+) -> None:
+    frames = video(*shape, seed=sum(shape)).frames
+    want = reference.video_processor(videos=[frames], return_tensors="np")
+    got = preprocess_video(frames, processor_of(llm).video_settings)
+    assert [list(got.grid_thw)] == want["video_grid_thw"].tolist()
+    np.testing.assert_array_equal(got.pixel_values, want["pixel_values_videos"])
+
+
 def test_video_patches_pair_frames_as_images_repeat_one(llm: LLM) -> None:
+    """A still video of two frames takes an image's grid (its pixels differ: torchvision's
+    resize and the fused normalization, not Pillow's); an odd count repeats the last frame."""
     settings = processor_of(llm).image_settings
     frame = np.asarray(WIDE)
     still = preprocess_video(np.stack([frame, frame]), settings)
     assert still.grid_thw == preprocess_image(WIDE, settings).grid_thw
-    np.testing.assert_array_equal(still.pixel_values, preprocess_image(WIDE, settings).pixel_values)
     padded = preprocess_video(CLIP.frames, settings)  # 3 frames: the last repeated
     again = preprocess_video(CLIP.frames[[0, 1, 2, 2]], settings)
     assert padded.grid_thw[0] == 2
@@ -214,7 +223,7 @@ def test_prompt_ids_features_and_positions_equal_transformers(
 ) -> None:
     prompt, media = CASES[case]
     processor = processor_of(llm)
-    inputs = reference.inputs(prompt, media, processor)
+    inputs = reference.inputs(prompt, media)
     processed = processor.process(prompt, media)
     assert processed.prompt_token_ids == inputs["input_ids"][0].tolist()
     assert [m.kind for m in processed.media] == [
@@ -251,9 +260,7 @@ def test_prompt_ids_features_and_positions_equal_transformers(
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_greedy_tokens_equal_transformers(reference: Reference, llm: LLM, case: str) -> None:
     prompt, media = CASES[case]
-    want_tokens, want_logprobs = reference.greedy(
-        reference.inputs(prompt, media, processor_of(llm))
-    )
+    want_tokens, want_logprobs = reference.greedy(reference.inputs(prompt, media))
     (got,) = run(llm, (prompt, media))
     assert tokens(got) == want_tokens
     assert np.allclose(logprobs_of(got), want_logprobs, atol=LOGPROB_TOLERANCE, rtol=0)
