@@ -12,9 +12,9 @@ rescale-normalize is ``(x - mean / factor) / (std / factor)`` in float32 with ``
 ``std`` as float32 tensors scaled by ``1 / rescale_factor``.
 
 Frames are taken as given: the processor's ``do_sample_frames`` is off by default (its class
-default, and Qwen2-VL's checkpoints do not turn it on), so it keeps every frame it is handed;
-the intake's frames are its uniform sample (``ferrollm.media.video``). An odd count is padded
-with the last frame to a multiple of ``temporal_patch_size``.
+default), so it keeps every frame it is handed; the intake's frames are its uniform sample
+(``ferrollm.media.video``). A config that turns sampling on is not followed yet. An odd count
+is padded with the last frame to a multiple of ``temporal_patch_size``.
 """
 
 from __future__ import annotations
