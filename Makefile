@@ -53,9 +53,14 @@ $(TEST_MODELS_STAMP): $(STAMP)
 
 # Oracles only the tests use, installed the same way (a stamp named by the list's hash, so the
 # requirements file and with it the venv's path stay as they are): peft checks LoRA adapters
-# (tests/engine/test_lora_*.py). --no-deps: its dependencies (torch, transformers, safetensors,
-# accelerate, ...) are already in the venv at the versions $(REQS) pins, and must stay so.
-TEST_ORACLES := peft==0.21.2
+# (tests/engine/test_lora_*.py); torchvision runs transformers' video processors, which Qwen2-VL
+# video preprocessing is checked against (tests/engine/test_qwen2_vl_video.py; ferrollm itself
+# never imports it). With torchvision present transformers' Auto* image processors default to
+# the torchvision classes, so tests comparing with our Pillow path pin the Pillow ones.
+# --no-deps: their dependencies (torch, transformers, safetensors, accelerate, ...) are already
+# in the venv at the versions $(REQS) pins, and must stay so (torchvision 0.29.2 is torch
+# 2.15's).
+TEST_ORACLES := peft==0.21.2 torchvision==0.29.2
 TEST_ORACLES_STAMP := $(VENV)/.ferrollm-test-oracles-$(shell echo $(TEST_ORACLES) | sha256sum | cut -c1-16)
 $(TEST_ORACLES_STAMP): $(STAMP)
 	$(VPY) -m pip install -q --no-deps $(TEST_ORACLES)
@@ -101,6 +106,7 @@ test-avx2: build $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) $(MEDIA_DEPS_STAMP) 
 # Left out of the AVX2 rerun: the media encoders' tests run the decoder through the kernels
 # the other engine tests already cover under the cap, and their encoders and preprocessing are
 # plain torch and numpy (a minute and a half of CI time for nothing the cap changes).
+# test_qwen2_vl_video.py stays in: torch's uint8 resize it checks has kernels per CPU level.
 AVX2_SKIP := tests/engine/test_smolvlm_demo.py tests/engine/test_idefics3_engine.py \
 	tests/engine/test_idefics3_images.py tests/engine/test_idefics3_vision.py \
 	tests/engine/test_qwen2_audio_engine.py tests/engine/test_qwen2_vl_engine.py

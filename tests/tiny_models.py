@@ -468,9 +468,8 @@ def _build_tiny_qwen_vl(directory: Path, seed: int, config: Any, model_class: An
 def build_tiny_qwen2_vl_processor(directory: Path) -> Any:
     """Save (and return) the parts of a ``Qwen2VLProcessor`` to ``directory``: the tiny
     tokenizer plus `QWEN2VL_ADDED_TOKENS`, and transformers' Pillow image processor at
-    `QWEN2VL_PIXELS` (``preprocessor_config.json``, which video processing reads too). The
-    processor itself cannot be built here: its video processor needs torchvision, which the
-    test environment lacks. Returns the image processor."""
+    `QWEN2VL_PIXELS` (``preprocessor_config.json``, which transformers' video processor and
+    ours read too, the checkpoint having no video config). Returns the image processor."""
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,

@@ -31,7 +31,6 @@ from PIL import Image
 from ferrollm import LLM, SamplingParams
 from ferrollm.engine import AsyncEngine, EngineRequest, RequestOutput
 from ferrollm.media.items import ImageMedia, MediaItem, VideoMedia
-from ferrollm.models.vision.qwen2_vl_images import preprocess_video
 from ferrollm.multimodal.qwen2_vl import Qwen2VLProcessor
 
 NUM_NEW_TOKENS = 8
@@ -93,11 +92,15 @@ CASES: dict[str, Case] = {
 
 @dataclasses.dataclass
 class Reference:
-    """transformers' model, image processor and tokenizer over a tiny checkpoint; ``timed``:
-    the model takes each video's ``second_per_grid_ts`` (Qwen2.5-VL)."""
+    """transformers' model, its Pillow image processor, its (torchvision) video processor and
+    tokenizer over a tiny checkpoint; ``timed``: the model takes each video's
+    ``second_per_grid_ts`` (Qwen2.5-VL). The image processor is pinned to the Pillow class:
+    with torchvision present transformers would pick its torchvision one, whose pixels differ
+    (docs/multimodal.md)."""
 
     model: Any
     image_processor: Any
+    video_processor: Any
     tokenizer: Any
     timed: bool = False
 
@@ -106,19 +109,21 @@ class Reference:
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
             Qwen2VLImageProcessorPil,
         )
+        from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
         model = model_class.from_pretrained(directory, dtype=torch.float32).eval()
         model.generation_config.eos_token_id = None  # as ignore_eos
         return cls(
             model,
             Qwen2VLImageProcessorPil.from_pretrained(directory),
+            Qwen2VLVideoProcessor.from_pretrained(directory),
             transformers.AutoTokenizer.from_pretrained(directory),
             timed,
         )
 
     def inputs(self, prompt: str, media: list[MediaItem], processor: Qwen2VLProcessor) -> dict:
-        """What transformers' processor gives: pixels from its image processor (ours for a
-        video), each pad repeated per merged token, ``mm_token_type_ids``."""
+        """What transformers' processor gives: pixels from its image and video processors,
+        each pad repeated per merged token, ``mm_token_type_ids``."""
         extra = self._pixels(media, processor)
         grids = iter(extra.get("image_grid_thw", torch.zeros(0, 3)).tolist())
         video_grids = iter(extra.get("video_grid_thw", torch.zeros(0, 3)).tolist())
@@ -143,11 +148,9 @@ class Reference:
         videos = [m for m in media if isinstance(m, VideoMedia)]
         if not videos:
             return extra
-        patches = [preprocess_video(m.frames, processor.video_settings) for m in videos]
-        extra["pixel_values_videos"] = torch.from_numpy(
-            np.concatenate([p.pixel_values for p in patches])
-        )
-        extra["video_grid_thw"] = torch.tensor([p.grid_thw for p in patches])
+        out = self.video_processor(videos=[m.frames for m in videos], return_tensors="pt")
+        extra["pixel_values_videos"] = out["pixel_values_videos"]
+        extra["video_grid_thw"] = out["video_grid_thw"]
         if self.timed:
             step = processor.video_settings.temporal_patch_size
             extra["second_per_grid_ts"] = torch.tensor([step / fps_of(m) for m in videos])

@@ -5,10 +5,10 @@ Every test is marked ``cuda`` (skipped where torch sees no GPU). Preprocessing i
 and checked against transformers' processors on the CPU (test_idefics3_engine and its
 siblings); here both sides take the processor's inputs and run their models on the GPU:
 
-* each media family (Idefics3 images, Qwen2-VL and Qwen2.5-VL images, Qwen2-Audio clips): prompt ids equal
-  transformers' processor's, greedy tokens equal its ``generate``, each token's logprob within
-  1e-3 (the float32 bound of test_cuda_parity); a batch of media and text requests equals
-  each request alone;
+* each media family (Idefics3 images, Qwen2-VL and Qwen2.5-VL images, Qwen2-Audio clips):
+  prompt ids equal transformers' processor's, greedy tokens equal its ``generate``, each
+  token's logprob within 1e-3 (the float32 bound of test_cuda_parity); a batch of media and
+  text requests equals each request alone;
 * LoRA: a batch mixing the base and three adapters equals transformers + peft's greedy tokens
   on the GPU per request (adapters keep decode eager on CUDA: no graphs with adapters).
 

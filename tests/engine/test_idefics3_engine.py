@@ -98,7 +98,8 @@ def reference(tiny_idefics3_dir: Path) -> Reference:
         tiny_idefics3_dir, dtype=torch.float32
     ).eval()
     model.generation_config.eos_token_id = None  # as ignore_eos: always NUM_NEW_TOKENS
-    processor = transformers.AutoProcessor.from_pretrained(tiny_idefics3_dir)
+    # Pillow's image processor, as ours: with torchvision present the default would be its.
+    processor = transformers.AutoProcessor.from_pretrained(tiny_idefics3_dir, backend="pil")
     return Reference(processor, model)
 
 

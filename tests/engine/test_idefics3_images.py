@@ -2,8 +2,9 @@
 pixel, and the same prompt tokens; and the whole image path (our tiles through our encoder)
 equals transformers' processor feeding its own model.
 
-The oracle is ``Idefics3Processor`` with transformers' Pillow image processor (what
-``AutoProcessor`` picks without torchvision), saved with the tiny checkpoint
+The oracle is ``Idefics3Processor`` with transformers' Pillow image processor (pinned with
+``backend="pil"``: with torchvision present ``AutoProcessor`` picks the torchvision one, whose
+pixels differ, docs/multimodal.md), saved with the tiny checkpoint
 (``tiny_models.build_tiny_idefics3``: longest edge 128, 64-pixel tiles, 16 tokens a tile).
 Images are seeded noise of awkward sizes: smaller than a tile (resized up), wide and tall
 (split into grids), odd edges (the even rounding), transparency and grey levels (converted to
@@ -64,7 +65,7 @@ IMAGE_SETS = {
 
 @pytest.fixture(scope="module")
 def processor(tiny_idefics3_dir: Path) -> Any:
-    loaded = transformers.AutoProcessor.from_pretrained(tiny_idefics3_dir)
+    loaded = transformers.AutoProcessor.from_pretrained(tiny_idefics3_dir, backend="pil")
     assert isinstance(loaded.image_processor, Idefics3ImageProcessorPil)
     return loaded
 

@@ -1,13 +1,14 @@
 """Qwen2-VL end to end on a tiny random checkpoint, against transformers as the oracle.
 
-Preprocessing equals transformers' Pillow image processor (pixels, grids) and its processor's
-pad expansion (input ids); the vision tower equals ``get_image_features`` /
-``get_video_features``; the M-RoPE positions equal ``get_rope_index``; greedy tokens and
-their logprobs equal ``generate`` on the same inputs, in float32, for one image, two images of
-different sizes, a video and text alone. Batching, chunked prefill (cutting through an image
-and its positions), preemption and streaming change nothing. transformers' video processor
-needs torchvision, which is absent here: the video's patches are checked against the image
-path's layout instead, and ``generate`` runs on our video patches.
+Preprocessing equals transformers' Pillow image processor and its torchvision video processor
+(pixels, grids; the video processor read from the tiny checkpoint, which has no video config,
+as ours is) and its processor's pad expansion (input ids); the vision tower equals
+``get_image_features`` / ``get_video_features``; the M-RoPE positions equal ``get_rope_index``;
+greedy tokens and their logprobs equal ``generate`` on transformers' own processors' outputs,
+in float32, for one image, two images of different sizes, a video and text alone. Batching,
+chunked prefill (cutting through an image and its positions), preemption and streaming change
+nothing. ``test_qwen2_vl_video.py`` checks the video preprocessing against more settings and
+sizes.
 """
 
 from __future__ import annotations
@@ -37,14 +38,12 @@ from qwen_vl_support import (
     noise,
     processor_of,
     run,
+    video,
 )
 
 from ferrollm import LLM
-from ferrollm.models.vision.qwen2_vl_images import (
-    Qwen2VLImageSettings,
-    preprocess_image,
-    preprocess_video,
-)
+from ferrollm.models.vision.qwen2_vl_images import Qwen2VLImageSettings, preprocess_image
+from ferrollm.models.vision.qwen2_vl_video import preprocess_video
 from tiny_models import QWEN2VL_ADDED_TOKENS, TINY_SIZES
 
 
@@ -69,12 +68,24 @@ def test_image_preprocessing_equals_transformers(
     np.testing.assert_array_equal(got.pixel_values, want["pixel_values"])
 
 
+@pytest.mark.parametrize("shape", [(3, 56, 84), (4, 30, 40), (1, 200, 90), (2, 500, 700)])
+def test_video_preprocessing_equals_transformers(
+    reference: Reference, llm: LLM, shape: tuple[int, int, int]
+) -> None:
+    frames = video(*shape, seed=sum(shape)).frames
+    want = reference.video_processor(videos=[frames], return_tensors="np")
+    got = preprocess_video(frames, processor_of(llm).video_settings)
+    assert [list(got.grid_thw)] == want["video_grid_thw"].tolist()
+    np.testing.assert_array_equal(got.pixel_values, want["pixel_values_videos"])
+
+
 def test_video_patches_pair_frames_as_images_repeat_one(llm: LLM) -> None:
+    """A still video of two frames takes an image's grid (its pixels differ: torchvision's
+    resize and the fused normalization, not Pillow's); an odd count repeats the last frame."""
     settings = processor_of(llm).image_settings
     frame = np.asarray(WIDE)
     still = preprocess_video(np.stack([frame, frame]), settings)
     assert still.grid_thw == preprocess_image(WIDE, settings).grid_thw
-    np.testing.assert_array_equal(still.pixel_values, preprocess_image(WIDE, settings).pixel_values)
     padded = preprocess_video(CLIP.frames, settings)  # 3 frames: the last repeated
     again = preprocess_video(CLIP.frames[[0, 1, 2, 2]], settings)
     assert padded.grid_thw[0] == 2

@@ -67,7 +67,8 @@ def test_text_tokens_keep_their_ids_and_image_tokens_are_appended(
 
 
 def test_an_image_chat_equals_transformers(smolvlm_demo_dir: Path, demo_llm: LLM) -> None:
-    processor = transformers.AutoProcessor.from_pretrained(smolvlm_demo_dir)
+    # Pillow's image processor, as ours: with torchvision present the default would be its.
+    processor = transformers.AutoProcessor.from_pretrained(smolvlm_demo_dir, backend="pil")
     model = transformers.Idefics3ForConditionalGeneration.from_pretrained(
         smolvlm_demo_dir, dtype=torch.float32
     ).eval()

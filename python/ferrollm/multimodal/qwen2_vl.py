@@ -35,12 +35,8 @@ import torch
 
 from ferrollm.media.items import ImageMedia, MediaItem, VideoMedia
 from ferrollm.models.vision.qwen2_vl import Qwen2VLVision
-from ferrollm.models.vision.qwen2_vl_images import (
-    Patches,
-    Qwen2VLImageSettings,
-    preprocess_image,
-    preprocess_video,
-)
+from ferrollm.models.vision.qwen2_vl_images import Patches, Qwen2VLImageSettings, preprocess_image
+from ferrollm.models.vision.qwen2_vl_video import preprocess_video
 from ferrollm.multimodal.inputs import MediaInput, MediaKind, ProcessedPrompt, RopePositions
 from ferrollm.tokenizer import Tokenizer
 

@@ -1,4 +1,4 @@
-"""Qwen2-VL's image and video preprocessing: smart resize, normalize, patchify.
+"""Qwen2-VL's image preprocessing: smart resize, normalize, patchify (videos: ``qwen2_vl_video``).
 
 Each image is resized (Pillow, bicubic by default, on 8-bit RGB as transformers' Pillow image
 processor does, so the arrays are the same) to the nearest size whose sides are multiples of
@@ -8,10 +8,6 @@ normalized per channel, then cut into ``patch_size``^2 patches laid out block by
 ``temporal_patch_size`` times (the tower's convolution is 3-D); a video's frames are padded to a
 multiple of it with the last frame and paired instead. Each item becomes ``[t*h*w, C*T*P*P]``
 float32 patches and its grid ``(t, h, w)`` in patches.
-
-Video frames are the decoded ones (``VideoMedia.frames``, already sampled) resized with Pillow
-per frame; transformers' video processor resizes with torchvision instead, so video pixels are
-close to its, not equal (its ``do_sample_frames`` is off by default, as here).
 """
 
 from __future__ import annotations
@@ -39,7 +35,10 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 @dataclass(frozen=True)
 class Qwen2VLImageSettings:
-    """``preprocessor_config.json`` (or the video one) as the preprocessing reads it."""
+    """``preprocessor_config.json`` (or the video one) as the preprocessing reads it. The last
+    three fields are the video processor's: its per-frame pixel cap (off, its default when
+    unset), the token budget that cap shares out, and frame sampling (off by default; when a
+    checkpoint turns it on, the intake's uniform sample is still what is used)."""
 
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 1280
@@ -54,6 +53,9 @@ class Qwen2VLImageSettings:
     image_mean: tuple[float, ...] = CLIP_MEAN
     image_std: tuple[float, ...] = CLIP_STD
     do_convert_rgb: bool = True
+    cap_pixels_per_frame: bool = False
+    max_video_tokens: int = 128000
+    do_sample_frames: bool = False
 
     @classmethod
     def from_dict(
@@ -67,7 +69,8 @@ class Qwen2VLImageSettings:
         max_pixels = raw.get("max_pixels") or size.get("longest_edge") or base.max_pixels
 
         def get(key: str) -> Any:
-            return raw.get(key, getattr(base, key))
+            value = raw.get(key)
+            return getattr(base, key) if value is None else value
 
         return cls(
             min_pixels=int(min_pixels),
@@ -83,18 +86,27 @@ class Qwen2VLImageSettings:
             image_mean=tuple(float(v) for v in get("image_mean")),
             image_std=tuple(float(v) for v in get("image_std")),
             do_convert_rgb=bool(get("do_convert_rgb")),
+            cap_pixels_per_frame=bool(get("cap_pixels_per_frame")),
+            max_video_tokens=int(get("max_video_tokens")),
+            do_sample_frames=bool(get("do_sample_frames")),
         )
 
     @classmethod
     def from_directory(cls, directory: Path) -> tuple[Qwen2VLImageSettings, Qwen2VLImageSettings]:
-        """Image and video settings of a checkpoint: ``preprocessor_config.json``, and
-        ``video_preprocessor_config.json`` over transformers' video defaults (128 to 768
-        merged tokens a frame) where present, else the image settings."""
-        image = cls.from_dict(_read_json(directory / "preprocessor_config.json"))
-        video_raw = _read_json(directory / "video_preprocessor_config.json")
-        if not video_raw:
-            return image, image
+        """Image and video settings of a checkpoint, read as transformers reads them. Image:
+        ``processor_config.json``'s ``image_processor``, else ``preprocessor_config.json``.
+        Video: the first of ``processor_config.json``'s ``video_processor``,
+        ``video_preprocessor_config.json`` and ``preprocessor_config.json``, over the video
+        processor's defaults (128 to 768 merged tokens a frame) for absent keys."""
+        processor = _read_json(directory / "processor_config.json")
+        image_file = _read_json(directory / "preprocessor_config.json")
+        video_raw = (
+            _nested(processor, "video_processor")
+            or _read_json(directory / "video_preprocessor_config.json")
+            or image_file
+        )
         video_defaults = cls(min_pixels=128 * 28 * 28, max_pixels=28 * 28 * 768)
+        image = cls.from_dict(_nested(processor, "image_processor") or image_file)
         return image, cls.from_dict(video_raw, video_defaults)
 
 
@@ -141,27 +153,6 @@ def preprocess_image(image: Image, settings: Qwen2VLImageSettings) -> Patches:
     return _patchify(frames, settings)
 
 
-def preprocess_video(frames: npt.NDArray[np.uint8], settings: Qwen2VLImageSettings) -> Patches:
-    """A video's patches from its frames ``[F, H, W, 3]`` uint8: every frame resized to the
-    same smart size, the count padded to a multiple of ``temporal_patch_size`` with the last."""
-    from PIL import Image as PILImage
-
-    count, height, width = frames.shape[:3]
-    if settings.do_resize:
-        factor = settings.patch_size * settings.merge_size
-        height, width = smart_resize(
-            height, width, factor, settings.min_pixels, settings.max_pixels
-        )
-    chw = []
-    for frame in frames:
-        image = PILImage.fromarray(np.ascontiguousarray(frame))
-        if settings.do_resize:
-            image = image.resize((width, height), resample=settings.resample)
-        chw.append(_normalized(np.asarray(image).transpose(2, 0, 1), settings))
-    chw += [chw[-1]] * (-count % settings.temporal_patch_size)
-    return _patchify(np.stack(chw), settings)
-
-
 def _normalized(
     pixels: npt.NDArray[Any], settings: Qwen2VLImageSettings
 ) -> npt.NDArray[np.float32]:
@@ -187,6 +178,12 @@ def _patchify(frames: npt.NDArray[np.float32], settings: Qwen2VLImageSettings) -
     blocks = blocks.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
     flat = np.ascontiguousarray(blocks.reshape(t * h * w, channels * tp * p * p), dtype=np.float32)
     return Patches(flat, (t, h, w))
+
+
+def _nested(raw: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """``raw[key]`` where it is a dict (transformers 5 nests each part's config there)."""
+    value = raw.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def _read_json(path: Path) -> dict[str, Any]:
