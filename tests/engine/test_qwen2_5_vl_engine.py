@@ -157,3 +157,24 @@ def test_a_window_under_one_merged_token_is_refused() -> None:
     raw = {"model_type": "qwen2_5_vl", "vision_config": {"window_size": 14}}
     with pytest.raises(UnsupportedModelError, match="window_size"):
         Qwen2VLVisionConfig.from_hf_dict(raw)
+
+
+def test_segments_of_one_length_batch_as_each_alone() -> None:
+    """The tower's attention runs a batched call per segment length (windows, frames): it
+    equals attention within each segment on its own."""
+    from itertools import pairwise
+
+    import torch
+    import torch.nn.functional as F
+
+    from ferrollm.models.vision.qwen2_vl import _segment_attention
+
+    q, k, v = torch.randn(3, 27, 2, 8).unbind(0)
+    bounds = [0, 5, 10, 13, 20, 20, 27]  # lengths 5, 5, 3, 7, 0 and 7
+    got = _segment_attention(q, k, v, bounds)
+    for start, end in pairwise(bounds):
+        if end == start:
+            continue
+        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
+        want = F.scaled_dot_product_attention(qs, ks, vs).transpose(0, 1)
+        torch.testing.assert_close(got[start:end], want, atol=1e-6, rtol=1e-5)

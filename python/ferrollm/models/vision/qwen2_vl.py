@@ -153,13 +153,38 @@ class _Attention(nn.Module):
         n = x.shape[0]
         q, k, v = self.qkv(x).reshape(n, 3, self.num_heads, -1).unbind(1)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        outs = []
-        for start, end in pairwise(bounds):
-            # [heads, len, head_dim]: attention within one frame of one item, no mask.
-            qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
-            outs.append(F.scaled_dot_product_attention(qs, ks, vs).transpose(0, 1))
-        out: torch.Tensor = self.proj(torch.cat(outs).reshape(n, -1))
+        out: torch.Tensor = self.proj(_segment_attention(q, k, v, bounds).reshape(n, -1))
         return out
+
+
+def _segment_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int]
+) -> torch.Tensor:
+    """``[n, heads, head_dim]`` attention within each segment ``[bounds[i], bounds[i + 1])``
+    (a frame of an item, or a window of one), no mask. Segments of one length go through one
+    batched call: an image's windows are mostly one size, and a call per window would be
+    thousands of small kernels for a large image on a GPU."""
+    by_length: dict[int, list[int]] = {}
+    for start, end in pairwise(bounds):
+        if end > start:
+            by_length.setdefault(end - start, []).append(start)
+    if len(by_length) == 1 and len(next(iter(by_length.values()))) == 1:
+        # One segment: [heads, len, head_dim] as it is.
+        qs, ks, vs = (t.transpose(0, 1) for t in (q, k, v))
+        return F.scaled_dot_product_attention(qs, ks, vs).transpose(0, 1)
+    out = torch.empty_like(q)
+    heads, dim = q.shape[1:]
+    for length, starts in by_length.items():
+        first = torch.tensor(starts, device=q.device)[:, None]
+        rows = (first + torch.arange(length, device=q.device)).flatten()
+        # [segments, heads, len, head_dim]
+        qs, ks, vs = (
+            t.index_select(0, rows).view(len(starts), length, heads, dim).transpose(1, 2)
+            for t in (q, k, v)
+        )
+        o = F.scaled_dot_product_attention(qs, ks, vs).transpose(1, 2).reshape(-1, heads, dim)
+        out.index_copy_(0, rows, o)
+    return out
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
