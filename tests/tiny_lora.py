@@ -24,3 +24,40 @@ def make_adapter(base_dir: Path, out_dir: Path, seed: int, **config: Any) -> Pat
                 param.mul_(4.0)
     model.save_pretrained(out_dir)
     return out_dir
+
+
+#: Three adapters of different ranks and targets over a tiny base (one rsLoRA), as the engine,
+#: compiled-decode and GPU tests mix them.
+THREE_ADAPTERS: dict[str, dict[str, Any]] = {
+    "qv8": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]},
+    "mlp4": {"r": 4, "lora_alpha": 8, "target_modules": ["gate_proj", "up_proj", "down_proj"]},
+    "all16": {
+        "r": 16,
+        "lora_alpha": 32,
+        "use_rslora": True,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"],
+    },
+}
+
+
+def peft_greedy(
+    base_dir: Path,
+    adapter_dir: Path | None,
+    prompt: list[int],
+    max_tokens: int,
+    device: str = "cpu",
+) -> list[int]:
+    """transformers (+ peft on ``adapter_dir``) greedy tokens after ``prompt`` in float32 on
+    ``device``, with no end token (as ignore_eos), one token at a time."""
+    import peft
+    import transformers
+
+    model: Any = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    if adapter_dir is not None:
+        model = peft.PeftModel.from_pretrained(model, adapter_dir)
+    model = model.to(device).eval()
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            ids.append(int(model(torch.tensor([ids], device=device)).logits[0, -1].argmax()))
+    return ids[len(prompt) :]

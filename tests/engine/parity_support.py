@@ -133,6 +133,19 @@ def hf_greedy_media(
 MEDIA_LOGPROB_TOLERANCE = 1e-4
 
 
+def busy_media_options(kv_blocks: int) -> dict[str, Any]:
+    """A tiny media model's engine options that cut every media run (8-token chunks) and hold
+    ``kv_blocks`` KV blocks of 4 tokens (2 KiB each for the tiny models), too few for the
+    tests' prompts at once: chunked prefill through media, and preemption."""
+    return {
+        "dtype": "float32",
+        "max_num_batched_tokens": 8,
+        "block_size": 4,
+        "max_num_seqs": 4,
+        "kv_cache_memory": kv_blocks * 2048,
+    }
+
+
 def tokens(output: RequestOutput) -> list[int]:
     """A finished request's tokens."""
     assert output.finished

@@ -21,6 +21,7 @@ from parity_support import (
     MEDIA_LOGPROB_TOLERANCE,
     assert_same,
     assert_stream_adds_up,
+    busy_media_options,
     hf_greedy_media,
     logprobs_of,
     run_async,
@@ -37,13 +38,7 @@ NUM_NEW_TOKENS = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True, logprobs=0)
 #: Chunks of 8 tokens (every image's run is cut), KV blocks of 4 tokens, too few for all the
 #: prompts at once: chunked prefill through images and preemption.
-BUSY = {
-    "dtype": "float32",
-    "max_num_batched_tokens": 8,
-    "block_size": 4,
-    "max_num_seqs": 4,
-    "kv_cache_memory": 24 * 2048,
-}
+BUSY = busy_media_options(24)
 IMAGE_ID, VIDEO_ID = 302, 303
 PAD = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
 

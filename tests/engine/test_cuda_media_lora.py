@@ -27,13 +27,14 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import torch
+from lora_support import PROMPTS as LORA_PROMPTS
 from parity_support import hf_greedy_media, logprobs_of, tokens
 from PIL import Image
 
 from ferrollm import LLM, SamplingParams
 from ferrollm.engine import RequestOutput
 from ferrollm.lora.request import LoRARequest
-from tiny_lora import make_adapter
+from tiny_lora import THREE_ADAPTERS, make_adapter, peft_greedy
 from tiny_models import build_tiny_model
 
 pytestmark = pytest.mark.cuda
@@ -226,39 +227,11 @@ def test_qwen2_audio_on_the_gpu_equals_transformers(tiny_qwen2_audio_dir: Path) 
     assert_batch_equals_alone(llm, prompts)
 
 
-LORA_PROMPTS = [[5, 17, 42, 99, 3, 250, 8], [300, 11, 64, 7, 128], [9, 8, 7], [1, 2, 3, 4, 5, 6]]
-LORA_ADAPTERS = {
-    "qv8": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]},
-    "mlp4": {"r": 4, "lora_alpha": 8, "target_modules": ["gate_proj", "up_proj", "down_proj"]},
-    "all16": {
-        "r": 16,
-        "lora_alpha": 32,
-        "use_rslora": True,
-        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"],
-    },
-}
-
-
-def _peft_greedy(base: Path, adapter: Path | None, prompt: list[int]) -> list[int]:
-    import peft
-    import transformers
-
-    model: Any = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    if adapter is not None:
-        model = peft.PeftModel.from_pretrained(model, adapter)
-    model = model.to(DEVICE).eval()
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(NUM_NEW_TOKENS):
-            ids.append(int(model(torch.tensor([ids], device=DEVICE)).logits[0, -1].argmax()))
-    return ids[len(prompt) :]
-
-
 def test_lora_adapters_on_the_gpu_equal_peft(tmp_path: Path) -> None:
     base = build_tiny_model("qwen2", tmp_path / "base")
     adapters = {
         name: make_adapter(base, tmp_path / name, seed, **config)
-        for seed, (name, config) in enumerate(LORA_ADAPTERS.items(), start=1)
+        for seed, (name, config) in enumerate(THREE_ADAPTERS.items(), start=1)
     }
     llm = LLM(
         base,
@@ -270,9 +243,10 @@ def test_lora_adapters_on_the_gpu_equal_peft(tmp_path: Path) -> None:
     )
     names: list[str | None] = [None, "qv8", "mlp4", "all16"]
     requests = [None if n is None else LoRARequest(n) for n in names]
-    batch = llm.generate(LORA_PROMPTS, GREEDY_TOKENS, requests)
+    batch = llm.generate(list(LORA_PROMPTS), GREEDY_TOKENS, requests)
     for prompt, name, out in zip(LORA_PROMPTS, names, batch, strict=True):
-        want = _peft_greedy(base, None if name is None else adapters[name], prompt)
+        adapter = None if name is None else adapters[name]
+        want = peft_greedy(base, adapter, prompt, NUM_NEW_TOKENS, DEVICE)
         assert out.outputs[0].token_ids == want, name
     # The adapters change the model (so the comparison above means something).
     on_adapter = llm.generate([LORA_PROMPTS[0]], GREEDY_TOKENS, LoRARequest("all16"))

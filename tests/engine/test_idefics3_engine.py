@@ -22,7 +22,14 @@ import pytest
 import torch
 import transformers
 from parity_support import MEDIA_LOGPROB_TOLERANCE as LOGPROB_TOLERANCE
-from parity_support import assert_same, assert_stream_adds_up, hf_greedy_media, logprobs_of, tokens
+from parity_support import (
+    assert_same,
+    assert_stream_adds_up,
+    busy_media_options,
+    hf_greedy_media,
+    logprobs_of,
+    tokens,
+)
 from PIL import Image
 
 from ferrollm import LLM, SamplingParams
@@ -37,13 +44,7 @@ NUM_NEW_TOKENS = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True, logprobs=0)
 #: Chunks of 8 tokens (every image's 16-token runs are cut), 4 seats and a KV cache of 48
 #: blocks of 4 tokens (2 KiB each), too small for three image prompts at once: preemption.
-BUSY = {
-    "dtype": "float32",
-    "max_num_batched_tokens": 8,
-    "block_size": 4,
-    "max_num_seqs": 4,
-    "kv_cache_memory": 48 * 2048,
-}
+BUSY = busy_media_options(48)
 #: A chat template that only walks content parts, as SmolVLM's does (the tiny checkpoint's
 #: own prints content as a string).
 PARTS_TEMPLATE = (

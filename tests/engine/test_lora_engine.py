@@ -16,23 +16,13 @@ from ferrollm import LLM, SamplingParams
 from ferrollm.lora.adapter import LoRAError
 from ferrollm.lora.manager import UnknownLoRAError
 from ferrollm.lora.request import LoRARequest
-from tiny_lora import make_adapter
+from tiny_lora import THREE_ADAPTERS, make_adapter, peft_greedy
 from tiny_models import build_tiny_model
 
 PROMPTS = [[5, 17, 42, 99, 3, 250, 8], [300, 11, 64, 7, 128], [9, 8, 7], [1, 2, 3, 4, 5, 6]]
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 OPTIONS: dict[str, Any] = {"dtype": "float32", "max_num_seqs": 8, "kv_cache_memory": "8MiB"}
-#: Three adapters of different ranks and targets (one rsLoRA).
-ADAPTERS = {
-    "qv8": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]},
-    "mlp4": {"r": 4, "lora_alpha": 8, "target_modules": ["gate_proj", "up_proj", "down_proj"]},
-    "all16": {
-        "r": 16,
-        "lora_alpha": 32,
-        "use_rslora": True,
-        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"],
-    },
-}
+ADAPTERS = THREE_ADAPTERS
 
 
 @pytest.fixture(scope="module")
@@ -47,18 +37,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path
 
 
 def _hf_greedy(base: Path, adapter: Path | None, prompt: list[int]) -> list[int]:
-    import peft
-    import transformers
-
-    model: Any = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    if adapter is not None:
-        model = peft.PeftModel.from_pretrained(model, adapter)
-    model.eval()
-    ids = list(prompt)
-    with torch.no_grad():  # greedy without an end token (ignore_eos), one token at a time
-        for _ in range(GREEDY.max_tokens or 0):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt) :]
+    return peft_greedy(base, adapter, prompt, GREEDY.max_tokens or 0)
 
 
 def _modules(adapters: dict[str, Path]) -> list[str]:

@@ -23,7 +23,7 @@ import pytest
 import torch
 import transformers
 from parity_support import MEDIA_LOGPROB_TOLERANCE as LOGPROB_TOLERANCE
-from parity_support import hf_greedy_media, logprobs_of, tokens
+from parity_support import busy_media_options, hf_greedy_media, logprobs_of, tokens
 
 from ferrollm import LLM, SamplingParams
 from ferrollm.engine import RequestOutput
@@ -40,13 +40,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=NUM_NEW_TOKENS, ignore_eos=Tru
 RATE = 16_000
 #: Chunks of 8 tokens (every clip's run is cut), 4 seats and a KV cache of 24 blocks of 4
 #: tokens (2 KiB each), too small for the clip prompts at once: preemption.
-BUSY = {
-    "dtype": "float32",
-    "max_num_batched_tokens": 8,
-    "block_size": 4,
-    "max_num_seqs": 4,
-    "kv_cache_memory": 24 * 2048,
-}
+BUSY = busy_media_options(24)
 
 
 def tone(seconds: float, hz: float, amplitude: float = 0.5) -> npt.NDArray[np.float32]:
