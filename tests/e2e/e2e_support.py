@@ -12,6 +12,7 @@ missed.
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
 import json
 import os
@@ -311,3 +312,18 @@ def spanning_stop(tokenizer: Tokenizer, token_ids: list[int], min_before: int = 
         if text.find(stop) == start and stop.strip() == stop:
             return SpanningStop(stop, text[:start], k + 1)
     raise AssertionError(f"no stop string crosses a token boundary of {text!r}")
+
+
+def data_uri(data: bytes, mime: str) -> str:
+    """``data`` as a base64 data URI of type ``mime``."""
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def media_part(part_type: str, url: str) -> dict[str, Any]:
+    """An OpenAI chat content part of ``part_type`` (``image_url``, ``audio_url``, ...)."""
+    return {"type": part_type, part_type: {"url": url}}
+
+
+def media_chat(question: str, *parts: dict[str, Any]) -> list[Any]:
+    """One user message: ``parts``, then ``question`` as text."""
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": question}]}]

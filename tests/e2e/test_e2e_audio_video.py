@@ -13,7 +13,6 @@ the part, and the server answers the next request.
 
 from __future__ import annotations
 
-import base64
 import io
 import re
 import wave
@@ -28,7 +27,7 @@ import pytest
 from ferrollm import LLM, SamplingParams
 from tiny_models import build_tiny_qwen2_audio, build_tiny_qwen2_vl
 
-from .e2e_support import Server, serving
+from .e2e_support import Server, data_uri, media_chat, media_part, serving
 
 MAX_TOKENS = 6
 RATE = 16_000
@@ -69,16 +68,11 @@ CLIP = wav(1.3, 440.0)
 VIDEO = mp4(6, 32)
 
 
-def data_uri(data: bytes, mime: str) -> str:
-    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
-
-
-def part(kind: str, url: str) -> dict[str, Any]:
-    return {"type": kind, kind: {"url": url}}
+part = media_part
 
 
 def chat(*parts: dict[str, Any]) -> list[Any]:
-    return [{"role": "user", "content": [*parts, {"type": "text", "text": QUESTION}]}]
+    return media_chat(QUESTION, *parts)
 
 
 @pytest.fixture(scope="module")

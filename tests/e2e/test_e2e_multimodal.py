@@ -13,7 +13,6 @@ answers the next request.
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 from collections.abc import Iterator
@@ -29,7 +28,8 @@ from ferrollm import LLM, SamplingParams
 from ferrollm.multimodal.demo import IMAGE_SEQ_LEN
 from loopback_http import loopback_server
 
-from .e2e_support import Server, serving, sse_payloads
+from . import e2e_support
+from .e2e_support import Server, media_chat, media_part, serving, sse_payloads
 
 MODEL = "smolvlm-demo"
 GENERATE = f"/v2/models/{MODEL}/generate"
@@ -53,15 +53,15 @@ SMALL = png(Image.new("RGB", (8, 8), (200, 30, 30)))
 
 
 def data_uri(data: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+    return e2e_support.data_uri(data, mime)
 
 
 def image_part(url: str) -> dict[str, Any]:
-    return {"type": "image_url", "image_url": {"url": url}}
+    return media_part("image_url", url)
 
 
 def chat(*parts: dict[str, Any]) -> list[Any]:
-    return [{"role": "user", "content": [*parts, {"type": "text", "text": QUESTION}]}]
+    return media_chat(QUESTION, *parts)
 
 
 @pytest.fixture(scope="module")
