@@ -126,8 +126,8 @@ AVX2_SKIP := tests/engine/test_smolvlm_demo.py tests/engine/test_idefics3_engine
 	tests/engine/test_qwen2_audio_engine.py tests/engine/test_qwen2_vl_engine.py
 
 lint: $(STAMP) $(MEDIA_DEPS_STAMP) ## ruff, mypy, stubtest, cargo fmt --check, clippy -D warnings
-	$(VPY) -m ruff format --check python tests benches
-	$(VPY) -m ruff check python tests benches
+	$(VPY) -m ruff format --check python tests benches docs/hooks
+	$(VPY) -m ruff check python tests benches docs/hooks
 	$(VPY) -m mypy
 	$(MAKE) --no-print-directory build
 	$(VPY) -m mypy.stubtest ferrollm._core
@@ -136,8 +136,8 @@ lint: $(STAMP) $(MEDIA_DEPS_STAMP) ## ruff, mypy, stubtest, cargo fmt --check, c
 	cargo clippy --quiet --features python --lib -- -D warnings
 
 fmt: $(STAMP) ## format Python and Rust in place
-	$(VPY) -m ruff format python tests benches
-	$(VPY) -m ruff check --fix python tests benches
+	$(VPY) -m ruff format python tests benches docs/hooks
+	$(VPY) -m ruff check --fix python tests benches docs/hooks
 	cargo fmt
 
 bench: build ## criterion benches, then the Python-side benches (scheduler, stop, sampler)
