@@ -1,10 +1,11 @@
 """The configuration reference page, generated at build time from the CLI's own definitions.
 
-An MkDocs hook (``hooks:`` in mkdocs.yml): every ``ferrollm serve`` flag of
-``ferrollm.cli`` (its option name, type and help), the default of that option in
-``EngineConfig`` or ``ServerConfig`` and the ``#:`` comment above the field become one row of
-``reference/configuration.md``, so the page cannot drift from the code. Options a config file
-or ``LLM(**options)`` take but no flag sets get a table of their own.
+An MkDocs hook (``hooks:`` in mkdocs.yml): every flag of the ``serve`` parser that
+``ferrollm.cli.build_parser()`` builds (its option name, type and help), the default of that
+option in ``EngineConfig`` or ``ServerConfig`` and the ``#:`` comment above the field become
+one row of ``reference/configuration.md``, so the page cannot drift from the code; a flag whose
+option no dataclass has fails the build. Options a config file or ``LLM(**options)`` take but
+no flag sets get a table of their own.
 
 Run it alone to print the page: ``PYTHONPATH=python python docs/hooks/config_reference.py``.
 """
@@ -22,6 +23,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = "reference/configuration.md"
+#: Flags of `ferrollm serve` that are the command's own, not options of a config dataclass.
+COMMAND_OPTIONS = frozenset({"config", "log_level"})
 
 HEADER = """\
 # Configuration reference
@@ -146,8 +149,10 @@ def render() -> str:
             flagged.add(action.dest)
             default = _default(field)
             help_text += f"<br>{_cell(comment)}" if comment else ""
-        else:  # the command's own: --config, --log-level
+        elif action.dest in COMMAND_OPTIONS:
             owner, default = "the command", _value(action.default)
+        else:
+            raise ValueError(f"{flag} sets `{action.dest}`, which no config dataclass has")
         option = f"`{action.dest}` ({owner})"
         out.append(f"| `{flag}` | {option} | {_kind(action)} | {default} | {help_text} |")
     out += [
