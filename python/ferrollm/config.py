@@ -132,6 +132,8 @@ class EngineConfig:
     #: outputs kept by content, on the model's device, or a size like "256MiB"; 0 keeps none;
     #: None = 256 MiB. Taken from the default KV budget. Only for a model that takes media.
     encoder_cache_memory: int | str | None = None
+    #: Reuse the KV blocks of a prompt prefix already computed (shared system prompts, chat
+    #: turns) instead of computing them again.
     enable_prefix_caching: bool = True
     #: Seconds after which a waiting request gains one priority level.
     priority_aging_s: float = 10.0
