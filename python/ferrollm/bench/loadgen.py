@@ -1,7 +1,7 @@
 """The load generator: streaming requests to an OpenAI-compatible server, timed per chunk.
 
 Each request streams (``stream_options.include_usage``); a chunk whose choice carries text
-(``text`` on /v1/completions; ``delta.content`` or ``delta.reasoning_content`` on
+(``text`` on /v1/completions; ``delta.content`` or the reasoning delta on
 /v1/chat/completions) is a token arrival: TTFT is send -> first such chunk, ITLs the gaps
 between them, E2EL send -> end of stream. Output tokens are the final ``usage`` chunk's
 ``completion_tokens``, else the number of text chunks; input tokens ``usage.prompt_tokens``,
@@ -133,7 +133,8 @@ async def _stream(
 
 def _has_text(choice: dict[str, Any]) -> bool:
     delta = choice.get("delta") or {}
-    return bool(choice.get("text") or delta.get("content") or delta.get("reasoning_content"))
+    reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+    return bool(choice.get("text") or delta.get("content") or reasoning)
 
 
 async def run_requests(

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from ferrollm._core import SamplingParams
 from ferrollm.bench.datasets import SampleRequest
 from ferrollm.llm import LLM
-from ferrollm._core import SamplingParams
 
 
 def token_prompts(
