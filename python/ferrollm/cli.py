@@ -1,6 +1,8 @@
 """``ferrollm serve [MODEL] [options]``: the HTTP server on Granian (one worker).
 ``ferrollm make-smolvlm-demo OUT_DIR [--seed N]``: write the SmolVLM-shaped demo checkpoint
 (`ferrollm.multimodal.demo`).
+``ferrollm bench serve|throughput|latency|plot``: benchmarks (`ferrollm.bench`,
+docs/benchmarks.md).
 
 With ``--tensor-parallel-size N`` the server process spawns N - 1 workers on this node; on
 several nodes, start every rank with torch's launcher environment (``MASTER_ADDR``,
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ferrollm import __version__
+from ferrollm.bench import cli as bench_cli
 from ferrollm.config import EngineConfigError, read_options_file
 from ferrollm.preflight import PreflightError, check_serving
 from ferrollm.server_config import split_options
@@ -188,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--gguf", type=Path, default=None, help="the SmolLM2 GGUF (default: the default model)"
     )
+    bench_cli.add_parser(commands)
     return parser
 
 
@@ -214,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "make-smolvlm-demo":
         return _make_smolvlm_demo(args)
+    if args.command == "bench":
+        return bench_cli.main(args)
     if _worker_rank() is not None:  # a tensor-parallel rank > 0 of a launcher-placed group
         from ferrollm.distributed.worker import exit_now, run_worker
 

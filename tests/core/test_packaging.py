@@ -67,12 +67,21 @@ def test_the_scan_finds_imports_at_any_depth() -> None:
     assert not {"ferrollm", "os", "typing"} & set(modules)
 
 
+#: Folders whose imports may come from an extra besides ``runtime``: folder -> the extra.
+OPTIONAL_EXTRAS = {"python/ferrollm/media/": "media", "python/ferrollm/bench/": "bench"}
+
+
 def test_runtime_extra_covers_every_third_party_import() -> None:
     """The media decoders' libraries may come from the ``media`` extra instead, but only for
-    imports under ``ferrollm/media/`` (which imports them lazily): the rest of the package
-    must run with ``runtime`` alone."""
+    imports under ``ferrollm/media/`` (which imports them lazily), and the benchmarks' HTTP
+    client and plotting library from the ``bench`` extra, only under ``ferrollm/bench/``
+    (which the CLI imports without them): the rest of the package must run with ``runtime``
+    alone."""
     required = runtime_requirements(ROOT / "pyproject.toml")
-    media = runtime_requirements(ROOT / "pyproject.toml", "media")
+    extras = {
+        folder: runtime_requirements(ROOT / "pyproject.toml", extra)
+        for folder, extra in OPTIONAL_EXTRAS.items()
+    }
     distributions = importlib.metadata.packages_distributions()
     missing = {}
     for module, files in imported_third_party_modules(PACKAGE).items():
@@ -82,8 +91,9 @@ def test_runtime_extra_covers_every_third_party_import() -> None:
         # distribution is known.
         assert module in distributions, f"`{module}` (imported by {sorted(files)}) is not installed"
         allowed = required
-        if all(file.startswith("python/ferrollm/media/") for file in files):
-            allowed = required | media
+        for folder, extra in extras.items():
+            if all(file.startswith(folder) for file in files):
+                allowed = required | extra
         if not {_normalize(d) for d in distributions[module]} & allowed:
             missing[module] = sorted(files)
     assert not missing, f"pyproject.toml's `runtime` extra lacks the distributions of {missing}"
