@@ -49,9 +49,33 @@ impl Scheduler {
     /// chunk would start that the budget cannot cover (0: `key` waits for the next step).
     /// Spends nothing; `spend_encoder` does once the row is taken.
     pub(super) fn encoder_limit(&self, key: SeqKey, start: usize, num_tokens: usize) -> usize {
+        self.encoder_cut(key, start, num_tokens, &mut self.encoder.clone())
+    }
+
+    /// `encoder_limit` for the members of a group admitted together, each `(key, start)`
+    /// computing up to `num_tokens`: each member is cut against what those before it start.
+    pub(super) fn encoder_limits(
+        &self,
+        members: &[(SeqKey, usize)],
+        num_tokens: usize,
+    ) -> Vec<usize> {
+        let mut budget = self.encoder;
+        members
+            .iter()
+            .map(|&(key, start)| self.encoder_cut(key, start, num_tokens, &mut budget))
+            .collect()
+    }
+
+    /// `encoder_limit` against `budget`, adding what the allowed chunk starts to it.
+    fn encoder_cut(
+        &self,
+        key: SeqKey,
+        start: usize,
+        num_tokens: usize,
+        budget: &mut EncoderBudget,
+    ) -> usize {
         let s = self.seq(key);
         let end = start + num_tokens;
-        let mut budget = self.encoder;
         // A waiting sequence counts from `start` (what admission will find cached) on.
         let first = s.num_encoded_spans.max(num_spans_done(&s.media, start));
         for span in &s.media[first..] {

@@ -251,11 +251,12 @@ impl Scheduler {
             // What the encoder budget lets each compute now (a gang reserves its blocks whole
             // anyway, so a member cut to 0 just gets no row this step).
             let bs = self.cfg.block_size;
-            let limits: Vec<usize> = keys
+            let starts: Vec<(SeqKey, usize)> = keys
                 .iter()
                 .zip(&hits)
-                .map(|(&k, h)| self.encoder_limit(k, h.len() * bs, *budget))
+                .map(|(&k, h)| (k, h.len() * bs))
                 .collect();
+            let limits = self.encoder_limits(&starts, *budget);
             if !gang && limits[0] == 0 {
                 break; // no overtaking: it starts its media in a later step
             }
