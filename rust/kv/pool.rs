@@ -398,6 +398,6 @@ mod tests {
         // A second block under an existing hash is not cached.
         assert!(!pool.insert(got[1], 42, &[1, 2], root(), None));
         let stats = pool.stats();
-        assert_eq!((stats.num_queried_blocks, stats.num_hit_blocks), (4, 1));
+        assert_eq!((stats.num_queried_blocks, stats.num_hit_blocks), (5, 1));
     }
 }
