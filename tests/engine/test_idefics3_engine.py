@@ -283,6 +283,19 @@ def test_chunked_prefill_and_preemption_through_images(tiny_idefics3_dir: Path, 
     assert stats["num_preemptions"] > 0
 
 
+def test_a_small_encoder_budget_spreads_images_over_steps(
+    tiny_idefics3_dir: Path, llm: LLM
+) -> None:
+    """With room for one image's tiles per step, each prompt's chunks stop before the next
+    image until a later step; the tokens are the same as unhindered."""
+    prompts: list[Any] = [mm(TWO_IMAGES, SMALL, TALL), mm(ONE_IMAGE, WIDE), TEXT_ONLY]
+    unhindered = [run_alone(llm, p) for p in prompts]
+    tight = LLM(tiny_idefics3_dir, device="cpu", dtype="float32", max_num_encoder_tokens=1)
+    assert tight.engine.scheduler.config.max_num_encoder_tokens == 1
+    assert_same(tight.generate(prompts, GREEDY), unhindered)
+    assert llm.engine.scheduler.config.max_num_encoder_tokens >= 4096
+
+
 def test_chat_renders_image_parts_through_the_template(llm: LLM) -> None:
     buffer = io.BytesIO()
     WIDE.save(buffer, format="PNG")
