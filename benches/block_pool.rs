@@ -20,13 +20,15 @@ fn alloc_free(c: &mut Criterion) {
     let hash = block_hash(root_hash(None), &tokens);
     let mut got = Vec::new();
     pool.allocate_into(1, &mut got);
-    pool.insert(got[0], hash, &tokens, CacheKey::Root(None));
+    pool.insert(got[0], hash, &tokens, CacheKey::Root(None), None);
     pool.free(&got);
     group.throughput(Throughput::Elements(1));
     group.bench_function("hash_lookup_hit_16_tokens", |b| {
         b.iter(|| {
             let h = block_hash(root_hash(None), std::hint::black_box(&tokens));
-            let hit = pool.lookup(h, &tokens, &CacheKey::Root(None)).unwrap();
+            let hit = pool
+                .lookup(h, &tokens, &CacheKey::Root(None), None)
+                .unwrap();
             pool.incref(hit);
             pool.free(&[hit]);
         })

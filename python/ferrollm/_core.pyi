@@ -544,6 +544,10 @@ class StepPlan:
     def num_decode_tokens(self) -> int:
         """Of those, one per decoding row."""
     @property
+    def num_encoder_tokens(self) -> int:
+        """Media positions whose encoder work the step starts (the spans its prefill chunks
+        first reach into; at most ``max_num_encoder_tokens`` unless one span is longer)."""
+    @property
     def preempted_req_ids(self) -> npt.NDArray[np.uint64]:
         """Requests preempted this step (their KV freed; they recompute)."""
     @property
@@ -654,6 +658,7 @@ class SchedulerConfig:
         ngram_min: int = 1,
         ngram_max: int = 3,
         max_loras: int = 0,
+        max_num_encoder_tokens: int | None = None,
     ) -> SchedulerConfig:
         """``speculative="ngram"`` turns on prompt-lookup speculative decoding: each decode
         row carries up to ``num_speculative_tokens`` draft tokens, the continuation of the
@@ -664,7 +669,11 @@ class SchedulerConfig:
         unknown) lets ``add_request`` reject prompts and parameters that do not fit the model.
         ``seed`` makes the seeds of unseeded requests deterministic, so a run replays.
         ``max_loras`` (0 = no limit) caps the distinct LoRA adapters (requests' ``lora_id``
-        other than 0) running at once: a waiting request on another adapter waits."""
+        other than 0) running at once: a waiting request on another adapter waits.
+        ``max_num_encoder_tokens`` (None = ``max(max_num_batched_tokens, 4096)``) caps the
+        media positions whose encoding a step starts: a prefill chunk that would reach into a
+        media span the rest of the budget cannot cover ends before the span (the first span a
+        step starts always runs, however long)."""
     @property
     def num_blocks(self) -> int:
         """KV blocks in the pool, the null block included."""
@@ -716,6 +725,9 @@ class SchedulerConfig:
     @property
     def max_loras(self) -> int:
         """Distinct LoRA adapters running at once, at most (0 = no limit)."""
+    @property
+    def max_num_encoder_tokens(self) -> int:
+        """Encoder tokens (media span positions) whose encoding a step may start, at most."""
 
 @final
 class CompiledGrammar:
@@ -823,6 +835,7 @@ class NewRequest:
         draft_logits: npt.NDArray[np.float32] | None = None,
         num_virtual_tokens: int = 0,
         lora_id: int = 0,
+        media: Sequence[tuple[int, int, str]] | None = None,
     ) -> NewRequest:
         """``priority`` defaults to ``params.priority``; ``arrival_time`` to ``time.time()`` when
         the request is made; ``deadline`` to arrival + ``params.timeout_s`` when that is set.
@@ -835,7 +848,12 @@ class NewRequest:
         (p-tuning) admits prompt ids up to ``vocab_size + num_virtual_tokens``, which the
         model runner embeds from the request's prompt table. ``lora_id`` (0 = none) is the
         LoRA adapter the request runs on, as the caller numbers them (never reusing a number
-        for other weights): it salts the prefix cache and counts towards ``max_loras``."""
+        for other weights): it salts the prefix cache and counts towards ``max_loras``.
+        ``media`` lists the prompt's media spans as ``(offset, length, digest)``: sorted,
+        non-overlapping, non-empty, within the prompt (else ValidationError naming ``media``);
+        the digest names the item's content. A full KV block's prefix-cache key mixes in the
+        digests of the spans it overlaps, and a span's length counts against
+        ``max_num_encoder_tokens`` in the step whose chunk first reaches into it."""
     @property
     def request_id(self) -> int:
         """The caller's id."""

@@ -45,6 +45,11 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--max-model-len": ("max_model_len", int, "prompt + output tokens per sequence"),
     "--max-num-seqs": ("max_num_seqs", int, "sequences per step at most"),
     "--max-num-batched-tokens": ("max_num_batched_tokens", int, "tokens per step at most"),
+    "--max-num-encoder-tokens": (
+        "max_num_encoder_tokens",
+        int,
+        "media tokens a step starts encoding (default max(batched tokens, 4096))",
+    ),
     "--max-beam-width": ("max_beam_width", int, "widest beam search (default 8 on CPU)"),
     "--kv-cache-memory": ("kv_cache_memory", str, "KV-cache budget, e.g. 2GiB"),
     "--encoder-cache-memory": (

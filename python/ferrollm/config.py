@@ -116,6 +116,10 @@ class EngineConfig:
     #: Tokens in one step at most (chunked prefill splits longer prompts); None = 2048 on CPU,
     #: 8192 on accelerators.
     max_num_batched_tokens: int | None = None
+    #: Media positions (image/video/audio tokens) whose encoding one step may start; a prefill
+    #: chunk that would start a media item past it ends before the item (a step's first item
+    #: always runs). None = max(``max_num_batched_tokens``, 4096).
+    max_num_encoder_tokens: int | None = None
     #: Prompt + output tokens per sequence; None = the model's context length (lowered to what
     #: the KV cache holds, with a warning).
     max_model_len: int | None = None
@@ -253,7 +257,12 @@ def dtype_name(value: str, field: str = "dtype") -> str:
 def _check_fields(config: EngineConfig) -> None:
     for name in ("block_size", "max_num_seqs", "max_num_waiting"):
         positive_int(name, getattr(config, name))
-    for name in ("max_num_batched_tokens", "max_model_len", "max_beam_width"):
+    for name in (
+        "max_num_batched_tokens",
+        "max_num_encoder_tokens",
+        "max_model_len",
+        "max_beam_width",
+    ):
         if getattr(config, name) is not None:
             positive_int(name, getattr(config, name))
     if config.max_beam_width is not None and config.max_beam_width > MAX_BEAM_WIDTH:
@@ -378,6 +387,7 @@ _GENERATION_ONLY = {
     "encoder_cache_memory": None,
     "max_model_len": None,
     "max_beam_width": None,
+    "max_num_encoder_tokens": None,
     "block_size": 16,
     "logprobs_mode": "raw",
     "seed": None,

@@ -1,6 +1,7 @@
 //! Chained block hashes: a full block's hash covers its parent's hash and its own tokens, so
 //! equal hashes mean (barring collisions, which the pool rules out by comparing tokens) equal
-//! prefixes. Extra keys such as an adapter id or a cache salt seed the chain at its root.
+//! prefixes. Extra keys such as an adapter id or a cache salt seed the chain at its root; a
+//! block's own extra bytes (the media spans it overlaps) are mixed into its parent's hash.
 
 use crate::types::TokenId;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
@@ -27,6 +28,13 @@ pub fn block_hash(parent: u64, tokens: &[TokenId]) -> u64 {
     xxh3_64_with_seed(bytes, parent)
 }
 
+/// The parent hash of a block that carries `extra` bytes of its own (e.g. the media spans it
+/// overlaps): `block_hash(with_extra(parent, extra), tokens)` differs from the plain block's
+/// hash and from the same tokens with other bytes.
+pub fn with_extra(parent: u64, extra: &[u8]) -> u64 {
+    xxh3_64_with_seed(extra, parent.rotate_left(29) ^ ROOT_SEED)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -40,5 +48,9 @@ mod tests {
         assert_eq!(h, block_hash(root, &[1, 2, 3, 4]));
         assert_ne!(h, block_hash(root, &[1, 2, 3, 5]));
         assert_ne!(h, block_hash(root ^ 1, &[1, 2, 3, 4]));
+        let a = block_hash(with_extra(root, b"image a"), &[1, 2, 3, 4]);
+        assert_ne!(a, h);
+        assert_ne!(a, block_hash(with_extra(root, b"image b"), &[1, 2, 3, 4]));
+        assert_eq!(a, block_hash(with_extra(root, b"image a"), &[1, 2, 3, 4]));
     }
 }

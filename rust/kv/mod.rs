@@ -4,5 +4,5 @@
 mod hash;
 mod pool;
 
-pub use hash::{block_hash, root_hash};
+pub use hash::{block_hash, root_hash, with_extra};
 pub use pool::{BlockPool, CacheKey, CacheStats};

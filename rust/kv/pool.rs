@@ -8,7 +8,9 @@
 //!
 //! The prefix cache maps a chained block hash to a block. Hashes only find candidates: a hit is
 //! confirmed by comparing the block's tokens and its parent link (the parent block id plus that
-//! block's generation, bumped each time a block is reused) or, for a first block, its extra key.
+//! block's generation, bumped each time a block is reused) or, for a first block, its extra key,
+//! and the bytes naming the media the block overlaps (its positions' embeddings are not its
+//! tokens').
 //! By induction from the root, a confirmed chain of hits holds exactly the caller's prefix, so a
 //! hash collision can never hand out wrong KV.
 
@@ -36,6 +38,8 @@ pub enum CacheKey {
 struct CacheEntry {
     hash: u64,
     key: CacheKey,
+    /// The media spans the block overlaps (see `sched::media::media_key`); None for text.
+    media: Option<Box<[u8]>>,
 }
 
 /// Prefix-cache counters since the pool was built.
@@ -179,15 +183,23 @@ impl BlockPool {
         }
     }
 
-    /// Finds the cached block whose hash is `hash`, whose tokens are `tokens` and whose parent is
-    /// `key`. Only a confirmed match is returned; the caller then takes it with `incref`.
-    pub fn lookup(&mut self, hash: u64, tokens: &[TokenId], key: &CacheKey) -> Option<BlockId> {
+    /// Finds the cached block whose hash is `hash`, whose tokens are `tokens`, whose parent is
+    /// `key` and whose media are `media`. Only a confirmed match is returned; the caller then
+    /// takes it with `incref`.
+    pub fn lookup(
+        &mut self,
+        hash: u64,
+        tokens: &[TokenId],
+        key: &CacheKey,
+        media: Option<&[u8]>,
+    ) -> Option<BlockId> {
         self.stats.num_queried_blocks += 1;
         let block = *self.map.get(&hash)?;
         let entry = self.entries[block.index()].as_ref()?;
         let start = block.index() * self.block_size;
         let confirmed = entry.hash == hash
             && &entry.key == key
+            && entry.media.as_deref() == media
             && self.tokens[start..start + self.block_size] == *tokens;
         if confirmed {
             self.stats.num_hit_blocks += 1;
@@ -197,10 +209,17 @@ impl BlockPool {
         }
     }
 
-    /// Records that `block` (in use, full) holds `tokens` after the prefix `key`, under `hash`.
-    /// Returns false if the hash already names another block (that one stays) or the block is
-    /// already cached.
-    pub fn insert(&mut self, block: BlockId, hash: u64, tokens: &[TokenId], key: CacheKey) -> bool {
+    /// Records that `block` (in use, full) holds `tokens` (with `media`) after the prefix `key`,
+    /// under `hash`. Returns false if the hash already names another block (that one stays) or
+    /// the block is already cached.
+    pub fn insert(
+        &mut self,
+        block: BlockId,
+        hash: u64,
+        tokens: &[TokenId],
+        key: CacheKey,
+        media: Option<&[u8]>,
+    ) -> bool {
         debug_assert_eq!(tokens.len(), self.block_size);
         debug_assert!(self.ref_cnt[block.index()] > 0 && block != BlockId::NULL);
         if self.entries[block.index()].is_some() || self.map.contains_key(&hash) {
@@ -208,7 +227,11 @@ impl BlockPool {
         }
         let start = block.index() * self.block_size;
         self.tokens[start..start + self.block_size].copy_from_slice(tokens);
-        self.entries[block.index()] = Some(CacheEntry { hash, key });
+        self.entries[block.index()] = Some(CacheEntry {
+            hash,
+            key,
+            media: media.map(Box::from),
+        });
         self.map.insert(hash, block);
         true
     }
@@ -331,11 +354,11 @@ mod tests {
         let mut got = Vec::new();
         assert!(pool.allocate_into(1, &mut got));
         let h = block_hash(root_hash(None), &[7, 8]);
-        assert!(pool.insert(got[0], h, &[7, 8], root()));
+        assert!(pool.insert(got[0], h, &[7, 8], root(), None));
         pool.free(&got);
         assert_eq!(pool.num_free(), 2);
         let hit = pool
-            .lookup(h, &[7, 8], &root())
+            .lookup(h, &[7, 8], &root(), None)
             .expect("cached block found after free");
         pool.incref(hit);
         assert_eq!(pool.num_free(), 1);
@@ -344,7 +367,7 @@ mod tests {
         // Reusing every free block evicts the entry.
         let mut more = Vec::new();
         assert!(pool.allocate_into(2, &mut more));
-        assert!(pool.lookup(h, &[7, 8], &root()).is_none());
+        assert!(pool.lookup(h, &[7, 8], &root(), None).is_none());
         assert_eq!(pool.num_cached(), 0);
     }
 
@@ -354,25 +377,27 @@ mod tests {
         let mut got = Vec::new();
         assert!(pool.allocate_into(2, &mut got));
         // Pretend two different blocks hash to 42.
-        assert!(pool.insert(got[0], 42, &[1, 2], root()));
-        assert!(pool.lookup(42, &[1, 3], &root()).is_none());
+        assert!(pool.insert(got[0], 42, &[1, 2], root(), None));
+        assert!(pool.lookup(42, &[1, 3], &root(), None).is_none());
         assert!(pool
-            .lookup(42, &[1, 2], &CacheKey::Root(Some("salt".into())))
+            .lookup(42, &[1, 2], &CacheKey::Root(Some("salt".into())), None)
             .is_none());
         let child = CacheKey::Child {
             parent: got[0],
             parent_generation: pool.generation(got[0]),
         };
-        assert!(pool.insert(got[1], 43, &[5, 6], child.clone()));
-        assert_eq!(pool.lookup(43, &[5, 6], &child), Some(got[1]));
+        assert!(pool.insert(got[1], 43, &[5, 6], child.clone(), None));
+        assert_eq!(pool.lookup(43, &[5, 6], &child, None), Some(got[1]));
         let stale = CacheKey::Child {
             parent: got[0],
             parent_generation: pool.generation(got[0]) + 1,
         };
-        assert!(pool.lookup(43, &[5, 6], &stale).is_none());
+        assert!(pool.lookup(43, &[5, 6], &stale, None).is_none());
+        // Same tokens and parent, other media (an image's placeholder tokens are all alike).
+        assert!(pool.lookup(43, &[5, 6], &child, Some(b"image")).is_none());
         // A second block under an existing hash is not cached.
-        assert!(!pool.insert(got[1], 42, &[1, 2], root()));
+        assert!(!pool.insert(got[1], 42, &[1, 2], root(), None));
         let stats = pool.stats();
-        assert_eq!((stats.num_queried_blocks, stats.num_hit_blocks), (4, 1));
+        assert_eq!((stats.num_queried_blocks, stats.num_hit_blocks), (5, 1));
     }
 }

@@ -17,7 +17,7 @@ use super::params::PySamplingParams;
 use super::tokens::extract_token_ids;
 use crate::error::CoreError;
 use crate::params::SamplingParams;
-use crate::sched::NewRequest;
+use crate::sched::{MediaSpan, NewRequest};
 use crate::types::RequestId;
 
 /// Seconds since the epoch: the clock arrival times default to.
@@ -56,6 +56,7 @@ const NAMES: &[&str] = &[
     "draft_logits",
     "num_virtual_tokens",
     "lora_id",
+    "media",
 ];
 
 #[pyclass(name = "NewRequest", module = "ferrollm._core", frozen)]
@@ -67,7 +68,7 @@ pub struct PyNewRequest {
 impl PyNewRequest {
     #[new]
     #[pyo3(signature = (*args, **kwargs),
-        text_signature = "(request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None, deadline=None, cache_salt=None, grammar=None, draft_tokens=None, draft_logits=None, num_virtual_tokens=0, lora_id=0)")]
+        text_signature = "(request_id, prompt_token_ids, params=None, *, priority=None, arrival_time=None, deadline=None, cache_salt=None, grammar=None, draft_tokens=None, draft_logits=None, num_virtual_tokens=0, lora_id=0, media=None)")]
     fn new(args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let a = Args::bind("NewRequest()", NAMES, 3, args, kwargs)?;
         let given = |name: &str| {
@@ -97,6 +98,18 @@ impl PyNewRequest {
             },
             draft_logits: a.get("draft_logits").map(draft_logits_arg).transpose()?,
             lora_id: a.extract("lora_id")?.unwrap_or(0),
+            media: a
+                .extract::<Vec<(usize, usize, String)>>("media")?
+                .map_or_else(Vec::new, |spans| {
+                    spans
+                        .into_iter()
+                        .map(|(offset, length, digest)| MediaSpan {
+                            offset,
+                            length,
+                            digest: digest.into(),
+                        })
+                        .collect()
+                }),
         };
         Ok(PyNewRequest { inner })
     }

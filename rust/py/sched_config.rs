@@ -30,6 +30,7 @@ const NAMES: &[&str] = &[
     "ngram_min",
     "ngram_max",
     "max_loras",
+    "max_num_encoder_tokens",
 ];
 
 #[pyclass(name = "SchedulerConfig", module = "ferrollm._core", frozen, eq)]
@@ -49,7 +50,7 @@ impl PySchedulerConfig {
 impl PySchedulerConfig {
     #[new]
     #[pyo3(signature = (**kwargs),
-        text_signature = "(*, num_blocks, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, max_num_waiting=4096, enable_prefix_caching=True, priority_aging_s=10.0, eos_token_ids=(), logprobs_mode='raw', vocab_size=0, seed=None, speculative=None, num_speculative_tokens=4, ngram_min=1, ngram_max=3, max_loras=0)")]
+        text_signature = "(*, num_blocks, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, max_num_waiting=4096, enable_prefix_caching=True, priority_aging_s=10.0, eos_token_ids=(), logprobs_mode='raw', vocab_size=0, seed=None, speculative=None, num_speculative_tokens=4, ngram_min=1, ngram_max=3, max_loras=0, max_num_encoder_tokens=None)")]
     fn new(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let a = Args::bind("SchedulerConfig()", NAMES, 0, &PyTuple::empty(py), kwargs)?;
         let d = SchedulerConfig::default();
@@ -74,13 +75,14 @@ impl PySchedulerConfig {
             None => Vec::new(),
         };
         let logprobs_mode = a.extract::<String>("logprobs_mode")?;
+        let max_num_batched_tokens = a
+            .extract("max_num_batched_tokens")?
+            .unwrap_or(d.max_num_batched_tokens);
         let inner = SchedulerConfig {
             num_blocks: a.required("num_blocks")?,
             block_size: a.extract("block_size")?.unwrap_or(d.block_size),
             max_num_seqs: a.extract("max_num_seqs")?.unwrap_or(d.max_num_seqs),
-            max_num_batched_tokens: a
-                .extract("max_num_batched_tokens")?
-                .unwrap_or(d.max_num_batched_tokens),
+            max_num_batched_tokens,
             max_model_len: a.extract("max_model_len")?.unwrap_or(d.max_model_len),
             max_num_waiting: a.extract("max_num_waiting")?.unwrap_or(d.max_num_waiting),
             enable_prefix_caching: a
@@ -93,6 +95,9 @@ impl PySchedulerConfig {
             seed: a.extract("seed")?,
             speculative,
             max_loras: a.extract("max_loras")?.unwrap_or(d.max_loras),
+            max_num_encoder_tokens: a.extract("max_num_encoder_tokens")?.unwrap_or_else(|| {
+                SchedulerConfig::default_max_num_encoder_tokens(max_num_batched_tokens)
+            }),
         };
         inner.validate()?;
         Ok(PySchedulerConfig { inner })
@@ -168,6 +173,11 @@ impl PySchedulerConfig {
     fn max_loras(&self) -> usize {
         self.inner.max_loras
     }
+    /// Encoder tokens (media span positions) whose encoding a step may start, at most.
+    #[getter]
+    fn max_num_encoder_tokens(&self) -> usize {
+        self.inner.max_num_encoder_tokens
+    }
 
     fn __repr__(&self) -> String {
         let c = &self.inner;
@@ -184,10 +194,10 @@ impl PySchedulerConfig {
             "False"
         };
         format!(
-            "SchedulerConfig(num_blocks={}, block_size={}, max_num_seqs={}, max_num_batched_tokens={}, max_model_len={}, max_num_waiting={}, enable_prefix_caching={prefix}, priority_aging_s={:?}, eos_token_ids={:?}, logprobs_mode={:?}, vocab_size={}, seed={seed}, speculative={spec}, num_speculative_tokens={}, ngram_min={}, ngram_max={}, max_loras={})",
+            "SchedulerConfig(num_blocks={}, block_size={}, max_num_seqs={}, max_num_batched_tokens={}, max_model_len={}, max_num_waiting={}, enable_prefix_caching={prefix}, priority_aging_s={:?}, eos_token_ids={:?}, logprobs_mode={:?}, vocab_size={}, seed={seed}, speculative={spec}, num_speculative_tokens={}, ngram_min={}, ngram_max={}, max_loras={}, max_num_encoder_tokens={})",
             c.num_blocks, c.block_size, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len,
             c.max_num_waiting, c.priority_aging_s, c.eos_token_ids, c.logprobs_mode.as_str(), c.vocab_size,
-            ngram.num_draft_tokens, ngram.min_n, ngram.max_n, c.max_loras
+            ngram.num_draft_tokens, ngram.min_n, ngram.max_n, c.max_loras, c.max_num_encoder_tokens
         )
     }
 }

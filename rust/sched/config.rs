@@ -40,6 +40,11 @@ pub struct SchedulerConfig {
     /// limit. A waiting request on another adapter waits until one of them has no sequence
     /// running.
     pub max_loras: usize,
+    /// Encoder tokens (media span positions) whose encoding a step may start, at most: a
+    /// prefill chunk that would reach into a media span the rest of the step's budget cannot
+    /// cover is cut before that span. The first span a step starts is never cut, however long
+    /// (so every request makes progress). See [`Self::default_max_num_encoder_tokens`].
+    pub max_num_encoder_tokens: usize,
 }
 
 /// Prompt-lookup decoding: before each decode step, the scheduler looks for the longest
@@ -92,6 +97,7 @@ impl Default for SchedulerConfig {
             seed: None,
             speculative: None,
             max_loras: 0,
+            max_num_encoder_tokens: Self::default_max_num_encoder_tokens(8192),
         }
     }
 }
@@ -107,7 +113,20 @@ fn at_least(param: &'static str, value: usize, min: usize) -> CoreResult<()> {
     Ok(())
 }
 
+/// The least encoder budget by default: room for a few images of a typical vision model (a
+/// SmolVLM/Idefics3 image is 64..1088 tokens, a Qwen2-VL one a few hundred) in one step even
+/// when `max_num_batched_tokens` is small, as on CPU.
+const MIN_DEFAULT_ENCODER_TOKENS: usize = 4096;
+
 impl SchedulerConfig {
+    /// `max_num_encoder_tokens` when not given: `max(max_num_batched_tokens, 4096)`. A step
+    /// never computes more than `max_num_batched_tokens` positions, so a budget that size
+    /// encodes at least what the step can use; the floor keeps small token budgets from
+    /// encoding one image at a time.
+    pub fn default_max_num_encoder_tokens(max_num_batched_tokens: usize) -> usize {
+        max_num_batched_tokens.max(MIN_DEFAULT_ENCODER_TOKENS)
+    }
+
     /// The sampler settings this configuration implies.
     pub fn sampler(&self) -> SamplerConfig {
         SamplerConfig {
@@ -132,6 +151,7 @@ impl SchedulerConfig {
         at_least("block_size", self.block_size, 1)?;
         at_least("max_num_seqs", self.max_num_seqs, 1)?;
         at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1)?;
+        at_least("max_num_encoder_tokens", self.max_num_encoder_tokens, 1)?;
         at_least("max_model_len", self.max_model_len, 2)?;
         at_least("max_num_waiting", self.max_num_waiting, 1)?;
         if !(self.priority_aging_s >= 0.0 && self.priority_aging_s.is_finite()) {

@@ -20,12 +20,14 @@
 //! (how a request samples, ranks or searches, drafts, grammar masks), one file each; `prefill` is the prefill-only scheduler of embedding models, a small one of its own.
 //! Leaves they share: `rank` (order) <- `queue`; `seq` (sequences and groups), `request` (the
 //! typed request and the checks every scheduler makes), `text` (detokenizer and stop strings),
-//! `plan` and `output` (the step's columns), `stats`, `config`.
+//! `plan` and `output` (the step's columns), `stats`, `config`, `media` (media spans: their
+//! block-hash keys and encoder work).
 
 mod behaviour;
 mod config;
 mod core;
 mod endings;
+mod media;
 mod output;
 mod plan;
 mod prefill;
@@ -40,6 +42,7 @@ mod text;
 pub use self::core::Scheduler;
 pub use behaviour::propose_ngram;
 pub use config::{NgramConfig, SchedulerConfig};
+pub use media::MediaSpan;
 pub use output::StepOutput;
 pub use plan::StepPlan;
 pub use prefill::PrefillScheduler;

@@ -66,6 +66,8 @@ pub struct StepPlan {
     pub block_copies: Vec<i32>,
     /// Tokens of rows that are not single-token decodes.
     pub num_prefill_tokens: usize,
+    /// Media positions whose encoder work this step starts (see `max_num_encoder_tokens`).
+    pub num_encoder_tokens: usize,
     /// Rows that are single-token decodes.
     pub num_decode_tokens: usize,
     /// Sequences preempted in this step: request ids and sequence indices.

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::config::SchedulerConfig;
+use super::media::{check_media, MediaSpan};
 use crate::error::{CoreError, CoreResult};
 use crate::grammar::GrammarState;
 use crate::params::{check_priority, SamplingParams};
@@ -46,6 +47,10 @@ pub struct NewRequest {
     /// and never reuses a number for other weights: the prefix cache shares blocks only
     /// between requests of the same adapter, and `max_loras` counts distinct numbers.
     pub lora_id: u32,
+    /// The prompt's media spans: sorted, non-overlapping, non-empty, within the prompt (empty:
+    /// none). Their digests key the prefix cache per block; their lengths count against
+    /// `max_num_encoder_tokens` in the step whose chunk first reaches into them.
+    pub media: Vec<MediaSpan>,
 }
 
 impl NewRequest {
@@ -64,18 +69,21 @@ impl NewRequest {
             draft_tokens: Vec::new(),
             draft_logits: None,
             lora_id: 0,
+            media: Vec::new(),
         }
     }
 
     /// Checks what every scheduler checks and resolves the defaults: a prompt of at least one
-    /// token, at most `max_prompt_len` when given, within the vocabulary; the priority, arrival
-    /// time and deadline; parameters that fit `max_num_seqs` and the vocabulary.
+    /// token, at most `max_prompt_len` when given, within the vocabulary; its media spans; the
+    /// priority, arrival time and deadline; parameters that fit `max_num_seqs` and the
+    /// vocabulary.
     pub(crate) fn resolve(
         &self,
         cfg: &SchedulerConfig,
         max_prompt_len: Option<usize>,
     ) -> CoreResult<Resolved> {
         self.check_prompt(cfg, max_prompt_len)?;
+        check_media(&self.media, self.prompt_token_ids.len())?;
         let priority = check_priority(self.priority.unwrap_or(i64::from(self.params.priority)))?;
         if !self.arrival_time.is_finite() {
             return Err(not_finite("arrival_time"));

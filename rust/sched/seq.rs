@@ -6,9 +6,10 @@
 use std::sync::Arc;
 
 use super::behaviour::{Behaviour, SeqExt};
+use super::media::{media_key, MediaSpan};
 use super::rank::{effective_priority, Rank, SeqKey};
 use super::text::TextState;
-use crate::kv::{block_hash, root_hash};
+use crate::kv::{block_hash, root_hash, with_extra};
 use crate::params::SamplingParams;
 use crate::stop::TokenStops;
 use crate::types::{BlockId, FinishReason, RequestId, SeqStatus, TokenId};
@@ -35,6 +36,12 @@ pub(crate) struct Sequence {
     /// first sequence before its prompt is done, else 1.
     pub seats: usize,
     pub extra_key: Option<Arc<str>>,
+    /// The request's media spans in prompt order (shared by its sequences); empty for text.
+    pub media: Arc<[MediaSpan]>,
+    /// Leading `media` spans whose encoder work was counted since the sequence was last
+    /// admitted, or whose KV it found cached then (0 while waiting; set on admission, so a
+    /// recompute after preemption counts them again).
+    pub num_encoded_spans: usize,
     /// The request's LoRA adapter (0: none).
     pub lora_id: u32,
     /// The request's parameters, shared by its sequences (read on every appended token).
@@ -80,10 +87,23 @@ impl Sequence {
                 0 => root_hash(self.extra_key.as_deref()),
                 _ => self.block_hashes[j - 1],
             };
+            let parent = match self.block_media_key(j, block_size) {
+                Some(key) => with_extra(parent, &key),
+                None => parent,
+            };
             let tokens = &self.tokens[j * block_size..(j + 1) * block_size];
             self.block_hashes.push(block_hash(parent, tokens));
         }
         self.block_hashes[i]
+    }
+
+    /// The bytes naming the media spans that overlap block `i` (None: plain text), which its
+    /// hash mixes in and a prefix-cache hit on it must match.
+    pub fn block_media_key(&self, i: usize, block_size: usize) -> Option<Vec<u8>> {
+        match self.media.is_empty() {
+            true => None,
+            false => media_key(&self.media, i * block_size, (i + 1) * block_size),
+        }
     }
 
     /// True while this is a request's first sequence and it still has to fork.

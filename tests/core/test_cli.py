@@ -42,6 +42,16 @@ def test_tensor_parallel_flags_reach_the_engine_config() -> None:
         options("--tensor-parallel-size", "2", "--task", "embed")
 
 
+def test_the_encoder_budget_flag_reaches_the_engine_config() -> None:
+    engine, _ = split_options(options("--max-num-encoder-tokens", "512"))
+    assert engine.max_num_encoder_tokens == 512
+    assert split_options(options())[0].max_num_encoder_tokens is None  # the scheduler's default
+    with pytest.raises(EngineConfigError, match="max_num_encoder_tokens"):
+        options("--max-num-encoder-tokens", "0")
+    with pytest.raises(EngineConfigError, match=r"max_num_encoder_tokens.*embed"):
+        options("--max-num-encoder-tokens", "512", "--task", "embed")
+
+
 def test_load_format_reaches_the_engine_config(tmp_path: Path) -> None:
     engine, _ = split_options(options(str(tmp_path), "--load-format", "dummy"))
     assert (engine.model, engine.load_format) == (str(tmp_path), "dummy")

@@ -141,3 +141,56 @@ def test_a_config_seed_makes_a_run_of_unseeded_requests_reproducible() -> None:
     assert sampled_run(5) == sampled_run(5)
     assert sampled_run(5) != sampled_run(6)
     assert sampled_run(None) != sampled_run(None)
+
+
+def test_the_encoder_budget_defaults_to_the_token_budget_or_4096() -> None:
+    small = SchedulerConfig(num_blocks=64, max_model_len=64, max_num_batched_tokens=64)
+    assert small.max_num_encoder_tokens == 4096
+    big = SchedulerConfig(num_blocks=64, max_model_len=64, max_num_batched_tokens=10_000)
+    assert big.max_num_encoder_tokens == 10_000
+    assert "max_num_encoder_tokens=10000" in repr(big)
+    with pytest.raises(ValidationError) as info:
+        SchedulerConfig(num_blocks=64, max_model_len=64, max_num_encoder_tokens=0)
+    assert info.value.param == "max_num_encoder_tokens"
+
+
+@pytest.mark.parametrize(
+    "media",
+    [
+        [(2, 0, "image:a")],  # empty
+        [(0, 4, "image:a"), (3, 2, "image:b")],  # overlapping
+        [(4, 2, "image:a"), (0, 2, "image:b")],  # out of order
+        [(8, 3, "image:a")],  # past the prompt's 10 tokens
+    ],
+)
+def test_media_spans_are_checked_when_added(media: list[tuple[int, int, str]]) -> None:
+    s = scheduler()
+    with pytest.raises(ValidationError) as info:
+        s.add_request(NewRequest(1, list(range(1, 11)), media=media))
+    assert info.value.param == "media"
+    assert not s.has_unfinished_requests()
+
+
+def test_an_image_over_the_encoder_budget_waits_for_the_next_step() -> None:
+    s = scheduler(max_num_encoder_tokens=10)
+    image = [100] * 8
+    s.add_request(NewRequest(1, [1, 2, *image], media=[(2, 8, "image:a")], arrival_time=0.0))
+    s.add_request(NewRequest(2, [1, 2, *image], media=[(2, 8, "image:b")], arrival_time=1.0))
+    plan = s.schedule(now=1.0)
+    assert np.diff(plan.cu_seqlens_q).tolist() == [10, 2], "request 2 ends before its image"
+    assert plan.num_encoder_tokens == 8
+    s.update(plan, [3] * plan.num_samples)
+    plan = s.schedule(now=1.0)
+    assert np.diff(plan.cu_seqlens_q).tolist() == [1, 8]
+    assert plan.num_encoder_tokens == 8
+
+
+def test_text_before_an_image_is_shared_whatever_the_image() -> None:
+    s = scheduler()
+    prompt = [*range(1, 9), *[100] * 8, 50, 51]
+    for i, digest in enumerate(["image:a", "image:b", "image:a"]):
+        s.add_request(NewRequest(i, prompt, media=[(8, 8, digest)], arrival_time=float(i)))
+        plan = s.schedule(now=float(i))
+        s.update(plan, [3] * plan.num_samples)
+    hits = s.stats()["num_prefix_hit_blocks"]
+    assert hits == 2 + 4, "image b: the two text blocks; image a again: all four full blocks"

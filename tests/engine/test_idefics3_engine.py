@@ -4,8 +4,8 @@ The oracle is ``Idefics3ForConditionalGeneration.generate`` (greedy, float32) on
 ``Idefics3Processor``'s outputs for the same prompt and images. Our side: the checkpoint's
 Llama decoder through the engine, the images through our processor and vision tower, their
 features spliced at the ``<image>`` tokens each step. Also: a mixed batch, streams, the
-encoder cache, the prefix cache's media salt, chunked prefill through an image, preemption,
-the offline chat API, and refusals.
+encoder cache, the prefix cache's per-block image keys, chunked prefill through an image,
+preemption, the offline chat API, and refusals.
 """
 
 from __future__ import annotations
@@ -237,7 +237,15 @@ def test_the_encoder_cache_encodes_a_repeated_image_once(tiny_idefics3_dir: Path
     assert (stats["encoder_cache_hits"], stats["encoder_cache_misses"]) == (3, 9)
 
 
-def test_the_prefix_cache_is_salted_by_the_images(tiny_idefics3_dir: Path) -> None:
+def first_image_offset(llm: LLM, prompt: str) -> int:
+    """Where the first image's span starts in ``prompt`` as the engine expands it."""
+    processor = llm.engine.multimodal
+    assert processor is not None
+    media = [ImageMedia(WIDE, "png", WIDE.width, WIDE.height)]
+    return processor.process(prompt, media).media[0].offset
+
+
+def test_the_prefix_cache_keys_blocks_by_their_images(tiny_idefics3_dir: Path) -> None:
     llm = LLM(tiny_idefics3_dir, device="cpu", dtype="float32", block_size=4)
     first = run_alone(llm, mm(ONE_IMAGE, WIDE))
     before = prefix_hits(llm)
@@ -245,8 +253,22 @@ def test_the_prefix_cache_is_salted_by_the_images(tiny_idefics3_dir: Path) -> No
     assert prefix_hits(llm) > before, "the same prompt and image share blocks"
     before = prefix_hits(llm)
     other = run_alone(llm, mm(ONE_IMAGE, GRADIENT))  # the same size: the same tile grid
-    assert prefix_hits(llm) == before, "another image shares nothing"
+    num_text_blocks = first_image_offset(llm, ONE_IMAGE) // 4
+    assert prefix_hits(llm) == before + num_text_blocks, "only the text before the image"
     assert tokens(other) != tokens(first)
+
+
+def test_a_shared_text_prefix_before_different_images_hits(tiny_idefics3_dir: Path) -> None:
+    prompt = "User: a long shared preamble, the same for every request. what is in <image>?"
+    llm = LLM(tiny_idefics3_dir, device="cpu", dtype="float32", block_size=4)
+    num_text_blocks = first_image_offset(llm, prompt) // 4
+    assert num_text_blocks >= 3
+    run_alone(llm, mm(prompt, WIDE))
+    before = prefix_hits(llm)
+    got = run_alone(llm, mm(prompt, GRADIENT))
+    assert prefix_hits(llm) == before + num_text_blocks
+    uncached = LLM(tiny_idefics3_dir, device="cpu", dtype="float32", enable_prefix_caching=False)
+    assert_same([got], [run_alone(uncached, mm(prompt, GRADIENT))])
 
 
 def test_chunked_prefill_and_preemption_through_images(tiny_idefics3_dir: Path, llm: LLM) -> None:
@@ -261,6 +283,19 @@ def test_chunked_prefill_and_preemption_through_images(tiny_idefics3_dir: Path, 
     assert_same(busy.generate(prompts, GREEDY), unchunked)
     stats = busy.engine.scheduler.stats()
     assert stats["num_preemptions"] > 0
+
+
+def test_a_small_encoder_budget_spreads_images_over_steps(
+    tiny_idefics3_dir: Path, llm: LLM
+) -> None:
+    """With room for one image's tiles per step, each prompt's chunks stop before the next
+    image until a later step; the tokens are the same as unhindered."""
+    prompts: list[Any] = [mm(TWO_IMAGES, SMALL, TALL), mm(ONE_IMAGE, WIDE), TEXT_ONLY]
+    unhindered = [run_alone(llm, p) for p in prompts]
+    tight = LLM(tiny_idefics3_dir, device="cpu", dtype="float32", max_num_encoder_tokens=1)
+    assert tight.engine.scheduler.config.max_num_encoder_tokens == 1
+    assert_same(tight.generate(prompts, GREEDY), unhindered)
+    assert llm.engine.scheduler.config.max_num_encoder_tokens >= 4096
 
 
 def test_chat_renders_image_parts_through_the_template(llm: LLM) -> None:

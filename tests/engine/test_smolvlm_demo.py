@@ -24,6 +24,7 @@ from PIL import Image
 
 from ferrollm import LLM, SamplingParams
 from ferrollm.executor.loader_gguf import GGUFCheckpoint
+from ferrollm.media.items import ImageMedia
 from ferrollm.multimodal.demo import ADDED_TOKENS, IMAGE_SEQ_LEN, build_smolvlm_demo
 
 NUM_NEW_TOKENS = 6
@@ -103,3 +104,34 @@ def test_a_text_chat_answers_as_the_default_model(demo_llm: LLM, smollm2_gguf: P
     assert got.prompt_token_ids == want.prompt_token_ids
     assert got.outputs[0].token_ids == want.outputs[0].token_ids
     assert "Paris" in got.outputs[0].text
+
+
+def test_a_shared_system_prompt_before_different_images_hits(
+    smolvlm_demo_dir: Path, demo_llm: LLM
+) -> None:
+    """The prefix cache keys blocks by the images they overlap: a system prompt before the
+    image is shared across images, and the image's blocks are not."""
+    system = "You describe pictures for a catalogue: plainly, briefly, in one sentence each."
+    chat = [{"role": "system", "content": [{"type": "text", "text": system}]}, *IMAGE_CHAT]
+    processor = transformers.AutoProcessor.from_pretrained(smolvlm_demo_dir)
+    prompt = processor.apply_chat_template(chat, add_generation_prompt=True)
+    other = Image.fromarray(
+        np.random.default_rng(2).integers(0, 256, (90, 200, 3), dtype=np.uint8), "RGB"
+    )
+    ours = demo_llm.engine.multimodal
+    assert ours is not None
+    offset = ours.process(prompt, [ImageMedia(IMAGE, "png", 200, 90)]).media[0].offset
+    block_size = 8
+    assert offset // block_size >= 2
+
+    llm = LLM(smolvlm_demo_dir, device="cpu", dtype="float32", block_size=block_size)
+
+    def hits() -> int:
+        return int(llm.engine.scheduler.stats()["num_prefix_hit_blocks"])
+
+    llm.generate({"prompt": prompt, "multi_modal_data": {"image": [IMAGE]}}, GREEDY)
+    before = hits()
+    got = llm.generate({"prompt": prompt, "multi_modal_data": {"image": [other]}}, GREEDY)
+    assert hits() - before == offset // block_size, "the text blocks, none of the image's"
+    alone = demo_llm.generate({"prompt": prompt, "multi_modal_data": {"image": [other]}}, GREEDY)
+    assert got[0].outputs[0].token_ids == alone[0].outputs[0].token_ids

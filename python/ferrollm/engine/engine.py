@@ -30,7 +30,7 @@ from ferrollm.config import DEFAULT_MAX_BEAM_WIDTH, EngineConfigError
 from ferrollm.default_model import default_model_path
 from ferrollm.distributed.driver import Driver, DriverRunner, start_driver
 from ferrollm.engine.build import BuiltRunner, build_runner
-from ferrollm.engine.media import check_media, media_digest
+from ferrollm.engine.media import check_media, media_spans
 from ferrollm.engine.outputs import RequestFailure, RequestOutput, StepInfo
 from ferrollm.engine.prompt_tables import table_digest
 from ferrollm.engine.request import EngineRequest
@@ -262,20 +262,19 @@ class LLMEngine:
                 cache_salt=self._cache_salt(request, internal_id),
                 num_virtual_tokens=num_virtual_tokens,
                 lora_id=lora_id,
+                media=media_spans(request.media),
             )
         )
 
     @staticmethod
     def _cache_salt(request: EngineRequest, internal_id: int) -> str | None:
         """The prefix-cache salt: the request's own, the digest of its prompt table (so it
-        shares blocks only with requests of that table), the digest of its media (likewise),
-        and a salt of its own when it keeps
-        context logits (a cache hit would skip the positions it keeps)."""
+        shares blocks only with requests of that table), and a salt of its own when it keeps
+        context logits (a cache hit would skip the positions it keeps). Media need no salt:
+        the scheduler mixes each item's digest into the blocks its span overlaps."""
         parts = [request.cache_salt] if request.cache_salt is not None else []
         if request.prompt_table is not None:
             parts.append(table_digest(request.prompt_table))
-        if request.media:
-            parts.append(media_digest(request.media))
         if request.return_context_logits:
             parts.append(f"context-logits:{internal_id}")
         return "|".join(parts) if parts else None
@@ -417,5 +416,6 @@ def _build_scheduler(
         ngram_min=config.ngram_min,
         ngram_max=config.ngram_max,
         max_loras=config.max_loras if config.enable_lora else 0,
+        max_num_encoder_tokens=config.max_num_encoder_tokens,
     )
     return Scheduler(scheduler_config, tokenizer.detokenizer)

@@ -10,7 +10,6 @@ the prompt, never in a span: they get no override and keep their compiled graphs
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,13 +21,13 @@ from ferrollm.multimodal.encoder_cache import EncoderCache
 from ferrollm.multimodal.inputs import MediaInput, RopePositions
 
 
-def media_digest(media: Sequence[MediaInput]) -> str:
-    """A prefix-cache salt naming a request's media, in prompt order with their spans (same
-    text with another image: another salt; the same image: the same)."""
-    digest = hashlib.sha256()
-    for item in media:
-        digest.update(f"{item.kind}:{item.digest}:{item.offset}:{item.length};".encode())
-    return f"media:{digest.hexdigest()}"
+def media_spans(media: Sequence[MediaInput]) -> list[tuple[int, int, str]]:
+    """The scheduler's view of a request's media (``NewRequest(media=...)``): each item's
+    ``(offset, length, digest)``, the digest naming its kind and content. The prefix cache mixes
+    the digests into the blocks each span overlaps (the same text with another image shares the
+    blocks before the image, never the image's), and the lengths count against the step's
+    encoder budget."""
+    return [(item.offset, item.length, f"{item.kind}:{item.digest}") for item in media]
 
 
 def check_media(media: Sequence[MediaInput], num_prompt_tokens: int) -> None:

@@ -40,10 +40,11 @@ class MediaInput:
     """One media item of a request, ready for the model's encoder.
 
     ``tensors`` are the encoder's inputs (e.g. ``pixel_values``, ``pixel_attention_mask``);
-    ``digest`` names them by content (the encoder cache's key; the prefix cache's salt, so
-    the same text with another image never shares blocks); the encoder's output has
-    ``length`` rows, which replace the embeddings of prompt tokens ``[offset, offset +
-    length)`` (the placeholder tokens the processor put there)."""
+    ``digest`` names them by content (the encoder cache's key; the prefix cache mixes it into
+    the KV blocks the span overlaps, so the same text with another image shares only the
+    blocks before the image); the encoder's output has ``length`` rows, which replace the
+    embeddings of prompt tokens ``[offset, offset + length)`` (the placeholder tokens the
+    processor put there)."""
 
     kind: MediaKind
     digest: str

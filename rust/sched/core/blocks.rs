@@ -4,6 +4,7 @@
 
 use super::Scheduler;
 use crate::kv::BlockPool;
+use crate::sched::media::num_spans_done;
 use crate::sched::rank::SeqKey;
 use crate::sched::seq::Sequence;
 use crate::types::{BlockId, SeqStatus};
@@ -74,6 +75,7 @@ impl Scheduler {
         s.block_table.extend_from_slice(hits);
         s.num_computed_tokens = hits.len() * bs;
         s.num_cached_blocks = hits.len();
+        s.num_encoded_spans = num_spans_done(&s.media, s.num_computed_tokens);
         let target = s.compute_target();
         let num_tokens = (target - s.num_computed_tokens).min(budget);
         let end = match whole {
@@ -107,8 +109,9 @@ impl Scheduler {
             let cache_key = self
                 .pool
                 .key_after(hits.last().copied(), s.extra_key.as_ref());
+            let media = s.block_media_key(i, bs);
             let tokens = &s.tokens[i * bs..(i + 1) * bs];
-            match self.pool.lookup(hash, tokens, &cache_key) {
+            match self.pool.lookup(hash, tokens, &cache_key, media.as_deref()) {
                 Some(b) => hits.push(b),
                 None => break,
             }
@@ -153,8 +156,9 @@ fn cache_full_blocks(pool: &mut BlockPool, s: &mut Sequence, bs: usize) {
             i.checked_sub(1).map(|p| s.block_table[p]),
             s.extra_key.as_ref(),
         );
+        let media = s.block_media_key(i, bs);
         let tokens = &s.tokens[i * bs..(i + 1) * bs];
-        pool.insert(s.block_table[i], hash, tokens, key);
+        pool.insert(s.block_table[i], hash, tokens, key, media.as_deref());
         s.num_cached_blocks += 1;
     }
 }

@@ -83,6 +83,8 @@ impl Scheduler {
             num_cached_blocks: 0,
             seats: req.params.num_candidates() as usize,
             extra_key: r.extra_key,
+            media: req.media.into(),
+            num_encoded_spans: 0,
             lora_id: req.lora_id,
             params: req.params,
             status: SeqStatus::Waiting,

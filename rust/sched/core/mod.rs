@@ -5,13 +5,15 @@
 //!
 //! `Scheduler`'s fields are private to this module. The work is split by concept over
 //! intake.rs (`add_request`), schedule.rs (`schedule()`: running first, then admission),
-//! blocks.rs (reserving, sharing and caching KV blocks), preempt.rs (preemption by recompute),
+//! blocks.rs (reserving, sharing and caching KV blocks), encoder.rs (the per-step encoder
+//! budget of media spans), preempt.rs (preemption by recompute),
 //! finish.rs (aborts, deadlines, failures, ending sequences), update.rs (`update()` /
 //! `update_with_logits()`) and append.rs (one token onto a sequence). Behaviours reach the
 //! state through the methods below, never the fields.
 
 mod append;
 mod blocks;
+mod encoder;
 mod finish;
 mod groups;
 mod intake;
@@ -41,6 +43,7 @@ use crate::error::CoreResult;
 use crate::kv::BlockPool;
 use crate::sampling::SamplerConfig;
 use crate::types::RequestId;
+use encoder::EncoderBudget;
 use intake::SeedSource;
 
 /// The continuous-batching scheduler. See the module docs of `sched` for the policy.
@@ -73,6 +76,8 @@ pub struct Scheduler {
     held_rows: Vec<OutRow>,
     /// What the behaviours keep across steps (their counters).
     edges: Edges,
+    /// The encoder budget left in the step being planned.
+    encoder: EncoderBudget,
 }
 
 impl Scheduler {
@@ -98,6 +103,7 @@ impl Scheduler {
             num_added: 0,
             held_rows: Vec::new(),
             edges: Edges::default(),
+            encoder: EncoderBudget::default(),
         })
     }
 

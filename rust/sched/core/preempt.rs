@@ -1,5 +1,5 @@
-//! Preemption by recompute: the victim frees its blocks, leaves this step's rows (its budget
-//! refunded) and goes back to the front of its priority's queue.
+//! Preemption by recompute: the victim frees its blocks, leaves this step's rows (its token
+//! and encoder budget refunded) and goes back to the front of its priority's queue.
 
 use super::{Row, Scheduler};
 use crate::sched::plan::StepPlan;
@@ -44,13 +44,16 @@ impl Scheduler {
             .expect("victim is running");
         self.running.remove(pos);
         if let Some(r) = rows.iter().rposition(|row| row.key == key) {
-            *budget += rows.remove(r).num_tokens;
+            let row = rows.remove(r);
+            *budget += row.num_tokens;
+            self.encoder.refund(row.num_encoder_tokens);
         }
         let s = self.seqs[key as usize].as_mut().expect("live");
         self.pool.free(&s.block_table);
         s.block_table.clear();
         s.num_computed_tokens = 0;
         s.num_cached_blocks = 0;
+        s.num_encoded_spans = 0;
         s.status = SeqStatus::Preempted;
         self.num_running_seats -= s.seats;
         self.waiting

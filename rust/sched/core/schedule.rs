@@ -3,6 +3,7 @@
 //! sequences in rank order, reusing prefix-cached blocks. A gang (a group whose sequences sample
 //! together) gets its rows all in one step or none, and is admitted whole.
 
+use super::encoder::EncoderBudget;
 use super::Scheduler;
 use crate::sched::plan::{RowSpec, StepPlan};
 use crate::sched::rank::SeqKey;
@@ -19,6 +20,8 @@ pub(crate) struct Row {
     pub lookahead: Vec<TokenId>,
     /// Copy-on-write done for this row before its KV is written: (source, destination).
     pub copy: Option<(BlockId, BlockId)>,
+    /// Encoder tokens (media spans) this row starts.
+    pub num_encoder_tokens: usize,
 }
 
 impl Row {
@@ -28,6 +31,7 @@ impl Row {
             num_tokens,
             lookahead: Vec::new(),
             copy: None,
+            num_encoder_tokens: 0,
         }
     }
 }
@@ -50,6 +54,7 @@ impl Scheduler {
         self.end_aborted_and_expired(now, &mut plan);
         let mut rows = Vec::new();
         let mut budget = self.cfg.max_num_batched_tokens;
+        self.encoder = EncoderBudget::new(self.cfg.max_num_encoder_tokens);
         self.sort_running(now);
         let preempted = self.schedule_running(&mut budget, &mut rows, &mut plan);
         if !preempted {
@@ -62,6 +67,7 @@ impl Scheduler {
         let bs = self.cfg.block_size;
         let mut num_samples = Vec::with_capacity(rows.len());
         let mut total_samples = 0;
+        plan.num_encoder_tokens = self.encoder.num_scheduled;
         for (r, row) in rows.iter().enumerate() {
             let s = self.seq(row.key);
             let spec = RowSpec {
@@ -130,6 +136,7 @@ impl Scheduler {
                 continue;
             }
             let num_tokens = (s.compute_target() - s.num_computed_tokens).min(*budget);
+            let num_tokens = self.encoder_limit(key, s.num_computed_tokens, num_tokens);
             if num_tokens == 0 {
                 i += 1;
                 continue;
@@ -171,6 +178,7 @@ impl Scheduler {
                 }
             };
         }
+        row.num_encoder_tokens = self.spend_encoder(key, num_tokens);
         *budget -= row.num_tokens;
         rows.push(row);
         true
@@ -240,14 +248,27 @@ impl Scheduler {
             }
             let hits: Vec<Vec<BlockId>> =
                 keys.iter().map(|&k| self.find_cached_prefix(k)).collect();
+            // What the encoder budget lets each compute now (a gang reserves its blocks whole
+            // anyway, so a member cut to 0 just gets no row this step).
+            let bs = self.cfg.block_size;
+            let starts: Vec<(SeqKey, usize)> = keys
+                .iter()
+                .zip(&hits)
+                .map(|(&k, h)| (k, h.len() * bs))
+                .collect();
+            let limits = self.encoder_limits(&starts, *budget);
+            if !gang && limits[0] == 0 {
+                break; // no overtaking: it starts its media in a later step
+            }
             loop {
                 let seats: usize = keys.iter().map(|&k| self.seq(k).seats).sum();
                 let seats_ok = self.num_running_seats + seats <= self.cfg.max_num_seqs;
                 let blocks: usize = keys
                     .iter()
                     .zip(&hits)
-                    .map(|(&k, h)| {
-                        self.blocks_to_admit(k, h, if gang { usize::MAX } else { *budget })
+                    .zip(&limits)
+                    .map(|((&k, h), &limit)| {
+                        self.blocks_to_admit(k, h, if gang { usize::MAX } else { limit })
                     })
                     .sum();
                 if seats_ok && self.pool.num_free() >= blocks {
@@ -257,10 +278,11 @@ impl Scheduler {
                     return;
                 }
             }
-            for (&key, hits) in keys.iter().zip(&hits) {
-                let num_tokens = self.admit(key, hits, *budget, gang);
+            for ((&key, hits), &limit) in keys.iter().zip(&hits).zip(&limits) {
+                let num_tokens = self.admit(key, hits, limit.min(*budget), gang);
                 if num_tokens > 0 {
                     let mut row = Row::new(key, num_tokens);
+                    row.num_encoder_tokens = self.spend_encoder(key, num_tokens);
                     self.extend_row(&mut row, *budget - num_tokens);
                     *budget -= row.num_tokens;
                     rows.push(row);

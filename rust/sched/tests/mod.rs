@@ -395,6 +395,7 @@ mod failures;
 mod grammar;
 mod logprob_bytes;
 mod lora;
+mod media;
 mod prefill;
 mod speculative;
 mod workload;

@@ -7,10 +7,13 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
+use crate::sched::MediaSpan;
 
 /// Plays the model: the KV value at a slot is a hash of the token and the value at the previous
 /// position, read through the row's block table, so it equals `prefix_value(tokens[..=pos])` only
-/// if every earlier position was computed from the right tokens into the right slots.
+/// if every earlier position was computed from the right tokens into the right slots. A media
+/// position's "token" is its item's digest (`seen_as`): the placeholder tokens alone do not say
+/// which image a block holds.
 struct ShadowKv {
     slots: Vec<u64>,
     block_size: usize,
@@ -22,15 +25,32 @@ fn mix(prev: u64, token: i64, pos: i64) -> u64 {
         .wrapping_add(pos as u64 + 1)
 }
 
-fn prefix_value(tokens: &[u32]) -> u64 {
-    tokens
-        .iter()
-        .enumerate()
-        .fold(0, |v, (p, &t)| mix(v, i64::from(t), p as i64))
+fn prefix_value(tokens: &[u32], spans: &[MediaSpan]) -> u64 {
+    tokens.iter().enumerate().fold(0, |v, (p, &t)| {
+        mix(v, seen_as(i64::from(t), p, spans), p as i64)
+    })
+}
+
+/// Placeholder token of media positions in the randomized workloads.
+const IMG: u32 = 7;
+/// Digests the workloads' media items draw from.
+const DIGESTS: [&str; 2] = ["image:a", "image:b"];
+
+/// What the model sees at `pos`: the token, or within a media span its item's digest.
+fn seen_as(token: i64, pos: usize, spans: &[MediaSpan]) -> i64 {
+    match spans.iter().position(|s| s.offset <= pos && pos < s.end()) {
+        Some(i) => {
+            1000 + DIGESTS
+                .iter()
+                .position(|&d| *d == *spans[i].digest)
+                .unwrap() as i64
+        }
+        None => token,
+    }
 }
 
 impl ShadowKv {
-    fn run(&mut self, plan: &StepPlan) -> Vec<u64> {
+    fn run(&mut self, plan: &StepPlan, media: &HashMap<u64, Vec<MediaSpan>>) -> Vec<u64> {
         let bs = self.block_size;
         for c in plan.block_copies.chunks(2) {
             let (src, dst) = (c[0] as usize * bs, c[1] as usize * bs);
@@ -38,6 +58,7 @@ impl ShadowKv {
         }
         let mut last = Vec::new();
         for r in 0..plan.num_rows() {
+            let spans = media.get(&plan.req_ids[r]).map_or(&[][..], |m| &m[..]);
             let table = &plan.block_tables[r * plan.max_num_blocks..(r + 1) * plan.max_num_blocks];
             let slot = |pos: i64| table[pos as usize / bs] as usize * bs + pos as usize % bs;
             for i in plan.cu_seqlens_q[r] as usize..plan.cu_seqlens_q[r + 1] as usize {
@@ -52,7 +73,8 @@ impl ShadowKv {
                 } else {
                     self.slots[slot(pos - 1)]
                 };
-                self.slots[slot(pos)] = mix(prev, plan.input_ids[i], pos);
+                let token = seen_as(plan.input_ids[i], pos as usize, spans);
+                self.slots[slot(pos)] = mix(prev, token, pos);
             }
             last.push(self.slots[slot(i64::from(plan.context_lens[r]) - 1)]);
         }
@@ -139,9 +161,11 @@ fn random_workload(seed: u64) -> [u64; 9] {
                 num_draft_tokens: rng.random_range(1..=5),
             }
         }),
+        max_num_encoder_tokens: rng.random_range(1..=12),
         ..SchedulerConfig::default()
     };
     let mut s = Scheduler::new(cfg.clone()).unwrap();
+    let mut media: HashMap<u64, Vec<MediaSpan>> = HashMap::new();
     let mut kv = ShadowKv {
         slots: vec![0; cfg.num_blocks * bs],
         block_size: bs,
@@ -173,6 +197,7 @@ fn random_workload(seed: u64) -> [u64; 9] {
                 break;
             }
             let mut prompt = prefixes[rng.random_range(0..3)].clone();
+            let shared = prompt.len();
             prompt.extend((0..rng.random_range(0..12)).map(|_| rng.random_range(1..6)));
             prompt.truncate(max_model_len - 2);
             let n = if rng.random_bool(0.2) {
@@ -223,14 +248,21 @@ fn random_workload(seed: u64) -> [u64; 9] {
                     .map(|_| rng.random_range(-3.0..3.0))
                     .collect()
             });
+            // An image after the shared prefix (or anywhere), one of two, 1..8 positions.
+            let spans = match !beam && rng.random_bool(0.4) {
+                true => random_image(&mut rng, &mut prompt, shared),
+                false => Vec::new(),
+            };
             let added = s.add_request(NewRequest {
                 deadline,
                 draft_tokens,
                 draft_logits,
+                media: spans.clone(),
                 ..req(next_id, prompt, Arc::new(p), rng.random_range(1..=5), now)
             });
             match added {
                 Ok(()) => {
+                    media.insert(next_id, spans);
                     if beam {
                         beam_n.insert(next_id, p_n);
                     }
@@ -253,6 +285,19 @@ fn random_workload(seed: u64) -> [u64; 9] {
         s.check_invariants()
             .unwrap_or_else(|e| panic!("seed {seed} step {step_no}: {e}"));
         assert!(plan.num_scheduled_tokens() <= cfg.max_num_batched_tokens);
+        // The step's first image may be longer than the budget; after it nothing else starts.
+        assert!(
+            plan.num_encoder_tokens <= cfg.max_num_encoder_tokens.max(8),
+            "seed {seed} step {step_no}: {} > {}; rows {:?} preempted {:?} gangs {:?}",
+            plan.num_encoder_tokens,
+            cfg.max_num_encoder_tokens,
+            plan.req_ids,
+            plan.preempted_req_ids,
+            plan.req_ids
+                .iter()
+                .map(|r| (beam_n.contains_key(r), media[r].clone()))
+                .collect::<Vec<_>>()
+        );
         let num_draft: usize = plan.num_draft_tokens.iter().map(|&k| k as usize).sum();
         assert!(
             plan.num_rows() <= cfg.max_num_seqs
@@ -297,7 +342,7 @@ fn random_workload(seed: u64) -> [u64; 9] {
             }
         }
         // The shadow model reads exactly each row's tokens, whatever was reused or copied.
-        let last = kv.run(&plan);
+        let last = kv.run(&plan, &media);
         // A row with draft tokens computes them after its own tokens.
         for r in 0..plan.num_rows() {
             let v = &views[&(plan.req_ids[r], plan.seq_indices[r])];
@@ -314,7 +359,7 @@ fn random_workload(seed: u64) -> [u64; 9] {
                 .collect();
             assert_eq!(
                 last[r],
-                prefix_value(&tokens),
+                prefix_value(&tokens, &media[&plan.req_ids[r]]),
                 "seed {seed} step {step_no} row {r}"
             );
         }
@@ -370,6 +415,23 @@ fn random_workload(seed: u64) -> [u64; 9] {
     seen[7] = stats.num_accepted_draft_tokens;
     seen[8] = stats.num_draft_tokens - stats.num_accepted_draft_tokens;
     seen
+}
+
+/// Turns 1..8 positions of `prompt` into an image (after its first `shared` tokens, mostly,
+/// so that requests on one prefix share the text before it).
+fn random_image(rng: &mut SmallRng, prompt: &mut [u32], shared: usize) -> Vec<MediaSpan> {
+    let offset = match rng.random_bool(0.7) && shared < prompt.len() {
+        true => shared,
+        false => rng.random_range(0..prompt.len()),
+    };
+    let length = rng.random_range(1..=8.min(prompt.len() - offset));
+    prompt[offset..offset + length].fill(IMG);
+    let digest = DIGESTS[rng.random_range(0..DIGESTS.len())];
+    vec![MediaSpan {
+        offset,
+        length,
+        digest: digest.into(),
+    }]
 }
 
 #[test]
