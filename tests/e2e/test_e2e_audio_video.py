@@ -235,3 +235,17 @@ def test_bad_media_is_a_400_naming_the_part(
         ).startswith("messages[0].content[0]."), (name, caught.value.param)
     response = ask(client, kind, part(part_type, data_uri(data, mime)))
     assert response.choices[0].finish_reason == "length"
+
+
+def test_start_up_steps_are_logged(server: Server, kind: str) -> None:
+    """Off a terminal, each long start-up step is plain log lines with its time."""
+    log = server.log()
+    family = "qwen2_audio" if kind == "audio" else "qwen2_vl"
+    for line in (
+        f"Loading the {family} media encoder: done in ",
+        "Loading weights: ",
+        "Profiling a step to size the KV cache: done in ",
+        "Allocating the KV cache (",
+        "Preparing decode steps (compiled graphs where they apply): done in ",
+    ):
+        assert line in log, line

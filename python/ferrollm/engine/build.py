@@ -29,6 +29,7 @@ from ferrollm.lora.manager import attach_engine_lora
 from ferrollm.models.llama import LlamaForCausalLM
 from ferrollm.models.registry import build_model
 from ferrollm.platforms import Platform
+from ferrollm.progress import step
 
 if TYPE_CHECKING:
     from ferrollm.config import EngineConfig
@@ -100,14 +101,15 @@ def build_runner(
         kv_dtype = resolve_kv_dtype(platform, config.kv_cache_dtype, dtype, quantization)
         model = load_model(source, platform.device, dtype, quantization, parallel=parallel)
         spec = model.kv_cache_spec(config.block_size, kv_dtype)
-        kv_plan = plan_kv_cache(
-            model,
-            spec,
-            platform,
-            config,
-            source.config.max_position_embeddings,
-            reserved_bytes=reserved_bytes,
-        )
+        with step("Profiling a step to size the KV cache"):
+            kv_plan = plan_kv_cache(
+                model,
+                spec,
+                platform,
+                config,
+                source.config.max_position_embeddings,
+                reserved_bytes=reserved_bytes,
+            )
     except Exception as e:
         if group is not None:
             group.fail_startup(e)
@@ -115,12 +117,14 @@ def build_runner(
     if group is not None:
         kv_plan = group.agree(kv_plan)
     model.set_max_model_len(kv_plan.max_model_len)
-    kv_cache = KVCache(spec, kv_plan.num_blocks, platform.device)
+    with step(f"Allocating the KV cache ({kv_plan.num_blocks} blocks)"):
+        kv_cache = KVCache(spec, kv_plan.num_blocks, platform.device)
     make_runner = ModelRunner if group is None else group.make_runner
     runner = make_runner(model, kv_cache, platform.device, dtype, platform.attention_backend())
     # Slots before graphs: the graphs are built over the adapted layers.
     lora = attach_engine_lora(model, config) if config.enable_lora else None
-    compiled = _decode_graphs(config, platform, model, kv_cache, runner, dtype, kv_plan, lora)
+    with step("Preparing decode steps (compiled graphs where they apply)"):
+        compiled = _decode_graphs(config, platform, model, kv_cache, runner, dtype, kv_plan, lora)
     runner.set_compiled(compiled)
     return BuiltRunner(runner, kv_plan, quantization, compiled, lora)
 

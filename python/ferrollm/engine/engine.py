@@ -46,6 +46,7 @@ from ferrollm.multimodal.encoder_cache import EncoderCache
 from ferrollm.multimodal.inputs import MultimodalProcessor, RopePositionsProcessor
 from ferrollm.platforms import get_platform
 from ferrollm.platforms.host import settle_after_load
+from ferrollm.progress import step
 from ferrollm.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -130,7 +131,10 @@ class LLMEngine:
             tokenizer = Tokenizer.from_source(source)
             # The vision tower first, so the KV cache is sized from the memory it leaves.
             dtype = resolve_dtype(platform, config.dtype)
-            media = build_multimodal(source, tokenizer, platform.device, dtype)
+            media = None
+            if source.vision_family is not None:
+                with step(f"Loading the {source.vision_family} media encoder"):
+                    media = build_multimodal(source, tokenizer, platform.device, dtype)
             reserved = 0
             if media is not None:
                 reserved = media.encoder_cache.capacity_bytes = config.encoder_cache_bytes

@@ -26,8 +26,9 @@ from ferrollm.executor.gguf_tokenizer import (
     special_token,
     special_token_id,
 )
-from ferrollm.executor.source import ModelSource, SpecialTokens, progress_bar
+from ferrollm.executor.source import ModelSource, SpecialTokens
 from ferrollm.models.config import ModelConfig
+from ferrollm.progress import counted
 
 if TYPE_CHECKING:  # opening a file (config, tokenizer) needs no torch: `ferrollm.preflight`
     import torch
@@ -156,7 +157,7 @@ class GGUFCheckpoint(ModelSource):
             len(split) if (split := self._split(t)) else _num_parts(t) for t in self._file.tensors
         )
         requantized: dict[str, str] = {}
-        with progress_bar(num_parts, "Loading weights") as tick:
+        with counted(num_parts, "Loading weights", "tensor") as tick:
             for tensor, name, data, columns in self._parts(shard, keep_quantized):
                 tick()
                 kind = GGMLQuantizationType(tensor.ggml_type)

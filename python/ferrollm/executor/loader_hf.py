@@ -11,9 +11,10 @@ from safetensors import safe_open
 from tokenizers import Tokenizer
 
 from ferrollm.distributed.shard_plan import WHOLE, ShardPlan
-from ferrollm.executor.source import ModelSource, SpecialTokens, progress_bar
+from ferrollm.executor.source import ModelSource, SpecialTokens
 from ferrollm.models import media_text
 from ferrollm.models.config import ModelConfig
+from ferrollm.progress import counted
 
 if TYPE_CHECKING:  # opening a directory (config, tokenizer) needs no torch: `ferrollm.preflight`
     import torch
@@ -79,7 +80,7 @@ class HFCheckpoint(ModelSource):
         names_by_shard: dict[str, list[str]] = {}
         for name, file_name in self.weight_map.items():
             names_by_shard.setdefault(file_name, []).append(name)
-        with progress_bar(len(self.weight_map), "Loading weights") as tick:
+        with counted(len(self.weight_map), "Loading weights", "tensor") as tick:
             for file_name, names in names_by_shard.items():
                 with safe_open(str(self.path / file_name), framework="pt") as f:
                     for name in names:

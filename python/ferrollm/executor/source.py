@@ -1,4 +1,4 @@
-"""What every checkpoint format opens into: `ModelSource`, its `SpecialTokens`, a progress bar.
+"""What every checkpoint format opens into: `ModelSource` and its `SpecialTokens`.
 
 Split from `ferrollm.executor.loader` so the format modules (`loader_hf`, `loader_gguf`) and the
 dispatcher that picks one of them all import this module and none imports another: the
@@ -8,9 +8,7 @@ dependency runs one way, ``loader -> loader_hf/loader_gguf -> source``.
 from __future__ import annotations
 
 import abc
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -96,18 +94,3 @@ class ModelSource(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r}, {self.config.architecture})"
-
-
-@contextmanager
-def progress_bar(total: int, desc: str) -> Iterator[Callable[[], None]]:
-    """A tensor-count progress bar on stderr (drawn only when stderr is a terminal).
-
-    Yields ``tick()``, to call once per tensor; the bar closes when the block exits.
-    """
-    from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
-
-    bar = tqdm(total=total, desc=desc, unit="tensor", disable=not sys.stderr.isatty())
-    try:
-        yield lambda: bar.update(1)
-    finally:
-        bar.close()
