@@ -91,6 +91,13 @@ function samplingFields() {
   }
   const stops = $("stop").value.split("\n").filter((s) => s !== "");
   if (stops.length) body.stop = stops;
+  if ($("extra").value.trim() !== "") {
+    const extra = parseJson("extra", "the extra fields");
+    if (extra === null || typeof extra !== "object" || Array.isArray(extra)) {
+      throw new ServerError(0, "the extra fields must be a JSON object");
+    }
+    Object.assign(body, extra);
+  }
   return body;
 }
 
