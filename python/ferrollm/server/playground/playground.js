@@ -40,6 +40,9 @@ async function loadModels() {
   const adapters = state.cards.filter((card) => card.parent).length;
   $("model-note").textContent = adapters ? `${adapters} LoRA adapter(s) loaded` : "";
   showModalities(state.cards[0]?.modalities ?? ["text"]);
+  if (state.cards[0]?.task === "embed") {
+    showError(new ServerError(0, "this server embeds (--task embed): the playground only generates text"));
+  }
   await loadInfo();
 }
 
