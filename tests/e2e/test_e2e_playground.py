@@ -30,6 +30,10 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.ui import Select
+
+from tiny_lora import make_adapter
+from tiny_models import build_tiny_model
 
 from .e2e_support import MODEL, Server, serving
 from .test_e2e_tools import ASK, TOOLS
@@ -38,6 +42,7 @@ T = TypeVar("T")
 #: Seconds a generation may take in the page (CPU runners are slow, and shared).
 WAIT_S = 120.0
 KEY = "playground-secret"
+ADAPTER = "poet"
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +175,9 @@ def greedy(page: Page, max_tokens: int) -> None:
 def test_a_chat_streams_its_answer_and_equals_the_servers(page: Page, server: Server) -> None:
     assert page.options() == [MODEL]
     assert page.el("prompt") == page.driver.switch_to.active_element  # ready to type
+    page.el("prompt").send_keys(Keys.TAB)  # the keyboard reaches the buttons next
+    assert page.driver.switch_to.active_element == page.el("send")
+    assert not page.el("attachments").is_displayed()  # a text-only model: no media to attach
     greedy(page, 24)
     page.fill("system", "You are a concise assistant.")
     answer = page.send("What is the capital of France?")
@@ -286,6 +294,21 @@ def test_a_tool_call_is_shown_parsed(page: Page) -> None:
     page.shot("tool-call")
 
 
+def test_json_schema_output(page: Page) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    Select(page.el("response-format")).select_by_value("json_schema")
+    page.fill("json-schema", json.dumps(schema))
+    greedy(page, 60)
+    answer = page.send("What is the capital of France?")
+    value = json.loads(page.finished(answer))
+    assert set(value) == {"city"} and isinstance(value["city"], str)
+
+
 def test_a_bad_parameter_shows_the_servers_message(
     driver: WebDriver, server: Server, artifacts: Path
 ) -> None:
@@ -304,24 +327,56 @@ def test_a_bad_parameter_shows_the_servers_message(
     assert console_errors(driver, allowed_statuses=(400,)) == []
 
 
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A tiny random model (what it says does not matter here) with one LoRA adapter, behind
+    an API key."""
+    root = tmp_path_factory.mktemp("playground-keyed")
+    base = build_tiny_model("qwen2", root / "tiny-base")
+    adapter = make_adapter(base, root / ADAPTER, 1, r=4, lora_alpha=8, target_modules=["q_proj"])
+    flags = ("--max-model-len", "256", "--kv-cache-memory", "16MiB", "--api-key", KEY)
+    flags += ("--enable-lora", "--lora-modules", f"{ADAPTER}={adapter}")
+    with serving(root, str(base), *flags) as server:
+        yield server
+
+
 def test_a_keyed_server_asks_for_the_key_and_then_works(
-    driver: WebDriver, tmp_path: Path, artifacts: Path
+    driver: WebDriver, keyed_server: Server, artifacts: Path
 ) -> None:
-    with serving(tmp_path, "--api-key", KEY) as keyed:
-        assert keyed.http.get("/").status_code == 200  # the page itself needs no key
-        assert keyed.http.get("/v1/models").status_code == 401
-        driver.get_log("browser")
-        page = Page(driver, keyed.url, artifacts)
-        assert page.dialog_open() and page.options() == []
-        assert page.el("api-key") == driver.switch_to.active_element
-        page.shot("key-prompt")
-        page.el("api-key").send_keys("wrong", Keys.ENTER)  # a wrong key: asked again
-        page.until(lambda: page.dialog_open() and "not valid" in page.el("key-reason").text)
-        page.fill("api-key", KEY)
-        page.el("api-key").send_keys(Keys.ENTER)
-        assert page.until(page.options) == [MODEL]
-        assert not page.dialog_open()
-        greedy(page, 6)
-        assert page.finished(page.send("Hi"))
-        page.shot("keyed-chat")
-        assert console_errors(driver, allowed_statuses=(401,)) == []
+    assert keyed_server.http.get("/").status_code == 200  # the page itself needs no key
+    assert keyed_server.http.get("/v1/models").status_code == 401
+    driver.get_log("browser")
+    page = Page(driver, keyed_server.url, artifacts)
+    assert page.dialog_open() and page.options() == []
+    assert page.el("api-key") == driver.switch_to.active_element
+    page.shot("key-prompt")
+    page.el("api-key").send_keys("wrong", Keys.ENTER)  # a wrong key: asked again
+    page.until(lambda: page.dialog_open() and "not valid" in page.el("key-reason").text)
+    page.fill("api-key", KEY)
+    page.el("api-key").send_keys(Keys.ENTER)
+    assert page.until(page.options) == ["tiny-base", ADAPTER]
+    assert not page.dialog_open()
+    greedy(page, 6)
+    assert page.finished(page.send("Hi"))
+    page.el("copy-curl").click()  # the snippet names the key's variable, never the key
+    curl = page.until(lambda: page.el("snippet").get_attribute("value"))
+    assert "Bearer $FERROLLM_API_KEY" in curl and KEY not in curl
+    page.shot("keyed-chat")
+    assert console_errors(driver, allowed_statuses=(401,)) == []
+
+
+def test_the_model_picker_offers_the_loaded_adapters(
+    driver: WebDriver, keyed_server: Server, artifacts: Path
+) -> None:
+    driver.get_log("browser")
+    page = Page(driver, keyed_server.url, artifacts)  # the tab kept the key (sessionStorage)
+    assert not page.dialog_open()
+    assert page.el("model-note").text == "1 LoRA adapter(s) loaded"
+    Select(page.el("model")).select_by_value(ADAPTER)
+    assert "(LoRA adapter on tiny-base)" in Select(page.el("model")).first_selected_option.text
+    greedy(page, 4)
+    assert page.finished(page.send("Hi"))
+    page.el("copy-curl").click()
+    curl = page.until(lambda: page.el("snippet").get_attribute("value"))
+    assert json.loads(curl.split("-d '", 1)[1].rstrip("'"))["model"] == ADAPTER
+    assert console_errors(driver) == []

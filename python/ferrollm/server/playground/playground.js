@@ -525,7 +525,8 @@ function onModeChange() {
 }
 
 function onFormatChange() {
-  document.body.classList.toggle("schema", $("response-format").value === "json_schema");
+  const schema = $("response-format").value === "json_schema";
+  for (const el of document.querySelectorAll(".schema-only")) el.hidden = !schema;
 }
 
 // ---- wiring --------------------------------------------------------------------------------
