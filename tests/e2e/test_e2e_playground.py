@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from PIL import Image
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.action_chains import ActionChains
@@ -325,6 +326,42 @@ def test_a_bad_parameter_shows_the_servers_message(
     assert page.el("send").is_enabled()
     page.shot("error")
     assert console_errors(driver, allowed_statuses=(400,)) == []
+
+
+@pytest.fixture(scope="module")
+def vision_server(
+    smolvlm_demo_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """The SmolVLM demo checkpoint: a model whose card lists the image modality."""
+    with serving(tmp_path_factory.mktemp("playground-vision"), str(smolvlm_demo_dir)) as server:
+        yield server
+
+
+def test_an_attached_image_goes_as_a_data_uri(
+    driver: WebDriver, vision_server: Server, artifacts: Path, tmp_path: Path
+) -> None:
+    picture = tmp_path / "red.png"
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(picture)
+    driver.get_log("browser")
+    page = Page(driver, vision_server.url, artifacts)
+    assert page.el("attachments").is_displayed()
+    assert page.el("attach").get_attribute("accept") == "image/*"
+    page.el("attach").send_keys(str(picture))
+    page.until(lambda: "image: red.png" in page.el("attached").text)
+    greedy(page, 8)
+    answer = page.send("What colour is this picture?")
+    assert page.finished(answer)
+    notes = page.driver.find_elements(By.CSS_SELECTOR, ".msg.user .note")
+    assert notes and "red.png" in notes[-1].text
+    assert page.el("attached").text == ""  # sent with this turn, not the next
+    page.shot("image")
+    page.el("copy-curl").click()
+    curl = page.until(lambda: page.el("snippet").get_attribute("value"))
+    content = json.loads(curl.split("-d '", 1)[1].rstrip("'"))["messages"][-1]["content"]
+    assert content[0] == {"type": "text", "text": "What colour is this picture?"}
+    assert content[1]["type"] == "image_url"
+    assert content[1]["image_url"]["url"].startswith("data:image/png;base64,")
+    assert console_errors(driver) == []
 
 
 @pytest.fixture(scope="module")

@@ -68,6 +68,7 @@ function askKey(reason) {
   $("key-reason").textContent = reason || "This server needs an API key.";
   $("api-key").value = state.key;
   const dialog = $("key-dialog");
+  dialog.returnValue = ""; // Escape closes it without a new value
   if (!dialog.open) dialog.showModal();
   $("api-key").focus();
 }
