@@ -221,7 +221,7 @@ def test_a_chat_streams_its_answer_and_equals_the_servers(page: Page, server: Se
     assert len(page.driver.find_elements(By.CSS_SELECTOR, ".msg.user")) == 2
 
 
-def test_stop_ends_the_stream_and_the_page_is_ready_again(page: Page) -> None:
+def test_stop_ends_the_stream_and_the_page_is_ready_again(page: Page, server: Server) -> None:
     page.fill("max_tokens", "1500")
     page.fill("extra", '{"ignore_eos": true}')
     answer = page.send("Tell me a very long story about a robot who learns to paint.")
@@ -233,6 +233,9 @@ def test_stop_ends_the_stream_and_the_page_is_ready_again(page: Page) -> None:
     stopped = page.finished(answer)
     time.sleep(2.0)
     assert content.text == stopped  # no longer growing
+    # The server saw the disconnect and aborted the generation (its 1500 tokens would take
+    # minutes here).
+    page.until(lambda: server.metric("ferrollm_num_requests_running") == 0)
     assert page.el("finish").get_attribute("value") == "stopped"
     assert page.el("prompt") == page.driver.switch_to.active_element
     page.fill("extra", "")
