@@ -294,7 +294,8 @@ def test_a_tool_call_is_shown_parsed(page: Page) -> None:
     assert name in {"get_delivery_date", "get_weather"}
     arguments = json.loads(calls[0].find_element(By.CLASS_NAME, "tool-args").text)
     assert isinstance(arguments, dict) and arguments
-    assert page.el("finish").get_attribute("value") == "tool_calls"
+    # "required" allows several calls: the cap may cut a later one, never the first.
+    assert page.el("finish").get_attribute("value") in ("tool_calls", "length")
     page.shot("tool-call")
 
 
