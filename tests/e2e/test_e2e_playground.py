@@ -328,6 +328,8 @@ def test_a_bad_parameter_shows_the_servers_message(
     message = response.json()["error"]["message"]
     assert shown.startswith("400: ") and message in shown and "top_p" in shown
     assert page.el("send").is_enabled()
+    # The refused turn is undone: no empty answer, and the text is back in the prompt box.
+    assert page.answers() == [] and page.el("prompt").get_attribute("value") == "Hello"
     page.shot("error")
     assert console_errors(driver, allowed_statuses=(400,)) == []
 

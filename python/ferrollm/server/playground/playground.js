@@ -390,27 +390,39 @@ async function send() {
   }
   hideError();
   state.last = request;
-  if (request.mode === "chat") attachmentsNote(messageView("user", text));
-  else messageView("prompt", text);
+  const asked = messageView(request.mode === "chat" ? "user" : "prompt", text);
+  if (request.mode === "chat") attachmentsNote(asked);
   const view = messageView(request.mode === "chat" ? "assistant" : "completion", "");
   view.view.classList.add("streaming");
   $("prompt").value = "";
-  await generate(request, view);
+  if (!(await generate(request, view)) && isEmpty(view)) {
+    // Refused before anything came (a 400, a 401): the turn is undone and the text comes back.
+    asked.view.remove();
+    view.view.remove();
+    if ($("prompt").value === "") $("prompt").value = text;
+  }
 }
 
+const isEmpty = (view) => view.content.textContent === "" && view.toolCalls.length === 0;
+
+/** Stream `request` into `view`; whether it ended without an error (a Stop is no error). */
 async function generate(request, view) {
   const controller = (state.controller = new AbortController());
   const stats = new Stats();
   const stopWatching = watchQueue(stats, controller.signal);
   setBusy(true);
   let stopped = false;
+  let failed = false;
   try {
     const response = await api(request.path, { key: state.key, body: request.body, signal: controller.signal });
     for await (const chunk of events(response)) readChunk(request, view, stats, chunk);
   } catch (e) {
     if (e.name === "AbortError") stopped = true;
-    else if (e instanceof ServerError && e.status === 401) askKey(e.message);
-    else showError(e);
+    else {
+      failed = true;
+      if (e instanceof ServerError && e.status === 401) askKey(e.message);
+      else showError(e);
+    }
   } finally {
     stopWatching();
     state.controller = null;
@@ -419,16 +431,16 @@ async function generate(request, view) {
       view.view.classList.add("stopped");
       $("finish").value = "stopped";
     }
-    remember(request, view);
+    if (!failed) remember(request, view);
     setBusy(false);
     $("prompt").focus();
   }
+  return !failed;
 }
 
 /** Keep the turn in the chat history (a stopped answer as far as it went). */
 function remember(request, view) {
-  if (request.mode !== "chat" || !view.view.isConnected) return;
-  if (view.content.textContent === "" && view.toolCalls.length === 0) return;
+  if (request.mode !== "chat" || isEmpty(view)) return;
   state.history.push(request.user);
   const answer = { role: "assistant", content: view.content.textContent };
   const calls = view.toolCalls.filter(Boolean);
