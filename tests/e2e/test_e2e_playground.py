@@ -320,7 +320,7 @@ def test_a_bad_parameter_shows_the_servers_message(
     driver.get_log("browser")
     page = Page(driver, server.url, artifacts)
     page.fill("top_p", "1.5")
-    page.send("Hello")
+    page.el("prompt").send_keys("Hello", Keys.ENTER)  # refused: no answer stays to wait for
     shown = page.until(page.error)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "top_p": 1.5}
     response = server.http.post("/v1/chat/completions", json=body)

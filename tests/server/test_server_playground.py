@@ -45,7 +45,8 @@ def test_the_page_and_its_assets_need_no_key_but_the_api_does(server: Server) ->
         assert response.headers["content-type"] == content_type, path
         assert not re.search(r"(?:src|href|import)[^\n]*https?://", response.text), path
     script = server.run(client.get("/playground/playground.js")).text
-    assert 'from "./stream.js"' in script  # the one module it imports is an asset too
+    for module in ("stream.js", "transcript.js"):  # the modules it imports are assets too
+        assert f'from "./{module}"' in script
     for path in ("/v1/playground/info", "/v1/models", "/playground/other.js"):
         assert server.run(client.get(path)).status_code == 401, path
     headers = {"authorization": f"Bearer {KEY}"}

@@ -1,4 +1,4 @@
-"""The web playground: a static page (HTML, two ES modules, one stylesheet) served at ``/``
+"""The web playground: a static page (HTML, three ES modules, one stylesheet) served at ``/``
 that talks to the server's own ``/v1`` routes (docs/serving.md#the-playground).
 
 The page and its assets are public (no API key: they hold nothing but code); every API call
@@ -18,6 +18,7 @@ ASSETS: dict[str, tuple[str, str]] = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/playground/playground.js": ("playground.js", "text/javascript; charset=utf-8"),
     "/playground/stream.js": ("stream.js", "text/javascript; charset=utf-8"),
+    "/playground/transcript.js": ("transcript.js", "text/javascript; charset=utf-8"),
     "/playground/playground.css": ("playground.css", "text/css; charset=utf-8"),
 }
 

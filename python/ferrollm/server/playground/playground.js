@@ -3,6 +3,10 @@
 // JSON output, media attachments and the request as curl or Python. No dependencies.
 
 import { ServerError, api, asCurl, asPython, events } from "./stream.js";
+import {
+  appendPiece, appendReasoning, appendToolCalls, chatEntries, completionEntries, hideTip,
+  isEmpty, messageView, onTranscriptKey, prettyArguments, showTip,
+} from "./transcript.js";
 
 const $ = (id) => document.getElementById(id);
 const KEY_STORE = "ferrollm.playground.key";
@@ -157,20 +161,12 @@ function buildRequest(text) {
   return { mode: "chat", path: "/v1/chat/completions", body: { messages, ...body }, user };
 }
 
-// ---- the transcript ------------------------------------------------------------------------
+// ---- sending, streaming and stopping -------------------------------------------------------
 
-function messageView(role, text) {
-  const view = document.createElement("article");
-  view.className = `msg ${role}`;
-  const label = document.createElement("h2");
-  label.className = "role";
-  label.textContent = role;
-  const content = document.createElement("div");
-  content.className = "content";
-  if (text) content.textContent = text;
-  view.append(label, content);
-  $("transcript").append(view);
-  return { view, content, toolCalls: [], reasoning: null, tokens: 0 };
+function setBusy(busy) {
+  $("send").disabled = busy;
+  $("stop-button").disabled = !busy;
+  document.body.classList.toggle("busy", busy);
 }
 
 function attachmentsNote(view) {
@@ -179,122 +175,6 @@ function attachmentsNote(view) {
   note.className = "note";
   note.textContent = `attached: ${state.attachments.map((a) => a.name).join(", ")}`;
   view.view.append(note);
-}
-
-/** `entries`: [{token, logprob, top: [{token, logprob}]}] of the tokens of one piece. */
-function appendPiece(view, text, entries) {
-  if (!entries || entries.length === 0) {
-    view.content.append(text);
-    return;
-  }
-  const span = document.createElement("span");
-  span.className = "tok";
-  span.textContent = text;
-  const worst = Math.min(...entries.map((e) => e.logprob));
-  span.dataset.logprob = worst.toFixed(4);
-  span.style.setProperty("--p", Math.exp(worst).toFixed(3));
-  span.title = entries.map(describeToken).join("\n\n");
-  span.tabIndex = view.content.querySelector(".tok") ? -1 : 0;
-  view.content.append(span);
-}
-
-function describeToken(entry) {
-  const pct = (lp) => `${(100 * Math.exp(lp)).toFixed(1)}%`;
-  const lines = [`${JSON.stringify(entry.token)}  ${pct(entry.logprob)} (logprob ${entry.logprob.toFixed(3)})`];
-  for (const alt of entry.top) lines.push(`  ${JSON.stringify(alt.token)}  ${pct(alt.logprob)}`);
-  return lines.join("\n");
-}
-
-function chatEntries(logprobs) {
-  return (logprobs?.content ?? []).map((e) => ({
-    token: e.token,
-    logprob: e.logprob,
-    top: (e.top_logprobs ?? []).map((t) => ({ token: t.token, logprob: t.logprob })),
-  }));
-}
-
-function completionEntries(logprobs) {
-  if (!logprobs?.tokens) return [];
-  return logprobs.tokens.map((token, i) => ({
-    token,
-    logprob: logprobs.token_logprobs[i] ?? 0,
-    top: Object.entries(logprobs.top_logprobs?.[i] ?? {}).map(([t, lp]) => ({ token: t, logprob: lp })),
-  }));
-}
-
-function appendToolCalls(view, deltas) {
-  for (const delta of deltas) {
-    const index = delta.index ?? 0;
-    let call = view.toolCalls[index];
-    if (!call) {
-      const box = document.createElement("div");
-      box.className = "tool-call";
-      const name = document.createElement("span");
-      name.className = "tool-name";
-      const args = document.createElement("pre");
-      args.className = "tool-args";
-      box.append("tool call ", name, args);
-      view.view.append(box);
-      call = view.toolCalls[index] = { id: "", name: "", arguments: "", box, nameEl: name, argsEl: args };
-    }
-    if (delta.id) call.id = delta.id;
-    if (delta.function?.name) call.name += delta.function.name;
-    if (delta.function?.arguments) call.arguments += delta.function.arguments;
-    call.nameEl.textContent = call.name;
-    call.argsEl.textContent = call.arguments;
-  }
-}
-
-function appendReasoning(view, text) {
-  if (!view.reasoning) {
-    const details = document.createElement("details");
-    details.className = "reasoning";
-    const summary = document.createElement("summary");
-    summary.textContent = "reasoning";
-    view.reasoning = document.createElement("div");
-    details.append(summary, view.reasoning);
-    view.content.before(details);
-  }
-  view.reasoning.append(text);
-}
-
-/** Arrow keys move between the tokens of a message (one tab stop per message). */
-function onTranscriptKey(event) {
-  const tok = event.target.closest?.(".tok");
-  if (!tok || !["ArrowLeft", "ArrowRight", "Home", "End"].includes(event.key)) return;
-  const toks = [...tok.parentElement.querySelectorAll(".tok")];
-  const at = toks.indexOf(tok);
-  const to = { ArrowLeft: at - 1, ArrowRight: at + 1, Home: 0, End: toks.length - 1 }[event.key];
-  const next = toks[Math.max(0, Math.min(toks.length - 1, to))];
-  tok.tabIndex = -1;
-  next.tabIndex = 0;
-  next.focus();
-  event.preventDefault();
-}
-
-function showTip(event) {
-  const tok = event.target.closest?.(".tok");
-  const tip = $("tok-tip");
-  if (!tok) return;
-  tip.textContent = tok.title;
-  tip.hidden = false;
-  const box = tok.getBoundingClientRect();
-  tip.style.left = `${Math.max(4, Math.min(box.left, innerWidth - tip.offsetWidth - 4))}px`;
-  tip.style.top = `${box.bottom + 6 + scrollY}px`;
-  tok.setAttribute("aria-describedby", "tok-tip");
-}
-
-function hideTip(event) {
-  event.target.closest?.(".tok")?.removeAttribute("aria-describedby");
-  $("tok-tip").hidden = true;
-}
-
-// ---- sending, streaming and stopping -------------------------------------------------------
-
-function setBusy(busy) {
-  $("send").disabled = busy;
-  $("stop-button").disabled = !busy;
-  document.body.classList.toggle("busy", busy);
 }
 
 function showError(error) {
@@ -403,8 +283,6 @@ async function send() {
   }
 }
 
-const isEmpty = (view) => view.content.textContent === "" && view.toolCalls.length === 0;
-
 /** Stream `request` into `view`; whether it ended without an error (a Stop is no error). */
 async function generate(request, view) {
   const controller = (state.controller = new AbortController());
@@ -453,14 +331,6 @@ function remember(request, view) {
   state.history.push(answer);
   state.attachments = [];
   showAttachments();
-}
-
-function prettyArguments(call) {
-  try {
-    call.argsEl.textContent = JSON.stringify(JSON.parse(call.arguments), null, 2);
-  } catch {
-    call.box.classList.add("unparsed"); // shown as the model wrote them
-  }
 }
 
 function stop() {
