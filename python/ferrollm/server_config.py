@@ -108,6 +108,9 @@ class ServerConfig:
     #: The only hosts http(s) media is fetched from (vLLM's ``--allowed-media-domains``; a
     #: comma-separated string or a list); empty = any host with public addresses only.
     allowed_media_domains: tuple[str, ...] = ()
+    #: Serve the web playground at ``/`` (docs/serving.md#the-playground); ``--no-playground``
+    #: turns it off.
+    playground: bool = True
 
     def __post_init__(self) -> None:
         check_reliability_options(self)
@@ -136,7 +139,12 @@ class ServerConfig:
                 "adapters loaded at run time must lie under",
             )
         check_media_options(self)
-        for option in ("full_text", "strict_model_name", "allow_runtime_lora_updating"):
+        for option in (
+            "full_text",
+            "strict_model_name",
+            "allow_runtime_lora_updating",
+            "playground",
+        ):
             if not isinstance(getattr(self, option), bool):
                 raise EngineConfigError(
                     option, f"`{option}` must be true or false; got {getattr(self, option)!r}"

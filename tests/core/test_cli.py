@@ -83,6 +83,16 @@ def test_a_bad_media_root_is_refused_naming_the_flag(tmp_path: Path) -> None:
         options("--allowed-media-domains", "http://x.example/")
 
 
+def test_no_playground_turns_the_playground_off(tmp_path: Path) -> None:
+    assert split_options(options())[1].playground is True
+    assert split_options(options("--no-playground"))[1].playground is False
+    config_file = tmp_path / "serve.json"
+    config_file.write_text(json.dumps({"playground": False}))
+    assert split_options(options("--config", str(config_file)))[1].playground is False
+    with pytest.raises(EngineConfigError, match="playground"):
+        split_options({"playground": "no"})
+
+
 def test_make_smolvlm_demo_takes_a_directory_and_a_seed(tmp_path: Path) -> None:
     args = build_parser().parse_args(["make-smolvlm-demo", str(tmp_path / "demo"), "--seed", "3"])
     assert (args.command, args.out_dir, args.seed, args.gguf) == (

@@ -117,3 +117,28 @@ def test_every_public_member_of_the_core_stubs_has_a_docstring() -> None:
             ]
         missing += [name for name, member in members if ast.get_docstring(member) is None]
     assert missing == []
+
+
+def test_the_playground_files_are_package_data() -> None:
+    """Maturin puts every file of the package under ``python-source`` into the wheel: the
+    playground's page and assets must live inside the package, no ``[tool.maturin]``
+    exclusion may drop them, and the package reads them through importlib.resources (the
+    installed wheel's files, when ``make test-python`` runs this)."""
+    from importlib import resources
+
+    from ferrollm.server.playground import ASSETS
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    maturin = pyproject["tool"]["maturin"]
+    assert maturin["python-source"] == "python"
+    assert not any(
+        "playground" in str(rule) or rule in ("*.js", "*.css", "*.html")
+        for rule in maturin.get("exclude", [])
+    )
+    installed = resources.files("ferrollm.server.playground")
+    names = {name for name, _ in ASSETS.values()}
+    for name in names:
+        assert installed.joinpath(name).is_file(), name
+    source = PACKAGE / "server" / "playground"
+    static = {p.name for p in source.iterdir() if p.suffix in (".html", ".js", ".css")}
+    assert static == names  # every static file is served, and every served file is there

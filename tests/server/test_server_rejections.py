@@ -384,7 +384,8 @@ def test_body_at_limit_is_read(server: Server) -> None:
     [
         ("GET", "/v1/nothing", 404, None),
         ("POST", "/v3/models/tiny/generate", 404, None),
-        ("GET", "/", 404, None),
+        ("POST", "/", 404, None),  # GET / is the playground (test_server_playground.py)
+        ("GET", "/playground/nothing.js", 404, None),
         ("GET", "/v1/completions", 405, "POST"),
         ("DELETE", "/v1/chat/completions", 405, "POST"),
         ("GET", f"/v2/models/{MODEL}/generate", 405, "POST"),

@@ -45,6 +45,7 @@ from ferrollm.server.routes import (
     lora_admin,
     mindie,
     ops,
+    playground,
 )
 from ferrollm.server.routing import Route
 from ferrollm.server.signals import on_termination
@@ -82,6 +83,9 @@ ROUTES = (
            dbx.DatabricksEmbeddingRequest),
           (oa.ChatCompletion, dbx.DatabricksCompletion, emb.DatabricksEmbeddingResponse),
           (oa.ChatCompletionChunk, dbx.DatabricksCompletion, DatabricksErrorBody)),
+    Route("GET", "/v1/playground/info", playground.info,
+          "The web playground's form limits and the queue (off with --no-playground)", None,
+          playground.PlaygroundInfo),
     Route("GET", "/health", ops.health, "Engine running"),
     Route("GET", "/v2/health/live", ops.live, "Process live"),
     Route("GET", "/v2/health/ready", ops.ready, "Engine loaded and making progress"),
@@ -224,9 +228,13 @@ class App:
         style: ErrorStyle,
     ) -> None:
         path = scope["path"]
-        if path == "/openapi.json" and scope["method"] == "GET":
-            await JSONResponse(self._openapi).send_to(send)
-            return
+        if scope["method"] == "GET":
+            if path == "/openapi.json":
+                await JSONResponse(self._openapi).send_to(send)
+                return
+            if (page := playground.page(self.ctx, path)) is not None:
+                await page.send_to(send)
+                return
         route, params = self._match(scope["method"], path)
         config = self.ctx.config
         body = b""

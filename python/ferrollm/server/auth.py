@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 from ferrollm.config import EngineConfigError
 from ferrollm.server.errors import ApiError
+from ferrollm.server.playground import open_paths
 from ferrollm.server_config import ServerConfig
 
 logger = logging.getLogger("ferrollm.server")
@@ -45,7 +46,7 @@ class KeyRing:
 
     def __init__(self, config: ServerConfig, environ: Mapping[str, str] = os.environ) -> None:
         self._keys = [key.encode() for key in load_api_keys(config, environ)]
-        self._public = frozenset(config.public_paths)
+        self._public = open_paths(config)
         self._max_in_flight = config.max_concurrent_per_key
         self._in_flight = [0] * len(self._keys)
 

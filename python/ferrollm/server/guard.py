@@ -20,6 +20,7 @@ from contextlib import contextmanager
 
 from ferrollm.server.auth import KeyRing
 from ferrollm.server.errors import ApiError
+from ferrollm.server.playground import open_paths
 from ferrollm.server_config import ServerConfig
 
 logger = logging.getLogger("ferrollm.server")
@@ -37,7 +38,7 @@ class Guard:
     def __init__(self, config: ServerConfig, environ: Mapping[str, str] = os.environ) -> None:
         self.keys = KeyRing(config, environ)
         self._hosts = frozenset(config.allowed_hosts)
-        self._public = frozenset(config.public_paths)
+        self._public = open_paths(config)
         self.draining = False
         self._drain_started: float | None = None
         self.num_in_flight = 0

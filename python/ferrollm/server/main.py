@@ -32,6 +32,8 @@ def build_context(engine_config: EngineConfig, server_config: ServerConfig) -> S
         ctx.model_name,
         ctx.model_name,
     )
+    if server_config.playground:
+        logger.info("the web playground is at %s/ (--no-playground: off)", url)
     if ctx.media is not None:
         policy = server_config.media_policy()
         logger.info(

@@ -1,0 +1,63 @@
+"""The playground's routes: its static files (``/`` and ``/playground/*``, public) and
+``GET /v1/playground/info``, the server limits its form needs that ``/v1/models`` does not
+carry (docs/serving.md#the-playground)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ferrollm.server.context import ServerContext
+from ferrollm.server.errors import ApiError
+from ferrollm.server.http import JSONResponse, Request, Response
+from ferrollm.server.playground import SECURITY_HEADERS, asset
+
+
+class PlaygroundInfo(msgspec.Struct, kw_only=True):
+    """``GET /v1/playground/info``: the limits of the playground's form, and the queue."""
+
+    #: The served model's name (``model`` in requests).
+    model: str
+    #: Prompt plus output tokens per sequence.
+    max_model_len: int
+    #: Prompt tokens at most.
+    max_input_tokens: int
+    #: Generated tokens at most, and the default ``max_tokens``.
+    max_iter_times: int
+    #: Largest ``top_logprobs`` (chat) and ``logprobs`` (completions).
+    max_logprobs: int
+    #: How tool calls are parsed (``--tool-call-parser``); "none": tools are refused.
+    tool_call_parser: str
+    #: Requests admitted but waiting for their first step, server-wide, now.
+    num_waiting: int
+    #: Requests in flight, server-wide, now.
+    num_in_flight: int
+
+
+async def info(ctx: ServerContext, request: Request) -> Response:
+    """``GET /v1/playground/info`` (needs the API key like every ``/v1`` route)."""
+    if not ctx.config.playground:
+        raise ApiError(404, "the playground is off (--no-playground)", code="not_found")
+    limits = ctx.limits
+    body = PlaygroundInfo(
+        model=ctx.model_name,
+        max_model_len=limits.max_model_len,
+        max_input_tokens=limits.max_input_tokens,
+        max_iter_times=limits.max_iter_times,
+        max_logprobs=limits.max_logprobs,
+        tool_call_parser=ctx.config.tool_call_parser,
+        num_waiting=ctx.admission.num_waiting,
+        num_in_flight=ctx.guard.num_in_flight,
+    )
+    return JSONResponse(msgspec.json.encode(body))
+
+
+def page(ctx: ServerContext, path: str) -> JSONResponse | None:
+    """The playground file at ``path`` (a GET), or None when ``path`` is none of its files
+    or the playground is off (the app then routes it as any other path)."""
+    if not ctx.config.playground:
+        return None
+    found = asset(path)
+    if found is None:
+        return None
+    body, content_type = found
+    return JSONResponse(body, headers=SECURITY_HEADERS, content_type=content_type.encode())
