@@ -775,6 +775,10 @@ class Scheduler:
         """End a request at the next schedule(); False if no such unfinished request."""
     def has_unfinished_requests(self) -> bool:
         """Whether any request is waiting or running."""
+    def waiting_order(self, now: float | None = None) -> list[int]:
+        """The waiting requests' ids in the order they would be admitted at ``now`` (default
+        ``time.time()``): priority with aging, then arrival, a preempted request first in its
+        level. A request's index is its place in the queue."""
     def schedule(self, now: float | None = None) -> StepPlan:
         """Plan the next step; ``now`` defaults to ``time.time()``."""
     def update(self, plan: StepPlan, token_ids: _TokenIds) -> StepOutput:

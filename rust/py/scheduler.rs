@@ -104,6 +104,16 @@ impl PyScheduler {
     }
 
     #[pyo3(signature = (now=None))]
+    fn waiting_order(&self, now: Option<f64>) -> Vec<u64> {
+        let t = now.unwrap_or_else(super::request::now);
+        self.inner
+            .waiting_order(t)
+            .into_iter()
+            .map(|r| r.0)
+            .collect()
+    }
+
+    #[pyo3(signature = (now=None))]
     fn schedule(&mut self, py: Python<'_>, now: Option<f64>) -> PyResult<PyStepPlan> {
         schedule_step(py, &mut self.inner, now, Scheduler::schedule)
     }

@@ -59,17 +59,47 @@ impl WaitingQueue {
 
     /// The best waiting sequence and its rank at `now`, without removing it.
     pub fn peek(&self, now: f64, aging_s: f64) -> Option<(SeqKey, Rank)> {
-        let mut best: Option<(SeqKey, Rank)> = None;
+        self.best_head(&[0; NUM_PRIORITIES], now, aging_s)
+            .map(|(_, key, rank)| (key, rank))
+    }
+
+    /// The ids of the waiting requests in the order their sequences would be admitted at `now`
+    /// (each request once, where its first sequence stands): the heads of the levels merged
+    /// by rank, as `peek` picks them one after another.
+    pub fn admission_order(&self, now: f64, aging_s: f64) -> Vec<u64> {
+        let mut heads = [0; NUM_PRIORITIES];
+        let mut order = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        while let Some((level, _, rank)) = self.best_head(&heads, now, aging_s) {
+            heads[level] += 1;
+            if seen.insert(rank.req_id) {
+                order.push(rank.req_id);
+            }
+        }
+        order
+    }
+
+    /// The best-ranked of the entries at `heads` (an index into each level) at `now`: its
+    /// level, key and rank.
+    fn best_head(
+        &self,
+        heads: &[usize; NUM_PRIORITIES],
+        now: f64,
+        aging_s: f64,
+    ) -> Option<(usize, SeqKey, Rank)> {
+        let mut best: Option<(usize, SeqKey, Rank)> = None;
         for (i, level) in self.levels.iter().enumerate() {
-            let Some(e) = level.front() else { continue };
+            let Some(e) = level.get(heads[i]) else {
+                continue;
+            };
             let rank = Rank {
                 priority: effective_priority(i as u8 + 1, e.arrival, now, aging_s),
                 arrival: e.arrival,
                 req_id: e.req_id,
                 seq_index: e.seq_index,
             };
-            if best.is_none_or(|(_, b)| rank.cmp(&b).is_lt()) {
-                best = Some((e.key, rank));
+            if best.is_none_or(|(_, _, b)| rank.cmp(&b).is_lt()) {
+                best = Some((i, e.key, rank));
             }
         }
         best
@@ -120,6 +150,9 @@ mod tests {
             3,
             "preempted goes to the front"
         );
+        assert_eq!(q.admission_order(50.0, 0.0), vec![3, 1, 0]);
+        // Aged to priority 1, request 0 arrived before the preempted request 3.
+        assert_eq!(q.admission_order(50.0, 10.0), vec![0, 3, 1]);
         q.retain(|k| k != 3);
         assert_eq!(q.len(), 2);
         assert_eq!(q.iter().collect::<Vec<_>>(), vec![1, 0]);

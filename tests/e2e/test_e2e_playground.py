@@ -423,3 +423,52 @@ def test_the_model_picker_offers_the_loaded_adapters(
     curl = page.until(lambda: page.el("snippet").get_attribute("value"))
     assert json.loads(curl.split("-d '", 1)[1].rstrip("'"))["model"] == ADAPTER
     assert console_errors(driver) == []
+
+
+@pytest.fixture(scope="module")
+def one_seat_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A tiny random model with one seat: every other request waits in the queue."""
+    root = tmp_path_factory.mktemp("playground-one-seat")
+    base = build_tiny_model("llama3", root / "tiny-one-seat")
+    flags = ("--max-model-len", "512", "--kv-cache-memory", "16MiB", "--max-num-seqs", "1")
+    with serving(root, str(base), *flags) as server:
+        yield server
+
+
+def test_a_waiting_request_shows_its_place_in_the_queue(
+    driver: WebDriver, one_seat_server: Server, artifacts: Path
+) -> None:
+    """Three long requests hold the one seat in turn; the page's request shows where it
+    waits (``X-Ferrollm-Client-Id`` and ``/v1/playground/queue/{id}``) until its first
+    token."""
+    import threading
+
+    import httpx
+
+    body = {"model": "tiny-one-seat", "prompt": "a b c", "max_tokens": 480, "ignore_eos": True}
+
+    def occupy() -> None:
+        httpx.post(f"{one_seat_server.url}/v1/completions", json=body, timeout=WAIT_S)
+
+    holders = [threading.Thread(target=occupy) for _ in range(3)]
+    for holder in holders:
+        holder.start()
+    driver.get_log("browser")
+    page = Page(driver, one_seat_server.url, artifacts)
+    greedy(page, 4)
+    answer = page.send("Hi")
+    place = page.until(
+        lambda: (
+            page.el("queue-wrap").is_displayed()
+            and "position" in page.el("queue").text
+            and page.el("queue").text
+        )
+    )
+    assert place.startswith("position ")
+    assert int(place.split()[1]) >= 1
+    page.shot("queue-position")
+    assert page.finished(answer) is not None
+    assert not page.el("queue-wrap").is_displayed()  # gone with the first token
+    for holder in holders:
+        holder.join(WAIT_S)
+    assert console_errors(driver) == []

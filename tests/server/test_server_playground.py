@@ -5,6 +5,7 @@ itself is driven in a real browser by tests/e2e/test_e2e_playground.py."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -71,3 +72,49 @@ def test_no_playground_serves_none_of_it(server: Server) -> None:
     assert server.run(keyed.get("/")).status_code == 401  # no longer a public path
     server.run(client.aclose())
     server.run(keyed.aclose())
+
+
+def test_a_client_id_header_names_the_request_and_its_queue_place(server: Server) -> None:
+    """``X-Ferrollm-Client-Id`` gives a /v1 generation the client's own id: the queue route
+    answers for it (null once it has run), a bad value or a completion batch is a 400 naming
+    the header, and one id names one request in flight at a time (409)."""
+    client = _client(server)
+    header = "X-Ferrollm-Client-Id"
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    done = server.run(client.post("/v1/chat/completions", json=chat, headers={header: "pg-1"}))
+    assert done.status_code == 200, done.text
+    place = server.run(client.get("/v1/playground/queue/pg-1")).json()
+    assert place == {
+        "client_id": "pg-1",
+        "queue_position": None,
+        "num_waiting": 0,
+        "num_in_flight": place["num_in_flight"],
+    }
+    for bad in ("", "a b", "x" * 129, "é"):
+        response = server.run(
+            client.post("/v1/chat/completions", json=chat, headers={header: bad.encode()})
+        )
+        assert response.status_code == 400, bad
+        assert response.json()["error"]["param"] == header
+    batch = {"model": MODEL, "prompt": ["a", "b"], "max_tokens": 1}
+    response = server.run(client.post("/v1/completions", json=batch, headers={header: "pg-2"}))
+    assert response.status_code == 400 and response.json()["error"]["param"] == header
+    one = {"model": MODEL, "prompt": "a", "max_tokens": 1}
+    response = server.run(client.post("/v1/completions", json=one, headers={header: "pg-2"}))
+    assert response.status_code == 200, response.text
+
+    async def twice() -> list[httpx.Response]:
+        slow = {**chat, "max_tokens": 160, "ignore_eos": True}
+        first = asyncio.create_task(
+            client.post("/v1/chat/completions", json=slow, headers={header: "pg-3"})
+        )
+        while "pg-3" not in server.engine.client_ids:  # in the engine, running
+            await asyncio.sleep(0.002)
+        second = await client.post("/v1/chat/completions", json=chat, headers={header: "pg-3"})
+        return [await first, second]
+
+    first, second = server.run(twice())
+    assert first.status_code == 200, first.text
+    assert second.status_code == 409, second.text
+    assert second.json()["error"]["param"] == header
+    server.run(client.aclose())

@@ -39,11 +39,15 @@ class EngineDeadError(RuntimeError):
 
 
 class ClientIdInUse(ValueError):
-    """A client's own request id (MindIE's ``id``) is already running
-    (docs/api/mindie.md#client-ids: 409)."""
+    """A client's own request id (MindIE's ``id``, the /v1 routes' ``X-Request-Id`` header) is
+    already running (docs/api/mindie.md#client-ids: 409). ``param`` names where the id came
+    from."""
 
-    param = "id"
     code = "conflict"
+
+    def __init__(self, message: str, param: str = "id") -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class AsyncEngine:
@@ -135,7 +139,7 @@ class AsyncEngine:
         return uuid.uuid4().hex
 
     async def generate(
-        self, request: EngineRequest, client_id: str | None = None
+        self, request: EngineRequest, client_id: str | None = None, client_id_field: str = "id"
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of ``request`` as it runs; the last one has ``finished`` set.
 
@@ -143,8 +147,9 @@ class AsyncEngine:
         request); closing the iterator before the end aborts the request. Request ids are
         checked here, once: the engine thread sees only ids that are not in flight, and a
         ``client_id`` (the client's own id for the request) may name one request in flight
-        at a time (`ClientIdInUse` otherwise). A client that disconnected may reuse its id at
-        once: the id is free when the iterator closes, before the engine drops the request.
+        at a time (`ClientIdInUse` naming ``client_id_field`` otherwise). A client that
+        disconnected may reuse its id at once: the id is free when the iterator closes, before
+        the engine drops the request.
         """
         engine_loop = self._start()
         request_id = request.request_id
@@ -153,7 +158,10 @@ class AsyncEngine:
                 f"`request_id` {request_id!r} is already in use by an unfinished request"
             )
         if client_id is not None and client_id in self._client_ids:
-            raise ClientIdInUse(f"a request with `id` {client_id!r} is already running")
+            raise ClientIdInUse(
+                f"a request with `{client_id_field}` {client_id!r} is already running",
+                client_id_field,
+            )
         queue: asyncio.Queue[Delivery] = asyncio.Queue()
         self._streams[request_id] = queue
         if client_id is not None:
@@ -202,6 +210,16 @@ class AsyncEngine:
         """On the event loop: abort an attached request; its sink still gets the last output."""
         if request_id in self._sinks and self._loop is not None:
             self._loop.abort(request_id)
+
+    def queue_position(self, client_id: str) -> int | None:
+        """The place in the engine's waiting queue (1: the next to start) of the request in
+        flight under ``client_id``, as of the latest step; None when there is no such request
+        or it is not waiting (running, or not yet in the engine). Asking keeps the engine
+        thread publishing the queue for a few seconds (`EngineLoop.queue_position`)."""
+        request_id = self._client_ids.get(client_id)
+        if request_id is None or self._loop is None:
+            return None
+        return self._loop.queue_position(request_id)
 
     def stats(self) -> dict[str, int]:
         """The engine's counters (``LLMEngine.stats``: the scheduler's, and the encoder

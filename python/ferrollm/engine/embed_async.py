@@ -340,6 +340,10 @@ class _EmbedSteps:
                 self.abort(job)
             return None, [(job, e) for job in jobs]
 
+    def waiting_order(self) -> list[_Job]:
+        """No queue positions: an embedding input runs within a step or two of arriving."""
+        return []
+
     def stats(self) -> dict[str, int]:
         """``Scheduler.stats()``-shaped counters (KV blocks live for one step only: 0)."""
         c = self.counters

@@ -296,6 +296,13 @@ class LLMEngine:
             self._tracker.remove(request_id)
         return request_ids
 
+    def waiting_order(self) -> list[str]:
+        """The waiting requests' ids in the order they would be admitted now (priority with
+        aging, then arrival): a request's index is its place in the queue."""
+        # The clock requests arrive by (`EngineRequest.arrival_time`), as `step` schedules.
+        order = np.asarray(self.scheduler.waiting_order(time.perf_counter()), dtype=np.int64)
+        return self._tracker.request_ids(order)
+
     def stats(self) -> dict[str, int]:
         """The scheduler's counters (``Scheduler.stats()``), with the encoder cache's
         (``encoder_cache_hits`` / ``_misses`` / ``_entries`` / ``_bytes``) on a multimodal

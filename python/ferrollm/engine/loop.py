@@ -33,10 +33,10 @@ Req = TypeVar("Req")
 Key = TypeVar("Key")
 Out = TypeVar("Out")
 _Req_contra = TypeVar("_Req_contra", contravariant=True)
-_Key_contra = TypeVar("_Key_contra", contravariant=True)
+_StepperKey = TypeVar("_StepperKey")
 
 
-class Stepper(Protocol[_Req_contra, _Key_contra, Out]):
+class Stepper(Protocol[_Req_contra, _StepperKey, Out]):
     """What an `EngineLoop` drives: requests in, deliveries (outputs, failures) out. Only the
     loop's thread calls it, but for `watch_faults` (before the thread starts) and `stats`
     (once, when the loop is made)."""
@@ -51,7 +51,7 @@ class Stepper(Protocol[_Req_contra, _Key_contra, Out]):
     def add(self, request: _Req_contra) -> Out | None:
         """Queue ``request``; the delivery that fails it if it is refused."""
 
-    def abort(self, key: _Key_contra) -> None:
+    def abort(self, key: _StepperKey) -> None:
         """End a request at the next step (a no-op if it already ended)."""
 
     def has_work(self) -> bool:
@@ -63,6 +63,15 @@ class Stepper(Protocol[_Req_contra, _Key_contra, Out]):
 
     def stats(self) -> dict[str, int]:
         """``Scheduler.stats()``-shaped counters."""
+
+    def waiting_order(self) -> list[_StepperKey]:
+        """The waiting requests' keys in the order they would start (empty where the stepper
+        keeps no such queue)."""
+
+
+#: Seconds the loop keeps publishing the waiting queue after `EngineLoop.queue_position` was
+#: last asked (a client polls while it waits for its first token).
+QUEUE_WATCH_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -107,11 +116,22 @@ class EngineLoop(Generic[Req, Key, Out]):
         self.stats: dict[str, int] = stepper.stats()
         #: ``time.monotonic()`` when the latest step finished (or the loop was made).
         self.last_step_time = time.monotonic()
+        #: Each waiting request's place (1: next) after the latest step, published only while
+        #: someone asks (`queue_position`): ordering a long queue every step costs.
+        self._queue: dict[Key, int] = {}
+        self._queue_wanted_until = 0.0
         stepper.watch_faults(self._wake)
 
     def start(self) -> None:
         """Start the loop's thread."""
         self._thread.start()
+
+    def queue_position(self, key: Key) -> int | None:
+        """From any thread: request ``key``'s place in the waiting queue (1: the next to
+        start) as of the latest step, or None when it is not waiting. The loop publishes the
+        queue for `QUEUE_WATCH_S` after each ask, so the first ask may find none yet."""
+        self._queue_wanted_until = time.monotonic() + QUEUE_WATCH_S
+        return self._queue.get(key)
 
     @property
     def is_running(self) -> bool:
@@ -173,12 +193,20 @@ class EngineLoop(Generic[Req, Key, Out]):
                 deliveries += stepper.step()
                 self.stats = stepper.stats()
                 self.last_step_time = time.monotonic()
+                self._publish_queue()
             if deliveries and not self._post(deliveries):
                 return
             if stepper.fault is not None:
                 # A tensor-parallel rank is gone: the step's requests got the error above,
                 # and dying here fails every other open stream and ends the process.
                 raise stepper.fault
+
+    def _publish_queue(self) -> None:
+        if time.monotonic() < self._queue_wanted_until:
+            order = self.stepper.waiting_order()
+            self._queue = {key: place for place, key in enumerate(order, start=1)}
+        elif self._queue:
+            self._queue = {}
 
     def _wait_for_work(self) -> list[_Add[Req] | _Abort[Key]] | None:
         """The inbox's commands, once there is anything to do; None when shutting down."""
@@ -266,6 +294,10 @@ class EngineStepper:
     def stats(self) -> dict[str, int]:
         """The engine's counters (``LLMEngine.stats``)."""
         return self.engine.stats()
+
+    def waiting_order(self) -> list[str]:
+        """The waiting requests' ids in the order they would start."""
+        return self.engine.waiting_order()
 
 
 #: The generation engine's loop.

@@ -86,6 +86,9 @@ ROUTES = (
     Route("GET", "/v1/playground/info", playground.info,
           "The web playground's form limits and the queue (off with --no-playground)", None,
           playground.PlaygroundInfo),
+    Route("GET", "/v1/playground/queue/{client_id}", playground.queue,
+          "Where the request sent with this X-Ferrollm-Client-Id waits (the playground polls "
+          "it)", None, playground.QueuePlace),
     Route("GET", "/health", ops.health, "Engine running"),
     Route("GET", "/v2/health/live", ops.live, "Process live"),
     Route("GET", "/v2/health/ready", ops.ready, "Engine loaded and making progress"),

@@ -81,7 +81,7 @@ def to_api_error(error: BaseException) -> ApiError:
             headers=((b"retry-after", str(RETRY_AFTER_S).encode()),),
         )
     if _is_id_in_use(error):
-        return ApiError(409, str(error), param="id", code="conflict")
+        return ApiError(409, str(error), param=getattr(error, "param", "id"), code="conflict")
     if isinstance(error, ValueError):  # the engine's own checks of a request
         return ApiError(400, str(error), code="invalid_value")
     if _is_engine_dead(error):

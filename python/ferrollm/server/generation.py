@@ -64,16 +64,24 @@ class Timing:
 
 
 async def generate(
-    ctx: ServerContext, request: EngineRequest, timing: Timing, client_id: str | None = None
+    ctx: ServerContext,
+    request: EngineRequest,
+    timing: Timing,
+    client_id: str | None = None,
+    client_id_field: str = "id",
 ) -> AsyncIterator[RequestOutput]:
     """The request's outputs as the engine produces them; closing the iterator aborts it.
 
     The request enters the engine only past the admission bound (503 otherwise), and gets the
     server's ``request_timeout`` as its deadline when it names no timeout of its own.
-    ``client_id`` is the client's own id for it (MindIE's ``id``: 409 while one runs)."""
+    ``client_id`` is the client's own id for it, from ``client_id_field`` (MindIE's ``id``,
+    the ``X-Ferrollm-Client-Id`` header: 409 while one runs)."""
     request = with_server_deadline(ctx, request)
     with ctx.admission.waiting(request.num_prompt_tokens) as ticket:
-        stream = ctx.generator.generate(request, client_id)
+        if client_id is None:
+            stream = ctx.generator.generate(request)
+        else:
+            stream = ctx.generator.generate(request, client_id, client_id_field)
         try:
             async for out in stream:
                 ticket.started()

@@ -134,6 +134,17 @@ impl Scheduler {
         !self.groups.is_empty()
     }
 
+    /// The waiting requests in the order they would be admitted at `now` (priorities with
+    /// aging, then arrival; a preempted sequence first in its level): each request's place in
+    /// the queue, for a client waiting for its first token.
+    pub fn waiting_order(&self, now: f64) -> Vec<RequestId> {
+        self.waiting
+            .admission_order(now, self.cfg.priority_aging_s)
+            .into_iter()
+            .map(RequestId)
+            .collect()
+    }
+
     /// Counters and gauges.
     pub fn stats(&self) -> SchedulerStats {
         let cache = self.pool.stats();

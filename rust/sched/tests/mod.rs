@@ -390,6 +390,26 @@ fn rejects_bad_requests_a_full_queue_and_stale_plans() {
     );
 }
 
+#[test]
+fn waiting_order_is_the_queue_by_priority_then_arrival() {
+    // One seat: the first request runs, the others wait.
+    let mut s = Scheduler::new(cfg(16, 4, 64, 1)).unwrap();
+    add(&mut s, 1, vec![5, 6], params(1, 4), 3, 0.0);
+    step(&mut s, 0.0, 9);
+    add(&mut s, 2, vec![5, 6], params(1, 4), 3, 1.0);
+    add(&mut s, 3, vec![5, 6], params(1, 4), 3, 2.0);
+    add(&mut s, 4, vec![5, 6], params(1, 4), 1, 3.0);
+    let ids = |order: Vec<RequestId>| order.into_iter().map(|r| r.0).collect::<Vec<_>>();
+    assert_eq!(
+        ids(s.waiting_order(3.0)),
+        vec![4, 2, 3],
+        "priority 1 first, then arrival"
+    );
+    // Priority 1 takes the seat; the preempted request waits at the front of its level.
+    step(&mut s, 3.0, 9);
+    assert_eq!(ids(s.waiting_order(3.0)), vec![1, 2, 3]);
+}
+
 mod best_of;
 mod failures;
 mod grammar;

@@ -219,13 +219,22 @@ class Stats {
   }
 }
 
-/** Poll the server's queue while the request waits for its first token. */
-function watchQueue(stats, signal) {
+/** A fresh id for one request (`X-Ferrollm-Client-Id`), so the page can ask where it waits. */
+function newClientId() {
+  const random = Math.random().toString(36).slice(2, 10);
+  return `playground-${Date.now().toString(36)}-${random}`;
+}
+
+/** Poll the request's place in the queue while it waits for its first token. */
+function watchQueue(stats, clientId, signal) {
   const timer = setInterval(async () => {
     if (stats.first !== null || signal.aborted) return clearInterval(timer);
     try {
-      const info = await (await api("/v1/playground/info", { key: state.key, signal })).json();
-      $("queue").value = `${info.num_waiting} waiting, ${info.num_in_flight} in flight`;
+      const path = `/v1/playground/queue/${encodeURIComponent(clientId)}`;
+      const place = await (await api(path, { key: state.key, signal })).json();
+      $("queue").value = place.queue_position === null
+        ? `${place.num_waiting} waiting, ${place.num_in_flight} in flight`
+        : `position ${place.queue_position} (${place.num_in_flight} in flight)`;
       $("queue-wrap").hidden = stats.first !== null;
     } catch {
       clearInterval(timer);
@@ -287,12 +296,15 @@ async function send() {
 async function generate(request, view) {
   const controller = (state.controller = new AbortController());
   const stats = new Stats();
-  const stopWatching = watchQueue(stats, controller.signal);
+  const clientId = newClientId();
+  const stopWatching = watchQueue(stats, clientId, controller.signal);
   setBusy(true);
   let stopped = false;
   let failed = false;
   try {
-    const response = await api(request.path, { key: state.key, body: request.body, signal: controller.signal });
+    const response = await api(request.path, {
+      key: state.key, body: request.body, signal: controller.signal, clientId,
+    });
     for await (const chunk of events(response)) readChunk(request, view, stats, chunk);
   } catch (e) {
     if (e.name === "AbortError") stopped = true;

@@ -11,9 +11,10 @@ export class ServerError extends Error {
 }
 
 /** fetch() with the key (when one is set) as a Bearer token and JSON bodies. */
-export async function api(path, { key, body, signal } = {}) {
+export async function api(path, { key, body, signal, clientId } = {}) {
   const headers = {};
   if (key) headers.Authorization = `Bearer ${key}`;
+  if (clientId) headers["X-Ferrollm-Client-Id"] = clientId;
   const init = { method: body === undefined ? "GET" : "POST", headers, signal };
   if (body !== undefined) {
     headers["Content-Type"] = "application/json";

@@ -33,7 +33,14 @@ from ferrollm.server.protocol.openai import (
 )
 from ferrollm.server.reasoning import StreamedReasoning
 from ferrollm.server.render import OpenAIRenderer, Outcome, Renderer
-from ferrollm.server.routes.common import accept, check_deadline, engine_request, usage_counts
+from ferrollm.server.routes.common import (
+    CLIENT_ID_HEADER,
+    accept,
+    check_deadline,
+    client_id_header,
+    engine_request,
+    usage_counts,
+)
 from ferrollm.server.routes.logprobs import chat_logprobs, vllm_prompt_logprobs
 from ferrollm.server.tool_calls import StreamedCalls, chat_prompt, response_message
 from ferrollm.tools import ToolPlan
@@ -71,6 +78,7 @@ async def serve_chat(
 ) -> Response:
     """Render and run a validated chat request through ``render``'s API (its media parts
     loaded first, on a multimodal model)."""
+    client_id = client_id_header(request)
     media = None if ctx.media is None else await ctx.media.chat(valid.messages)
     prompt = await chat_prompt(ctx, valid, len(request.body), media)
     req = engine_request(
@@ -89,7 +97,7 @@ async def serve_chat(
         render, response_id, request.created, req, valid.prompt_logprobs, prompt.tools, reasoning
     )
     timing = Timing(req.arrival_time)
-    stream = generate(ctx, req, timing)
+    stream = generate(ctx, req, timing, client_id, CLIENT_ID_HEADER)
     if valid.stream:
         return SSEResponse(_events(chat, await prime(stream)))
     last: RequestOutput | None = None

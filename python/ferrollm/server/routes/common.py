@@ -104,3 +104,28 @@ def check_deadline(outputs: Sequence[Any], params: SamplingParams, *, truncate: 
     if truncate or timed_out is None:
         return
     raise ApiError(504, timed_out.message or "request timed out", code="timeout")
+
+
+#: The request header that names a /v1 generation with the client's own id, so that
+#: ``GET /v1/playground/queue/{client_id}`` can say where it waits (the playground sends it).
+CLIENT_ID_HEADER = "X-Ferrollm-Client-Id"
+_CLIENT_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
+_CLIENT_ID_MAX = 128
+
+
+def client_id_header(request: Request) -> str | None:
+    """The request's `CLIENT_ID_HEADER` value, or None without one; a 400 naming the header
+    unless it is 1 to 128 letters, digits and ``._:-``."""
+    raw = request.headers.get(CLIENT_ID_HEADER.lower().encode())
+    if raw is None:
+        return None
+    value = raw.decode("latin-1")
+    if not 0 < len(value) <= _CLIENT_ID_MAX or not set(value) <= _CLIENT_ID_CHARS:
+        raise ApiError(
+            400,
+            f"`{CLIENT_ID_HEADER}` must be 1 to {_CLIENT_ID_MAX} letters, digits, '.', '_', "
+            f"':' or '-'; got {value[:40]!r}",
+            param=CLIENT_ID_HEADER,
+            code="invalid_value",
+        )
+    return value

@@ -39,8 +39,10 @@ from ferrollm.server.protocol.openai import (
 )
 from ferrollm.server.render import OpenAIRenderer, Outcome, Renderer
 from ferrollm.server.routes.common import (
+    CLIENT_ID_HEADER,
     accept,
     check_deadline,
+    client_id_header,
     engine_request,
     run_sized,
 )
@@ -123,6 +125,15 @@ async def serve_completions(
         valid.score_only,
     )
     ctx.admission.check_batch(len(valid.prompts))  # before any tokenizing
+    client_id = client_id_header(request)
+    if client_id is not None and len(valid.prompts) > 1:
+        raise ApiError(
+            400,
+            f"`{CLIENT_ID_HEADER}` names one request; a batch of {len(valid.prompts)} prompts "
+            "is as many requests",
+            param=CLIENT_ID_HEADER,
+            code="invalid_value",
+        )
     grammar = await compiled_grammar(ctx, valid)
     for i, prompt in enumerate(valid.prompts):
         text, ids = await _tokenized(ctx, prompt, echo=valid.echo)
@@ -140,7 +151,9 @@ async def serve_completions(
         batch.prompts.append(_Prompt(text, req, Timing(req.arrival_time)))
     total = sum(p.request.num_prompt_tokens for p in batch.prompts)
     ctx.admission.check_batch(len(batch.prompts), total)
-    streams = [generate(ctx, p.request, p.timing) for p in batch.prompts]
+    streams = [
+        generate(ctx, p.request, p.timing, client_id, CLIENT_ID_HEADER) for p in batch.prompts
+    ]
     if valid.stream and valid.params.use_beam_search:
         return SSEResponse(_fake_stream(batch, await prime(merge(streams))))
     if valid.stream:

@@ -51,6 +51,38 @@ async def info(ctx: ServerContext, request: Request) -> Response:
     return JSONResponse(msgspec.json.encode(body))
 
 
+class QueuePlace(msgspec.Struct, kw_only=True):
+    """``GET /v1/playground/queue/{client_id}``: where the request sent with that
+    ``X-Ferrollm-Client-Id`` waits."""
+
+    client_id: str
+    #: Its place in the engine's waiting queue (1: the next to start), as of the latest
+    #: step; null when it is not waiting there (running, finished, unknown, or still behind
+    #: the server's admission bound: see ``num_waiting``).
+    queue_position: int | None
+    #: Requests admitted but waiting for their first step, server-wide, now.
+    num_waiting: int
+    #: Requests in flight, server-wide, now.
+    num_in_flight: int
+
+
+async def queue(ctx: ServerContext, request: Request) -> Response:
+    """``GET /v1/playground/queue/{client_id}`` (needs the API key like every ``/v1``
+    route). The engine publishes its queue for a few seconds after each ask, so a client
+    polls while it waits for its first token; the first answer may say null."""
+    if not ctx.config.playground:
+        raise ApiError(404, "the playground is off (--no-playground)", code="not_found")
+    client_id = request.path_params["client_id"]
+    position = None if ctx.task != "generate" else ctx.generator.queue_position(client_id)
+    body = QueuePlace(
+        client_id=client_id,
+        queue_position=position,
+        num_waiting=ctx.admission.num_waiting,
+        num_in_flight=ctx.guard.num_in_flight,
+    )
+    return JSONResponse(msgspec.json.encode(body))
+
+
 def page(ctx: ServerContext, path: str) -> JSONResponse | None:
     """The playground file at ``path`` (a GET), or None when ``path`` is none of its files
     or the playground is off (the app then routes it as any other path)."""
