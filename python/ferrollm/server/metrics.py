@@ -176,35 +176,24 @@ class _EngineCollector(Collector):
         )
         yield counter("ferrollm_num_preemptions", "Sequences preempted.", s["num_preemptions"])
         yield counter("ferrollm_engine_steps", "Engine steps run.", s["num_steps"])
-        if "encoder_cache_hits" in s:  # a media model's
-            yield from _encoder_cache_metrics(s, labels)
-
-
-def _encoder_cache_metrics(s: dict[str, int], labels: list[str]) -> Iterator[Metric]:
-    """A media model's encoder-cache series (``EncoderCache.stats``)."""
-    series = {
-        "ferrollm_encoder_cache_hits": (
-            CounterMetricFamily,
-            "encoder_cache_hits",
-            "Media items whose encoder output came from the cache.",
-        ),
-        "ferrollm_encoder_cache_misses": (
-            CounterMetricFamily,
-            "encoder_cache_misses",
-            "Media items run through the encoder.",
-        ),
-        "ferrollm_encoder_cache_entries": (
-            GaugeMetricFamily,
-            "encoder_cache_entries",
-            "Encoder outputs held.",
-        ),
-        "ferrollm_encoder_cache_bytes": (
-            GaugeMetricFamily,
-            "encoder_cache_bytes",
-            "Bytes of encoder outputs held (encoder_cache_memory at most).",
-        ),
-    }
-    for name, (kind, key, doc) in series.items():
-        family = kind(name, doc, labels=["model_name"])
-        family.add_metric(labels, s[key])
-        yield family
+        if "encoder_cache_hits" in s:  # a media model's (``EncoderCache.stats``)
+            yield counter(
+                "ferrollm_encoder_cache_hits",
+                "Media items whose encoder output came from the cache.",
+                s["encoder_cache_hits"],
+            )
+            yield counter(
+                "ferrollm_encoder_cache_misses",
+                "Media items run through the encoder.",
+                s["encoder_cache_misses"],
+            )
+            yield gauge(
+                "ferrollm_encoder_cache_entries",
+                "Encoder outputs held.",
+                s["encoder_cache_entries"],
+            )
+            yield gauge(
+                "ferrollm_encoder_cache_bytes",
+                "Bytes of encoder outputs held (encoder_cache_memory at most).",
+                s["encoder_cache_bytes"],
+            )

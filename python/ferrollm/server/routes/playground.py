@@ -12,7 +12,23 @@ from ferrollm.server.http import JSONResponse, Request, Response
 from ferrollm.server.playground import SECURITY_HEADERS, asset
 
 
-class PlaygroundInfo(msgspec.Struct, kw_only=True):
+class ServerQueue(msgspec.Struct, kw_only=True):
+    """The server-wide queue, as both playground routes report it."""
+
+    #: Requests admitted but waiting for their first step, server-wide, now.
+    num_waiting: int
+    #: Requests in flight, server-wide, now.
+    num_in_flight: int
+
+
+def _server_queue(ctx: ServerContext) -> dict[str, int]:
+    """`ServerQueue`'s fields now; a 404 while the playground is off (--no-playground)."""
+    if not ctx.config.playground:
+        raise ApiError(404, "the playground is off (--no-playground)", code="not_found")
+    return {"num_waiting": ctx.admission.num_waiting, "num_in_flight": ctx.guard.num_in_flight}
+
+
+class PlaygroundInfo(ServerQueue, kw_only=True):
     """``GET /v1/playground/info``: the limits of the playground's form, and the queue."""
 
     #: The served model's name (``model`` in requests).
@@ -27,16 +43,11 @@ class PlaygroundInfo(msgspec.Struct, kw_only=True):
     max_logprobs: int
     #: How tool calls are parsed (``--tool-call-parser``); "none": tools are refused.
     tool_call_parser: str
-    #: Requests admitted but waiting for their first step, server-wide, now.
-    num_waiting: int
-    #: Requests in flight, server-wide, now.
-    num_in_flight: int
 
 
 async def info(ctx: ServerContext, request: Request) -> Response:
     """``GET /v1/playground/info`` (needs the API key like every ``/v1`` route)."""
-    if not ctx.config.playground:
-        raise ApiError(404, "the playground is off (--no-playground)", code="not_found")
+    queue = _server_queue(ctx)
     limits = ctx.limits
     body = PlaygroundInfo(
         model=ctx.model_name,
@@ -45,13 +56,12 @@ async def info(ctx: ServerContext, request: Request) -> Response:
         max_iter_times=limits.max_iter_times,
         max_logprobs=limits.max_logprobs,
         tool_call_parser=ctx.config.tool_call_parser,
-        num_waiting=ctx.admission.num_waiting,
-        num_in_flight=ctx.guard.num_in_flight,
+        **queue,
     )
     return JSONResponse(msgspec.json.encode(body))
 
 
-class QueuePlace(msgspec.Struct, kw_only=True):
+class QueuePlace(ServerQueue, kw_only=True):
     """``GET /v1/playground/queue/{client_id}``: where the request sent with that
     ``X-Ferrollm-Client-Id`` waits."""
 
@@ -60,26 +70,16 @@ class QueuePlace(msgspec.Struct, kw_only=True):
     #: step; null when it is not waiting there (running, finished, unknown, or still behind
     #: the server's admission bound: see ``num_waiting``).
     queue_position: int | None
-    #: Requests admitted but waiting for their first step, server-wide, now.
-    num_waiting: int
-    #: Requests in flight, server-wide, now.
-    num_in_flight: int
 
 
 async def queue(ctx: ServerContext, request: Request) -> Response:
     """``GET /v1/playground/queue/{client_id}`` (needs the API key like every ``/v1``
     route). The engine publishes its queue for a few seconds after each ask, so a client
     polls while it waits for its first token; the first answer may say null."""
-    if not ctx.config.playground:
-        raise ApiError(404, "the playground is off (--no-playground)", code="not_found")
+    queue = _server_queue(ctx)
     client_id = request.path_params["client_id"]
     position = None if ctx.task != "generate" else ctx.generator.queue_position(client_id)
-    body = QueuePlace(
-        client_id=client_id,
-        queue_position=position,
-        num_waiting=ctx.admission.num_waiting,
-        num_in_flight=ctx.guard.num_in_flight,
-    )
+    body = QueuePlace(client_id=client_id, queue_position=position, **queue)
     return JSONResponse(msgspec.json.encode(body))
 
 
