@@ -359,10 +359,7 @@ unsafe fn quantize_row_dispatch<X: Elem>(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_row_avx2<X: Elem>(x: &[X], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
-    act::quantize_row(x, q, d, s);
-}
+use x86::quantize_row_avx2;
 
 /// Rows `ids` of a `[rows, k]` weight of type `ty` (`data`, whole rows), dequantized into `out`
 /// (`[ids.len(), k]`): an embedding lookup that never dequantizes the table.

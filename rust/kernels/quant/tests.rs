@@ -307,3 +307,40 @@ fn quantized_rows_move_each_value_by_at_most_half_a_step() {
     let mut out = vec![0u8; 144];
     assert!(quantize_row_into(BlockType::Q4_K, &[0.0; 256], &mut out).is_err());
 }
+
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn avx2_activation_rows_equal_the_portable_ones_bit_for_bit() {
+    if !Path::Avx2.runs_on(hardware()) {
+        eprintln!("skipped: this CPU lacks avx2");
+        return;
+    }
+    let mut rng = SmallRng::seed_from_u64(11);
+    let k = 4 * GROUP;
+    // Random values, a zero group, exact ties of the rounding (+-0.5 steps) and one group whose
+    // largest value is negative.
+    let mut x = random_x(&mut rng, 1, k);
+    x[GROUP..2 * GROUP].fill(0.0);
+    // Largest value 127: the scale is 1 and every other value is a tie (n + 0.5).
+    for (j, v) in x[2 * GROUP..3 * GROUP].iter_mut().enumerate() {
+        *v = if j == 0 { 127.0 } else { j as f32 - 16.5 };
+    }
+    x[3 * GROUP] = -100.0;
+    let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+    let (mut a, mut b) = (QuantizedRows::new(1, k), QuantizedRows::new(1, k));
+    {
+        let (q, d, s) = a.row_mut(0);
+        act::quantize_row(&x, q, d, s);
+        let (q2, d2, s2) = b.row_mut(0);
+        // SAFETY: the CPU has AVX2 (checked above); the rows are `k` values.
+        unsafe { x86::quantize_row_avx2(&x, q2, d2, s2) };
+    }
+    assert_eq!((&a.q, &a.d, &a.s), (&b.q, &b.d, &b.s));
+    let (q, d, s) = a.row_mut(0);
+    act::quantize_row(&xb, q, d, s);
+    let (q2, d2, s2) = b.row_mut(0);
+    // SAFETY: as above.
+    unsafe { x86::quantize_row_avx2(&xb, q2, d2, s2) };
+    assert_eq!((&a.q, &a.d, &a.s), (&b.q, &b.d, &b.s));
+    assert!(a.q.iter().any(|&v| v == -127) && a.q.iter().any(|&v| v == 127));
+}

@@ -536,6 +536,66 @@ unsafe fn tile_rows<D: Dot, X: Elem>(work: &Work<'_, X>) {
     }
 }
 
+/// One row `x` quantized into `(q, d, s)` exactly as `act::quantize_row` does (the same
+/// scale, the same products by its inverse, rounding to nearest even), eight lanes at a time:
+/// LLVM leaves the scalar loop unvectorized (the float-to-`i8` casts saturate), and at a few
+/// rows that loop outweighed the matmul itself.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `x.len()` is `q.len()`, `32 * d.len()` and `32 * s.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn quantize_row_avx2<X: Elem>(x: &[X], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    let mut v = [0f32; GROUP];
+    for (g, xg) in x.chunks_exact(GROUP).enumerate() {
+        for (a, b) in v.iter_mut().zip(xg) {
+            *a = b.to_f32();
+        }
+        // SAFETY: AVX2 (this function's features); `v` holds 32 values and `q` has group `g`.
+        unsafe {
+            let (scale, sum) = quantize_group(&v, q.as_mut_ptr().add(g * GROUP));
+            d[g] = scale;
+            s[g] = scale * sum as f32;
+        }
+    }
+}
+
+/// 32 values into 32 `i8` at `q`; their scale and the integers' sum.
+#[inline(always)]
+unsafe fn quantize_group(v: &[f32; GROUP], q: *mut i8) -> (f32, i32) {
+    // SAFETY: AVX2 (the caller's features); `q` addresses 32 writable bytes.
+    unsafe {
+        let lanes = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(v.as_ptr().add(i)));
+        let sign = _mm256_set1_ps(-0.0);
+        let abs = lanes.map(|l| _mm256_andnot_ps(sign, l));
+        let m = _mm256_max_ps(_mm256_max_ps(abs[0], abs[1]), _mm256_max_ps(abs[2], abs[3]));
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        let scale = amax / 127.0;
+        let inv = _mm256_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
+        // Round to nearest even (the default MXCSR mode), as `act::round`.
+        let ints = lanes.map(|l| _mm256_cvtps_epi32(_mm256_mul_ps(l, inv)));
+        let total = _mm256_add_epi32(
+            _mm256_add_epi32(ints[0], ints[1]),
+            _mm256_add_epi32(ints[2], ints[3]),
+        );
+        let t = _mm_add_epi32(
+            _mm256_castsi256_si128(total),
+            _mm256_extracti128_si256::<1>(total),
+        );
+        let t = _mm_add_epi32(t, _mm_shuffle_epi32::<0x4e>(t));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32::<0xb1>(t)));
+        // The packs work per 128-bit lane: dwords come out as 0,4,1,5,2,6,3,7 of the order.
+        let words = _mm256_packs_epi16(
+            _mm256_packs_epi32(ints[0], ints[1]),
+            _mm256_packs_epi32(ints[2], ints[3]),
+        );
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        _mm256_storeu_si256(q as *mut __m256i, _mm256_permutevar8x32_epi32(words, order));
+        (scale, sum)
+    }
+}
+
 /// The AVX2 kernel (`maddubs`).
 ///
 /// # Safety
