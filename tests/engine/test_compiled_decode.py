@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -303,3 +304,42 @@ def test_compiled_quantized_bfloat16_leaves_the_packed_copies_eager(
         assert same >= len(batch) - 1
     assert 3 in rows
     assert all(r <= QUANTIZED_MAX_ROWS for r in rows) if packed else 6 in rows
+
+
+def test_each_engine_runs_its_own_graphs(
+    compiled: LLM,
+    model_dir: Path,
+    compile_cache: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The graphs drop the guards on the model's attributes (a loaded model never changes
+    them), so an engine must never be handed another engine's graphs: a second model of the
+    same shapes whose only difference is a constant baked into the graph (the norms' epsilon)
+    gives its own eager outputs, compiled, in the same process."""
+    other = tmp_path / "other"
+    shutil.copytree(model_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    config["rms_norm_eps"] = 0.5
+    (other / "config.json").write_text(json.dumps(config))
+    theirs = LLM(other, compile="on", **OPTIONS)
+    rows = count_compiled_steps(theirs, monkeypatch)
+    for engine, model in ((theirs, other), (compiled, model_dir)):
+        reference = LLM(model, compile="off", **OPTIONS)
+        ours, eager = engine.generate(PROMPTS, GREEDY), reference.generate(PROMPTS, GREEDY)
+        for a, b in zip(ours, eager, strict=True):
+            (a_tokens, a_lp), (b_tokens, b_lp) = tokens_and_logprobs(a), tokens_and_logprobs(b)
+            assert a_tokens == b_tokens
+            torch.testing.assert_close(a_lp, b_lp, atol=1e-4, rtol=0)
+            assert runner_ups(a) == pytest.approx(runner_ups(b), abs=1e-4)
+    assert rows
+    # The epsilon matters: the two models' runner-up logprobs differ.
+    (a,), (b,) = theirs.generate(PROMPTS[0], GREEDY), compiled.generate(PROMPTS[0], GREEDY)
+    assert runner_ups(a) != pytest.approx(runner_ups(b), abs=1e-3)
+
+
+def runner_ups(output: RequestOutput) -> list[float]:
+    """The second-best token's logprob at each step."""
+    logprobs = output.outputs[0].logprobs
+    assert logprobs is not None
+    return [step.top[1][1] for step in logprobs]

@@ -18,12 +18,14 @@ dequantized weights only by the activations' rounding: at most half an activatio
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ferrollm import _core
+from ferrollm.layers.ops import cpu_op
 from ferrollm.platforms.host import share_openmp_with_kernels
 
 # The kernels' jobs run on torch's OpenMP team (see `share_openmp_with_kernels`).
@@ -141,24 +143,39 @@ def _ggml_matmul(
     if len(weights) != len(ggml_types):
         raise ValueError(f"{len(weights)} `weights` but {len(ggml_types)} `ggml_types`")
     k = int(x.shape[-1]) if x.dim() else 0
-    weight = _core._GgmlWeight(list(zip(weights, ggml_types, strict=True)), k)
+    weight = _held(weights, ggml_types, k)
     out: torch.Tensor = weight.matmul(x, path)
     return out
 
 
-#: The registered op, for compiled graphs. Eager callers call ``_ggml_matmul`` itself: the
-#: dispatcher costs ~10 us a call, a tenth of a small projection at one row.
-ggml_matmul = torch.library.custom_op("ferrollm::ggml_matmul", mutates_args=(), device_types="cpu")(
-    _ggml_matmul
-)
+#: The checked Rust weight of each live `GgmlWeight`, by its first table's address: a compiled
+#: graph hands the op its tables, and checking them again at every call cost as much as a
+#: small projection's product. Weak: an unloaded model's entries go with it.
+_LIVE: weakref.WeakValueDictionary[int, GgmlWeight] = weakref.WeakValueDictionary()
 
 
-@ggml_matmul.register_fake
+def _held(weights: list[torch.Tensor], ggml_types: list[int], k: int) -> _core._GgmlWeight:
+    """The `_core._GgmlWeight` over exactly ``weights`` (the live one, else a new one)."""
+    live = _LIVE.get(weights[0].data_ptr()) if weights else None
+    if live is not None and live.k == k and live.holds(weights, ggml_types):
+        return live._weight
+    return _core._GgmlWeight(list(zip(weights, ggml_types, strict=True)), k)
+
+
 def _ggml_matmul_fake(
     x: torch.Tensor, weights: list[torch.Tensor], ggml_types: list[int], path: str | None = None
 ) -> torch.Tensor:
     n = sum(int(w.shape[0]) for w in weights)
     return x.new_empty((x.shape[0], n))
+
+
+#: The registered op, for compiled graphs. Eager callers call ``_ggml_matmul`` itself: even the
+#: plain dispatcher costs a few us a call.
+ggml_matmul = cpu_op(
+    "ggml_matmul(Tensor x, Tensor[] weights, int[] ggml_types, str? path=None) -> Tensor",
+    _ggml_matmul,
+    _ggml_matmul_fake,
+)
 
 
 def _ggml_lookup(
@@ -196,6 +213,14 @@ class GgmlWeight:
         self._types = [s.ggml_type for s in segments]
         # The block tables, checked once and kept alive by the Rust side.
         self._weight = _core._GgmlWeight([(s.data, s.ggml_type) for s in segments], self.k)
+        _LIVE[self._data[0].data_ptr()] = self
+
+    def holds(self, weights: Sequence[torch.Tensor], ggml_types: Sequence[int]) -> bool:
+        """Whether ``weights`` are this weight's own tables (same tensors), of ``ggml_types``."""
+        same = len(weights) == len(self._data) and all(
+            a is b for a, b in zip(weights, self._data, strict=True)
+        )
+        return same and list(ggml_types) == self._types
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x [M, K] @ W.T`` -> ``[M, N]`` in ``x``'s dtype (float32 or bfloat16)."""

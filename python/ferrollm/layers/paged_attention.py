@@ -33,6 +33,7 @@ from ferrollm.layers.attention import (
     group_to_device,
     plan_group,
 )
+from ferrollm.layers.ops import cpu_op
 
 
 def _paged_attention(
@@ -71,17 +72,20 @@ def _paged_attention(
     return out
 
 
-#: The registered op. Eager callers may call ``_paged_attention`` itself: the dispatcher adds
-#: ~11 us per call (a third of a decode layer's attention at batch 1), and only compilation
-#: needs the op.
-paged_attention = torch.library.custom_op(
-    "ferrollm::paged_attention", mutates_args=("k_cache", "v_cache"), device_types="cpu"
-)(_paged_attention)
-
-
-@paged_attention.register_fake
 def _paged_attention_fake(q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+
+#: The registered op. Eager callers may call ``_paged_attention`` itself: the dispatcher adds
+#: a few us per call, and only compilation needs the op.
+paged_attention = cpu_op(
+    "paged_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+    "Tensor slot_mapping, Tensor positions, Tensor cu_seqlens_q, Tensor context_lens, "
+    "Tensor block_tables, Tensor rows, float scale, int? sliding_window=None, "
+    "bool parallel=False) -> Tensor",
+    _paged_attention,
+    _paged_attention_fake,
+)
 
 
 @dataclass(frozen=True)
