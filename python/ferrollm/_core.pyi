@@ -1114,11 +1114,19 @@ class _GgmlWeight:
     checked here once and kept alive by this object. ValidationError naming the field for an
     unknown type, a table of the wrong shape or dtype, or ``k`` not whole blocks."""
 
-    def __new__(cls, segments: Sequence[tuple[Any, int]], k: int) -> _GgmlWeight:
-        """Checks each ``(table, ggml_type)`` for rows of ``k`` values and keeps the tables."""
+    def __new__(
+        cls, segments: Sequence[tuple[Any, int]], k: int, interleave: bool = True
+    ) -> _GgmlWeight:
+        """Checks each ``(table, ggml_type)`` for rows of ``k`` values and keeps the tables.
+        With ``interleave``, a Q4_0, Q4_1 or Q8_0 segment of a multiple of 8 rows is copied
+        once into runs of 8 interleaved rows (same size), which the kernels then read: one
+        activation group meets 8 weight rows per instruction."""
     @property
     def shape(self) -> tuple[int, int]:
         """``(N, K)``: output and input features."""
+    @property
+    def interleaved(self) -> list[bool]:
+        """Per segment, whether the kernels read its interleaved copy."""
     def matmul(self, x: Any, path: str | None = None, parallel: bool = True) -> Any:
         """``x [M, K] @ W.T`` as a new ``[M, N]`` tensor of ``x``'s dtype: ``x`` is a float32 or
         bfloat16 CPU tensor (copied first if not contiguous). The activations are quantized to

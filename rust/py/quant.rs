@@ -44,12 +44,28 @@ fn float_rows(t: &Tensor, like: &str, shape: &[usize]) -> PyResult<()> {
     t.expect(like, shape)
 }
 
-/// One segment of a weight: its tensor (kept alive here), its address and extent.
+/// One segment of a weight: its tensor (kept alive here), its address and extent, or its
+/// interleaved copy (`interleave`), which the kernels then read instead.
 struct Held {
     _tensor: Py<PyAny>,
     data: Raw,
     rows: usize,
     ty: BlockType,
+    interleaved: Option<Vec<u8>>,
+}
+
+impl Held {
+    /// The bytes the kernels read.
+    ///
+    /// # Safety
+    /// `data` must still address the tensor's rows (kept alive by `_tensor`).
+    unsafe fn bytes(&self) -> &[u8] {
+        match &self.interleaved {
+            Some(copy) => copy,
+            // SAFETY: the caller's contract.
+            None => unsafe { self.data.slice::<u8>() },
+        }
+    }
 }
 
 /// See `_core.pyi`: a weight `[N, K]` as segments of GGUF blocks stacked along the output rows,
@@ -64,7 +80,8 @@ pub struct PyGgmlWeight {
 #[pymethods]
 impl PyGgmlWeight {
     #[new]
-    fn new(segments: Vec<(Bound<'_, PyAny>, u32)>, k: usize) -> PyResult<Self> {
+    #[pyo3(signature = (segments, k, interleave=true))]
+    fn new(segments: Vec<(Bound<'_, PyAny>, u32)>, k: usize, interleave: bool) -> PyResult<Self> {
         let mut held = Vec::with_capacity(segments.len());
         for (i, (tensor, id)) in segments.into_iter().enumerate() {
             let ty = block_type("ggml_type", id)?;
@@ -82,14 +99,22 @@ impl PyGgmlWeight {
                 let param = format!("segments[{i}]");
                 return Err(CoreError::invalid(param, "invalid_format", message).into());
             }
+            let data = Raw {
+                ptr: t.ptr,
+                len: rows * width,
+            };
+            let runs = rows > 0 && rows.is_multiple_of(quant::interleave::ROWS);
+            let interleaved = (interleave && runs && quant::interleave::packs(ty)).then(|| {
+                // SAFETY: checked above to be a contiguous CPU tensor of `rows * width` bytes,
+                // alive while `tensor` is.
+                quant::interleave::pack(ty, unsafe { data.slice::<u8>() }, width)
+            });
             held.push(Held {
-                data: Raw {
-                    ptr: t.ptr,
-                    len: rows * ty.row_bytes(k, "k")?,
-                },
+                data,
                 _tensor: tensor.unbind(),
                 rows,
                 ty,
+                interleaved,
             });
         }
         if held.is_empty() {
@@ -145,8 +170,9 @@ impl PyGgmlWeight {
                 .iter()
                 .map(|s| Segment {
                     ty: s.ty,
-                    data: unsafe { s.data.slice::<u8>() },
+                    data: unsafe { s.bytes() },
                     rows: s.rows,
+                    interleaved: s.interleaved.is_some(),
                 })
                 .collect();
             fn go<X: Elem>(
@@ -176,6 +202,15 @@ impl PyGgmlWeight {
     #[getter]
     fn shape(&self) -> (usize, usize) {
         (self.n, self.k)
+    }
+
+    /// Whether the kernels read an interleaved copy of each segment (see `_core.pyi`).
+    #[getter]
+    fn interleaved(&self) -> Vec<bool> {
+        self.segments
+            .iter()
+            .map(|s| s.interleaved.is_some())
+            .collect()
     }
 }
 

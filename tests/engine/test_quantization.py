@@ -28,6 +28,7 @@ import torch
 from gguf import quants
 from quality_support import scores
 
+from ferrollm import _core
 from ferrollm.config import EngineConfig, EngineConfigError
 from ferrollm.engine.build import load_model
 from ferrollm.executor.gguf_reader import GGUFFile
@@ -352,3 +353,22 @@ def test_the_isa_cap_limits_the_kernel_paths(cap: str, allowed: set[str]) -> Non
     )
     paths = result.stdout.split()
     assert paths[0] == "generic" and set(paths) <= allowed
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0", "Q4_K"])
+def test_runs_of_eight_rows_are_interleaved_and_give_the_same_product(kind: str) -> None:
+    """Q4_0, Q4_1 and Q8_0 weights of whole runs of 8 rows are read from an interleaved copy
+    (8 rows per instruction); the product is the rows' own up to float summation order. Other
+    types and ragged row counts stay as they are."""
+    blocks = blocks_of(kind, random_blocks(kind, 48, 256))
+    table = [(blocks.data, blocks.ggml_type)]
+    packed = _core._GgmlWeight(table, 256)
+    rows = _core._GgmlWeight(table, 256, interleave=False)
+    ragged = _core._GgmlWeight([(blocks.data[:44], blocks.ggml_type)], 256)
+    assert packed.interleaved == [kind != "Q4_K"]
+    assert rows.interleaved == ragged.interleaved == [False]
+    for path in kernel_paths():
+        for m in (1, 4, 6):
+            x = torch.randn(m, 256, generator=torch.Generator().manual_seed(m))
+            ours, theirs = packed.matmul(x, path), rows.matmul(x, path)
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-4)

@@ -15,10 +15,13 @@
 mod act;
 mod blocks;
 mod generic;
+pub mod interleave;
 mod quantize;
 mod work;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_x8;
 
 pub use act::QuantizedRows;
 pub use blocks::{dequantize_row, BlockType, ALL_TYPES, GROUP};
@@ -117,6 +120,9 @@ pub struct Segment<'a> {
     pub data: &'a [u8],
     /// Output features this segment produces.
     pub rows: usize,
+    /// `data` is in `interleave`'s layout (runs of 8 rows; `rows` a multiple of 8, `ty` one
+    /// that `interleave::packs`).
+    pub interleaved: bool,
 }
 
 /// `out = x @ W^T` where `W`'s rows are `segments`' rows in order; `x` is `[m, k]` and `out`
@@ -153,6 +159,7 @@ pub fn matmul<X: Elem>(
             // SAFETY: `col < n`, inside `out` (checked above).
             out: unsafe { out_ptr.get().add(job.col) },
             ld: n,
+            interleaved: job.interleaved,
         };
         // SAFETY: `path` runs here (checked above); jobs cover disjoint columns.
         unsafe { run_work(path, &work) };
@@ -198,6 +205,17 @@ fn check<X>(
             );
             return Err(invalid("segments", msg));
         }
+        let whole_runs = s.rows.is_multiple_of(interleave::ROWS) && interleave::packs(s.ty);
+        if s.interleaved && !whole_runs {
+            let msg = format!(
+                "`segments[{i}]` is interleaved, which needs Q4_0, Q4_1 or Q8_0 in runs of \
+                 {} rows; got {} rows of {}",
+                interleave::ROWS,
+                s.rows,
+                s.ty.name()
+            );
+            return Err(invalid("segments", msg));
+        }
         n += s.rows;
     }
     if out_len != m * n {
@@ -233,6 +251,7 @@ struct Job<'a> {
     w: &'a [u8],
     row_bytes: usize,
     col: usize,
+    interleaved: bool,
 }
 
 /// The segments cut into runs of rows: about four per thread when `parallel` (so a slow
@@ -252,12 +271,19 @@ fn split<'a>(segments: &[Segment<'a>], k: usize, parallel: bool) -> Vec<Job<'a>>
     for s in segments {
         let row_bytes = s.data.len() / s.rows.max(1);
         debug_assert_eq!(Ok(row_bytes), s.ty.row_bytes(k, "k"));
+        // An interleaved segment splits between runs only.
+        let chunk = if s.interleaved {
+            chunk.next_multiple_of(interleave::ROWS)
+        } else {
+            chunk
+        };
         for (i, w) in s.data.chunks(chunk * row_bytes).enumerate() {
             jobs.push(Job {
                 ty: s.ty,
                 w,
                 row_bytes,
                 col: col + i * chunk,
+                interleaved: s.interleaved,
             });
         }
         col += s.rows;
@@ -271,15 +297,28 @@ unsafe fn run_work<X: Elem>(path: Path, work: &Work<'_, X>) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the caller's contract.
     unsafe {
-        match path {
-            Path::Avx2 => return x86::tile_avx2(work),
-            Path::AvxVnni => return x86::tile_avxvnni(work),
-            Path::Avx512Vnni => return x86::tile_avx512vnni(work),
-            Path::Generic => {}
+        match (path, work.interleaved) {
+            (Path::Avx2, false) => return x86::tile_avx2(work),
+            (Path::AvxVnni, false) => return x86::tile_avxvnni(work),
+            (Path::Avx512Vnni, false) => return x86::tile_avx512vnni(work),
+            (Path::Avx2, true) => return x86::interleaved_avx2(work),
+            (Path::AvxVnni, true) => return x86::interleaved_avxvnni(work),
+            (Path::Avx512Vnni, true) => return x86::interleaved_avx512vnni(work),
+            (Path::Generic, _) => {}
         }
     }
     let _ = path;
-    generic_work(work);
+    if work.interleaved {
+        // The portable path reads rows: the runs are put back in order first.
+        let rows = interleave::unpack(work.ty, work.w, work.row_bytes);
+        generic_work(&Work {
+            w: &rows,
+            interleaved: false,
+            ..*work
+        });
+    } else {
+        generic_work(work);
+    }
 }
 
 /// The portable kernel over a `Work`.

@@ -106,6 +106,7 @@ fn every_path_equals_the_dequantized_product_within_the_activation_bound() {
                     ty,
                     data: &data,
                     rows: n,
+                    interleaved: false,
                 }];
                 for path in paths() {
                     for parallel in [false, true] {
@@ -141,6 +142,7 @@ fn simd_paths_equal_the_portable_one_up_to_float_summation_order() {
             ty,
             data: &data,
             rows: n,
+            interleaved: false,
         }];
         let mut want = vec![0f32; 6 * n];
         matmul(&x, 6, k, &seg, &mut want, Path::Generic, false).unwrap();
@@ -182,7 +184,12 @@ fn segments_of_different_types_fill_their_own_columns() {
         .iter()
         .zip(rows)
         .zip(&datas)
-        .map(|((&ty, rows), data)| Segment { ty, data, rows })
+        .map(|((&ty, rows), data)| Segment {
+            ty,
+            data,
+            rows,
+            interleaved: false,
+        })
         .collect();
     let x = random_x(&mut rng, m, k);
     let n: usize = rows.iter().sum();
@@ -217,6 +224,7 @@ fn bfloat16_activations_give_the_float32_product_rounded() {
         ty: BlockType::Q4_1,
         data: &data,
         rows: n,
+        interleaved: false,
     }];
     for path in paths() {
         let (mut out, mut want) = (vec![bf16::ZERO; m * n], vec![0f32; m * n]);
@@ -235,6 +243,7 @@ fn bad_extents_are_refused_naming_the_field() {
         ty: BlockType::Q4_1,
         data: &data,
         rows: 2,
+        interleaved: false,
     }];
     let x = vec![0f32; 64];
     let mut out = vec![0f32; 4];
@@ -243,6 +252,7 @@ fn bad_extents_are_refused_naming_the_field() {
         ty: BlockType::Q4_1,
         data: &data[..30],
         rows: 2,
+        interleaved: false,
     };
     assert!(
         err(matmul(&x, 2, 32, &[short], &mut out, Path::Generic, false)).contains("`segments[0]`")
@@ -253,6 +263,7 @@ fn bad_extents_are_refused_naming_the_field() {
         ty: BlockType::Q4_K,
         data: &data,
         rows: 2,
+        interleaved: false,
     }];
     assert!(err(matmul(&x, 1, 64, &k_seg, &mut out, Path::Generic, false)).contains("`k` (64)"));
     assert!(Path::parse("avx3")
@@ -342,5 +353,94 @@ fn avx2_activation_rows_equal_the_portable_ones_bit_for_bit() {
     // SAFETY: as above.
     unsafe { x86::quantize_row_avx2(&xb, q2, d2, s2) };
     assert_eq!((&a.q, &a.d, &a.s), (&b.q, &b.d, &b.s));
-    assert!(a.q.iter().any(|&v| v == -127) && a.q.iter().any(|&v| v == 127));
+    assert!(a.q.contains(&-127) && a.q.contains(&127));
+}
+
+#[test]
+fn interleaving_moves_every_byte_and_back() {
+    let mut rng = SmallRng::seed_from_u64(21);
+    for ty in ALL_TYPES.into_iter().filter(|&t| interleave::packs(t)) {
+        let (n, k) = (16, 96);
+        let row_bytes = ty.row_bytes(k, "k").unwrap();
+        let data = random_weight(&mut rng, ty, n, k);
+        let packed = interleave::pack(ty, &data, row_bytes);
+        assert_eq!(packed.len(), data.len());
+        assert_ne!(packed, data, "{}", ty.name());
+        assert_eq!(
+            interleave::unpack(ty, &packed, row_bytes),
+            data,
+            "{}",
+            ty.name()
+        );
+        // Row 3's first block scale sits in float16 slot 3 of the first block column.
+        assert_eq!(packed[6..8], data[3 * row_bytes..3 * row_bytes + 2]);
+    }
+}
+
+#[test]
+fn interleaved_weights_give_the_product_of_their_rows_on_every_path() {
+    let mut rng = SmallRng::seed_from_u64(23);
+    for ty in ALL_TYPES.into_iter().filter(|&t| interleave::packs(t)) {
+        // K of 3 groups (no chunk of 8), 18 groups (the default model's), ragged M, and row
+        // counts that split into several jobs.
+        for (k, n) in [(96, 24), (576, 64)] {
+            let row_bytes = ty.row_bytes(k, "k").unwrap();
+            let data = random_weight(&mut rng, ty, n, k);
+            let packed = interleave::pack(ty, &data, row_bytes);
+            let (rows, runs) = (
+                [Segment {
+                    ty,
+                    data: &data,
+                    rows: n,
+                    interleaved: false,
+                }],
+                [Segment {
+                    ty,
+                    data: &packed,
+                    rows: n,
+                    interleaved: true,
+                }],
+            );
+            let w = dequantized(ty, &data, n, k);
+            for m in [1, 2, 3, 4, 5, 9] {
+                let x = random_x(&mut rng, m, k);
+                let (exact, bound) = reference(&x, &w, m, n, k);
+                let mut want = vec![0f32; m * n];
+                matmul(&x, m, k, &rows, &mut want, Path::Generic, false).unwrap();
+                for path in paths() {
+                    for parallel in [false, true] {
+                        let mut got = vec![0f32; m * n];
+                        matmul(&x, m, k, &runs, &mut got, path, parallel).unwrap();
+                        for i in 0..got.len() {
+                            let what = format!("{} {path:?} k={k} m={m} [{i}]", ty.name());
+                            // Same integers and scales: only the float summation order differs.
+                            assert!((got[i] - want[i]).abs() as f64 <= 1e-3 * bound[i], "{what}");
+                            assert!(
+                                (got[i] as f64 - exact[i]).abs() <= 1.01 * bound[i],
+                                "{what}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn interleaved_segments_must_be_whole_runs_of_a_packed_type() {
+    let mut rng = SmallRng::seed_from_u64(5);
+    let k = 256;
+    for (ty, rows) in [(BlockType::Q4_1, 12), (BlockType::Q4_K, 8)] {
+        let data = random_weight(&mut rng, ty, rows, k);
+        let seg = [Segment {
+            ty,
+            data: &data,
+            rows,
+            interleaved: true,
+        }];
+        let mut out = vec![0f32; rows];
+        let err = matmul(&[0.0; 256], 1, k, &seg, &mut out, Path::Generic, false).unwrap_err();
+        assert!(err.to_string().contains("runs of 8 rows"), "{err}");
+    }
 }

@@ -11,6 +11,7 @@ use crate::kernels::simd::Elem;
 /// Contract the kernels rely on (upheld by `matmul`): `w` is whole rows of `row_bytes`, each
 /// `x.k / ty.block_values()` blocks of `ty`; `out` addresses `x.m` rows of `ld` values, of
 /// which columns `0..w.len() / row_bytes` are this work's and written by nothing else.
+#[derive(Clone, Copy)]
 pub struct Work<'a, X> {
     /// The weight type.
     pub ty: BlockType,
@@ -24,6 +25,8 @@ pub struct Work<'a, X> {
     pub out: *mut X,
     /// Elements from one activation row's outputs to the next.
     pub ld: usize,
+    /// `w` is runs of 8 rows in `interleave`'s layout.
+    pub interleaved: bool,
 }
 
 impl<X: Elem> Work<'_, X> {

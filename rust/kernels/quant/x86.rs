@@ -33,6 +33,16 @@ pub trait Dot {
     /// # Safety
     /// The CPU must have the features of the implementation (see each).
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i;
+
+    /// `acc` plus `dot(u, s)` (VNNI's instruction adds in place).
+    ///
+    /// # Safety
+    /// As `dot`.
+    #[inline(always)]
+    unsafe fn dot_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        // SAFETY: as `dot`; AVX2 is in every implementation's features.
+        unsafe { _mm256_add_epi32(acc, Self::dot(u, s)) }
+    }
 }
 
 /// AVX2: `maddubs` (pairs into saturating `i16`, exact for our ranges), `madd` by ones.
@@ -56,6 +66,12 @@ impl Dot for AvxVnni {
         // SAFETY: AVX-VNNI, which the caller `tile_avxvnni` enables.
         unsafe { _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s) }
     }
+
+    #[inline(always)]
+    unsafe fn dot_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        // SAFETY: as `dot`.
+        unsafe { _mm256_dpbusd_avx_epi32(acc, u, s) }
+    }
 }
 
 impl Dot for Avx512Vnni {
@@ -64,14 +80,20 @@ impl Dot for Avx512Vnni {
         // SAFETY: AVX512-VNNI and AVX512VL, which the caller `tile_avx512vnni` enables.
         unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s) }
     }
+
+    #[inline(always)]
+    unsafe fn dot_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        // SAFETY: as `dot`.
+        unsafe { _mm256_dpbusd_epi32(acc, u, s) }
+    }
 }
 
 /// A tile of activation rows: pointers to each row's integers, scales and sums.
 #[derive(Clone, Copy)]
 pub struct Tile<const R: usize> {
-    q: [*const i8; R],
-    d: [*const f32; R],
-    s: [*const f32; R],
+    pub(super) q: [*const i8; R],
+    pub(super) d: [*const f32; R],
+    pub(super) s: [*const f32; R],
 }
 
 impl<const R: usize> Tile<R> {
@@ -604,6 +626,36 @@ unsafe fn quantize_group(v: &[f32; GROUP], q: *mut i8) -> (f32, i32) {
 pub unsafe fn tile_avx2<X: Elem>(work: &Work<'_, X>) {
     // SAFETY: as this function's contract.
     unsafe { tile_rows::<Maddubs, X>(work) }
+}
+
+/// `tile_avx2` over interleaved weights (`interleave`).
+///
+/// # Safety
+/// As `tile_avx2`; `work` holds whole interleaved runs of a type `interleave::packs`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn interleaved_avx2<X: Elem>(work: &Work<'_, X>) {
+    // SAFETY: as this function's contract.
+    unsafe { super::x86_x8::interleaved::<Maddubs, X>(work) }
+}
+
+/// `tile_avxvnni` over interleaved weights.
+///
+/// # Safety
+/// As `interleaved_avx2`, and the CPU must have AVX-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub unsafe fn interleaved_avxvnni<X: Elem>(work: &Work<'_, X>) {
+    // SAFETY: as this function's contract.
+    unsafe { super::x86_x8::interleaved::<AvxVnni, X>(work) }
+}
+
+/// `tile_avx512vnni` over interleaved weights.
+///
+/// # Safety
+/// As `interleaved_avx2`, and the CPU must have AVX512F, AVX512VL and AVX512-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub unsafe fn interleaved_avx512vnni<X: Elem>(work: &Work<'_, X>) {
+    // SAFETY: as this function's contract.
+    unsafe { super::x86_x8::interleaved::<Avx512Vnni, X>(work) }
 }
 
 /// The AVX-VNNI kernel: as `tile_avx2`, and the CPU must have AVX-VNNI.
