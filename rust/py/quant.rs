@@ -68,6 +68,32 @@ impl Held {
     }
 }
 
+/// Asks Linux to take back the whole pages of `bytes` (`MADV_PAGEOUT`), which the kernels no
+/// longer read once interleaved: a memory-mapped file's pages leave the resident set (and are
+/// read from the file again should anything touch them, such as a tied head's embedding
+/// lookup); anonymous memory keeps its contents. Advice only: failures are ignored.
+fn page_out(bytes: &[u8]) {
+    #[cfg(target_os = "linux")]
+    {
+        /// Linux's value on every architecture (5.4 on; older kernels refuse it harmlessly).
+        const MADV_PAGEOUT: libc::c_int = 21;
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(0);
+        if page == 0 {
+            return;
+        }
+        let start = (bytes.as_ptr() as usize).next_multiple_of(page);
+        let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
+        if end > start {
+            // SAFETY: the range lies inside `bytes`' pages; MADV_PAGEOUT never changes what a
+            // page holds, only where it lives.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, MADV_PAGEOUT) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = bytes;
+}
+
 /// See `_core.pyi`: a weight `[N, K]` as segments of GGUF blocks stacked along the output rows,
 /// checked once here; `matmul(x)` is `x @ W.T`.
 #[pyclass(name = "_GgmlWeight", module = "ferrollm._core", frozen)]
@@ -107,7 +133,10 @@ impl PyGgmlWeight {
             let interleaved = (interleave && runs && quant::interleave::packs(ty)).then(|| {
                 // SAFETY: checked above to be a contiguous CPU tensor of `rows * width` bytes,
                 // alive while `tensor` is.
-                quant::interleave::pack(ty, unsafe { data.slice::<u8>() }, width)
+                let rows = unsafe { data.slice::<u8>() };
+                let copy = quant::interleave::pack(ty, rows, width);
+                page_out(rows);
+                copy
             });
             held.push(Held {
                 data,
