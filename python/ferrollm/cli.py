@@ -67,7 +67,8 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--compile": (
         "compile",
         str,
-        "compiled decode steps (CPU: inductor, not float32; CUDA: CUDA graphs): auto, on, off",
+        "compiled decode steps (CPU: inductor, not for a dense float32 model; CUDA: CUDA graphs): "
+        "auto, on, off",
     ),
     "--load-format": (
         "load_format",

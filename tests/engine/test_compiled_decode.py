@@ -343,3 +343,20 @@ def runner_ups(output: RequestOutput) -> list[float]:
     logprobs = output.outputs[0].logprobs
     assert logprobs is not None
     return [step.top[1][1] for step in logprobs]
+
+
+def test_auto_compiles_block_weights_in_float32(
+    model_dir: Path, compile_cache: Path, tmp_path: Path
+) -> None:
+    """A dense float32 model is the parity mode and stays eager under ``auto``; a model on GGUF
+    blocks (which already differ from that reference by their int8 activations) is compiled in
+    float32 too, and decodes what eager decodes."""
+    path = write_tiny_gguf(model_dir, tmp_path / "tiny.gguf", "llama", "Q4_1")
+    auto = LLM(path, **OPTIONS)
+    assert isinstance(auto.engine.runner.compiled, CompiledDecode)
+    eager = LLM(path, compile="off", **OPTIONS)
+    for a, b in zip(auto.generate(PROMPTS, GREEDY), eager.generate(PROMPTS, GREEDY), strict=True):
+        (a_tokens, a_lp), (b_tokens, b_lp) = tokens_and_logprobs(a), tokens_and_logprobs(b)
+        assert a_tokens == b_tokens
+        torch.testing.assert_close(a_lp, b_lp, atol=1e-4, rtol=0)
+    assert LLM(model_dir, **OPTIONS).engine.runner.compiled is None
