@@ -129,8 +129,8 @@ impl PyGgmlWeight {
                 ptr: t.ptr,
                 len: rows * width,
             };
-            let runs = rows > 0 && rows.is_multiple_of(quant::interleave::ROWS);
-            let interleaved = (interleave && runs && quant::interleave::packs(ty)).then(|| {
+            let fits = rows > 0 && quant::interleave::fits(ty, rows);
+            let interleaved = (interleave && fits).then(|| {
                 // SAFETY: checked above to be a contiguous CPU tensor of `rows * width` bytes,
                 // alive while `tensor` is.
                 let rows = unsafe { data.slice::<u8>() };

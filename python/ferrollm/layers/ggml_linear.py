@@ -155,11 +155,13 @@ _LIVE: weakref.WeakValueDictionary[int, GgmlWeight] = weakref.WeakValueDictionar
 
 
 def _held(weights: list[torch.Tensor], ggml_types: list[int], k: int) -> _core._GgmlWeight:
-    """The `_core._GgmlWeight` over exactly ``weights`` (the live one, else a new one)."""
+    """The `_core._GgmlWeight` over exactly ``weights``: the live one, else a new one for this
+    call alone, which reads the rows as they are (interleaving a copy, and paging out the
+    tables, would cost more than the one product)."""
     live = _LIVE.get(weights[0].data_ptr()) if weights else None
     if live is not None and live.k == k and live.holds(weights, ggml_types):
         return live._weight
-    return _core._GgmlWeight(list(zip(weights, ggml_types, strict=True)), k)
+    return _core._GgmlWeight(list(zip(weights, ggml_types, strict=True)), k, interleave=False)
 
 
 def _ggml_matmul_fake(

@@ -23,6 +23,11 @@ pub fn packs(ty: BlockType) -> bool {
     matches!(ty, BlockType::Q4_0 | BlockType::Q4_1 | BlockType::Q8_0)
 }
 
+/// Whether `rows` rows of `ty` can be interleaved: a `packs` type in whole runs.
+pub fn fits(ty: BlockType, rows: usize) -> bool {
+    packs(ty) && rows.is_multiple_of(ROWS)
+}
+
 /// Bytes before a block column's integers: the scales, and Q4_1's mins.
 pub fn header_bytes(ty: BlockType) -> usize {
     if ty == BlockType::Q4_1 {

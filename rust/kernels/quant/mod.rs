@@ -205,8 +205,7 @@ fn check<X>(
             );
             return Err(invalid("segments", msg));
         }
-        let whole_runs = s.rows.is_multiple_of(interleave::ROWS) && interleave::packs(s.ty);
-        if s.interleaved && !whole_runs {
+        if s.interleaved && !interleave::fits(s.ty, s.rows) {
             let msg = format!(
                 "`segments[{i}]` is interleaved, which needs Q4_0, Q4_1 or Q8_0 in runs of \
                  {} rows; got {} rows of {}",

@@ -15,13 +15,6 @@ use super::work::Work;
 use super::x86::{Dot, Tile, MAX_TILE};
 use crate::kernels::simd::Elem;
 
-/// 32 unsigned by 32 signed bytes, 4 products per `i32` lane, added to `acc`.
-#[inline(always)]
-unsafe fn dot_acc<D: Dot>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-    // SAFETY: the caller's target features include `D`'s.
-    unsafe { D::dot_acc(acc, u, s) }
-}
-
 /// The 4 activation bytes at `p`, in every lane.
 #[inline(always)]
 unsafe fn lanes4(p: *const i8) -> __m256i {
@@ -49,7 +42,7 @@ unsafe fn column<D: Dot, const R: usize>(
                 let wu = _mm256_sign_epi8(w, w);
                 for r in 0..R {
                     let xs = _mm256_sign_epi8(lanes4(x.q[r].add(b * GROUP + 4 * c)), w);
-                    sum[r][c % 2] = dot_acc::<D>(sum[r][c % 2], wu, xs);
+                    sum[r][c % 2] = D::dot_acc(sum[r][c % 2], wu, xs);
                 }
             }
         } else {
@@ -60,8 +53,8 @@ unsafe fn column<D: Dot, const R: usize>(
                 let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
                 for r in 0..R {
                     let xr = x.q[r].add(b * GROUP);
-                    sum[r][0] = dot_acc::<D>(sum[r][0], lo, lanes4(xr.add(4 * c)));
-                    sum[r][1] = dot_acc::<D>(sum[r][1], hi, lanes4(xr.add(16 + 4 * c)));
+                    sum[r][0] = D::dot_acc(sum[r][0], lo, lanes4(xr.add(4 * c)));
+                    sum[r][1] = D::dot_acc(sum[r][1], hi, lanes4(xr.add(16 + 4 * c)));
                 }
             }
         }
