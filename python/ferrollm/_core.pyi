@@ -1127,6 +1127,9 @@ class _GgmlWeight:
     @property
     def interleaved(self) -> list[bool]:
         """Per segment, whether the kernels read its interleaved copy."""
+    def dequantize(self, out: Any) -> None:
+        """The float weight ``[N, K]`` into ``out`` (contiguous float32 CPU), decoded from the
+        blocks the kernels read (interleaved segments back in row order)."""
     def matmul(self, x: Any, path: str | None = None, parallel: bool = True) -> Any:
         """``x [M, K] @ W.T`` as a new ``[M, N]`` tensor of ``x``'s dtype: ``x`` is a float32 or
         bfloat16 CPU tensor (copied first if not contiguous). The activations are quantized to

@@ -103,6 +103,25 @@ pub struct PyGgmlWeight {
     n: usize,
 }
 
+impl PyGgmlWeight {
+    /// The segments as the kernels read them.
+    ///
+    /// # Safety
+    /// As `Held::bytes`: every segment's tensor is alive (this weight keeps them).
+    unsafe fn kernel_segments(&self) -> Vec<Segment<'_>> {
+        self.segments
+            .iter()
+            .map(|s| Segment {
+                ty: s.ty,
+                // SAFETY: the caller's contract.
+                data: unsafe { s.bytes() },
+                rows: s.rows,
+                interleaved: s.interleaved.is_some(),
+            })
+            .collect()
+    }
+}
+
 #[pymethods]
 impl PyGgmlWeight {
     #[new]
@@ -194,16 +213,7 @@ impl PyGgmlWeight {
             // SAFETY: every segment was checked when this weight was made to hold `rows` rows
             // of `k` values and is kept alive by it; `x` and `out` were checked above to be
             // contiguous CPU tensors `[m, k]` and `[m, n]` of the same dtype, `out` fresh.
-            let segs: Vec<Segment<'_>> = self
-                .segments
-                .iter()
-                .map(|s| Segment {
-                    ty: s.ty,
-                    data: unsafe { s.bytes() },
-                    rows: s.rows,
-                    interleaved: s.interleaved.is_some(),
-                })
-                .collect();
+            let segs = unsafe { self.kernel_segments() };
             fn go<X: Elem>(
                 x: Raw,
                 out: Raw,
@@ -225,6 +235,25 @@ impl PyGgmlWeight {
         };
         py.detach(|| guard("ggml_matmul", run))??;
         Ok(out)
+    }
+
+    /// See `_core.pyi`: the float32 weight `[N, K]` into `out`, from the blocks the kernels read.
+    fn dequantize(&self, py: Python<'_>, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ot = Tensor::read("out", out)?;
+        float_rows(&ot, "torch.float32", &[self.n, self.k])?;
+        let or = Raw {
+            ptr: ot.ptr,
+            len: self.n * self.k,
+        };
+        let run = || -> CoreResult<()> {
+            // SAFETY: the segments are checked and kept alive by this weight; `out` was checked
+            // above to be a contiguous float32 CPU tensor `[n, k]`.
+            let segs = unsafe { self.kernel_segments() };
+            let out = unsafe { or.slice_mut::<f32>() };
+            quant::dequantize(self.k, &segs, out)
+        };
+        py.detach(|| guard("ggml_dequantize", run))??;
+        Ok(())
     }
 
     /// `(N, K)`: output and input features.

@@ -341,6 +341,28 @@ def test_default_model_quality_quantized_vs_float32(
     assert agreement >= 0.95, agreement
 
 
+def test_the_dense_copy_of_many_row_products_decodes_what_the_kernels_hold() -> None:
+    """A many-row float32 product dequantizes the weight and runs a dense matmul; the copy is
+    decoded from the blocks the kernels hold (interleaved runs read back in row order, so the
+    file's original pages stay paged out), and equals the file's own dequantized rows."""
+    segments = [
+        blocks_of("Q4_1", random_blocks("Q4_1", 72, 256)),  # interleaved
+        blocks_of("Q4_K", random_blocks("Q4_K", 16, 256)),  # not a packed type
+        blocks_of("Q8_0", random_blocks("Q8_0", 12, 256)),  # ragged: 12 rows
+        blocks_of("Q8_0", random_blocks("Q8_0", 64, 256)),  # interleaved
+    ]
+    weight = GgmlWeight(segments)
+    assert weight._weight.interleaved == [True, False, False, True]
+    reference = torch.cat([s.dequantize(torch.float32) for s in segments])
+    assert torch.equal(weight.dequantize(torch.float32), reference)
+    assert torch.equal(weight.dequantize(torch.bfloat16), reference.to(torch.bfloat16))
+    x = torch.randn(DEQUANTIZE_MIN_ROWS + 3, 256, generator=torch.Generator().manual_seed(0))
+    assert weight._dense_pays(x)
+    torch.testing.assert_close(weight.matmul(x), x @ reference.T)
+    with pytest.raises(ValueError, match="`out` must be"):
+        weight._weight.dequantize(torch.empty(weight.n, 256, dtype=torch.bfloat16))
+
+
 @pytest.mark.parametrize(
     ("cap", "allowed"), [("avx2", {"generic", "avx2"}), ("baseline", {"generic"})]
 )

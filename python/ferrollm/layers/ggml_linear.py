@@ -247,8 +247,11 @@ class GgmlWeight:
         return out
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        """The float weight ``[N, K]`` (a dense copy for many-row steps)."""
-        return torch.cat([s.dequantize(dtype) for s in self.segments])
+        """The float weight ``[N, K]`` (a dense copy for many-row steps), decoded from the
+        blocks the kernels read: an interleaved weight's original pages stay paged out."""
+        out = torch.empty((self.n, self.k), dtype=torch.float32)
+        self._weight.dequantize(out)
+        return out if dtype == torch.float32 else out.to(dtype)
 
     @property
     def scheme(self) -> str:

@@ -172,6 +172,47 @@ pub fn matmul<X: Elem>(
     Ok(())
 }
 
+/// The float weight `[sum of rows, k]` of `segments` (interleaved ones read back in row order)
+/// into `out`, runs of rows spread over `pool::run_jobs`: a many-row product's dense copy, read
+/// from the blocks the kernels hold (an interleaved weight's original pages stay paged out).
+pub fn dequantize(k: usize, segments: &[Segment<'_>], out: &mut [f32]) -> CoreResult<()> {
+    const RUN_ROWS: usize = 64; // a multiple of `interleave::ROWS`
+    let n = check(&[] as &[f32], 0, k, segments, 0)?;
+    if out.len() != n * k {
+        return Err(invalid(
+            "out",
+            format!("`out` must hold {n} x {k} values; got {}", out.len()),
+        ));
+    }
+    let mut jobs = Vec::new();
+    let mut first = 0;
+    for s in segments {
+        let row_bytes = s.ty.row_bytes(k, "k")?;
+        for (i, bytes) in s.data.chunks(RUN_ROWS * row_bytes).enumerate() {
+            jobs.push((s, row_bytes, bytes, first + i * RUN_ROWS));
+        }
+        first += s.rows;
+    }
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    pool::run_jobs(jobs.len(), &|j| {
+        let (s, row_bytes, bytes, row) = jobs[j];
+        let unpacked;
+        let rows = if s.interleaved {
+            unpacked = interleave::unpack(s.ty, bytes, row_bytes);
+            &unpacked[..]
+        } else {
+            bytes
+        };
+        let len = rows.len() / row_bytes * k;
+        // SAFETY: the jobs' rows are disjoint and inside `out` (`n * k` values, checked above).
+        let out = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(row * k), len) };
+        for (w, o) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(k)) {
+            dequantize_row(s.ty, w, o);
+        }
+    });
+    Ok(())
+}
+
 /// What this CPU has, uncapped: a path beyond `FERROLLM_CPU_ISA`'s cap still runs when asked
 /// for by name (tests compare every variant), one the CPU lacks never does.
 fn hardware() -> &'static CpuFeatures {
