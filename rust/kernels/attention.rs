@@ -7,9 +7,8 @@
 //! block `s / block_size`, offset `s % block_size`. A query at position `p` of row `r` sees the
 //! keys at positions `<= p` below `context_lens[r]` (and above `p - sliding_window`).
 
-use rayon::prelude::*;
-
 use super::cpu::{CpuFeatures, KernelTier};
+use super::pool;
 use super::simd::{axpy, dot, exp_neg, Elem};
 use crate::error::{CoreError, CoreResult};
 
@@ -243,8 +242,10 @@ pub fn write_kv<Q: Elem, C: Elem>(
 
 /// Attends the queries of `layout.rows` over their paged context, writing
 /// `out[t, h, :]` (contiguous `[num_tokens, num_heads, head_dim]`) for each of their tokens.
-/// `parallel` spreads the tokens over rayon's pool; otherwise the calling
-/// thread does all of them.
+/// `parallel` spreads the work over `pool::run_jobs`' threads (torch's OpenMP team when it was
+/// handed over): a token per job, or, with fewer tokens than threads (a batch-1 decode), each
+/// token's keys cut into ranges of whole blocks whose partial softmax sums are merged after
+/// (flash-decoding's split). Otherwise the calling thread does all of it.
 #[allow(clippy::too_many_arguments)]
 pub fn attend<Q: Elem, C: Elem>(
     q: Rows<'_, Q>,
@@ -255,6 +256,22 @@ pub fn attend<Q: Elem, C: Elem>(
     scale: f32,
     out: &mut [Q],
     parallel: bool,
+) -> CoreResult<()> {
+    let threads = if parallel { pool::num_threads() } else { 1 };
+    attend_on(q, k_cache, v_cache, layout, dims, scale, out, threads)
+}
+
+/// `attend` over `threads` threads (1: the calling thread only).
+#[allow(clippy::too_many_arguments)]
+fn attend_on<Q: Elem, C: Elem>(
+    q: Rows<'_, Q>,
+    k_cache: &[C],
+    v_cache: &[C],
+    layout: &StepLayout<'_>,
+    dims: &Dims,
+    scale: f32,
+    out: &mut [Q],
+    threads: usize,
 ) -> CoreResult<()> {
     dims.check()?;
     let num_tokens = layout.positions.len();
@@ -286,18 +303,91 @@ pub fn attend<Q: Elem, C: Elem>(
         token_row,
     };
     let item = select::<Q, C>();
-    let chunk = width;
-    // SAFETY (both calls): `select` returns a variant whose target features this CPU has.
-    if parallel {
-        out.par_chunks_mut(chunk)
-            .enumerate()
-            .for_each(|(i, o)| unsafe { item(&job, i, o) });
-    } else {
-        for (i, o) in out.chunks_mut(chunk).enumerate() {
-            unsafe { item(&job, i, o) };
+    if num_tokens == 0 {
+        return Ok(());
+    }
+    if threads <= num_tokens || threads == 1 {
+        let out_ptr = SendPtr(out.as_mut_ptr());
+        let one = |t: usize| {
+            // SAFETY: token `t`'s `width` outputs, disjoint from every other job's.
+            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * width), width) };
+            // SAFETY: `select` returns a variant whose target features this CPU has.
+            unsafe { item(&job, t, Span::Whole(o)) };
+        };
+        if threads == 1 {
+            (0..num_tokens).for_each(one);
+        } else {
+            pool::run_jobs(num_tokens, &one);
+        }
+        return Ok(());
+    }
+    let parts = threads.div_ceil(num_tokens);
+    let part_len = dims.num_heads * (dims.head_dim + 2);
+    let mut partials = vec![0f32; num_tokens * parts * part_len];
+    let ptr = SendPtr(partials.as_mut_ptr());
+    pool::run_jobs(num_tokens * parts, &|j| {
+        // SAFETY: job `j`'s own `part_len` values of `partials`.
+        let p = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(j * part_len), part_len) };
+        // SAFETY: as above.
+        unsafe { item(&job, j / parts, Span::Part(j % parts, parts, p)) };
+    });
+    for (t, o) in out.chunks_exact_mut(width).enumerate() {
+        if job.token_row[t] != SKIP {
+            merge(
+                &partials[t * parts * part_len..][..parts * part_len],
+                &job.dims,
+                o,
+            );
         }
     }
     Ok(())
+}
+
+/// What an item computes for its token: the whole output, or part `p` of `parts` of its keys
+/// as `[m (heads), l (heads), acc (heads x head_dim)]` (running max, sum and unnormalized
+/// output), which `merge` combines.
+enum Span<'a, Q> {
+    Whole(&'a mut [Q]),
+    Part(usize, usize, &'a mut [f32]),
+}
+
+/// One token's output from its parts' partial softmax sums, each rescaled to the overall max.
+fn merge<Q: Elem>(partials: &[f32], d: &Dims, out: &mut [Q]) {
+    let (heads, hd) = (d.num_heads, d.head_dim);
+    let parts: Vec<&[f32]> = partials.chunks_exact(heads * (hd + 2)).collect();
+    let mut acc = vec![0f32; hd];
+    for g in 0..heads {
+        let top = parts.iter().fold(f32::NEG_INFINITY, |a, p| a.max(p[g]));
+        acc.fill(0.0);
+        let mut l = 0f32;
+        if top > f32::NEG_INFINITY {
+            for p in &parts {
+                let w = (p[g] - top).exp();
+                l += p[heads + g] * w;
+                for (a, x) in acc.iter_mut().zip(&p[2 * heads + g * hd..][..hd]) {
+                    *a += x * w;
+                }
+            }
+        }
+        let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+        for (o, a) in out[g * hd..][..hd].iter_mut().zip(&acc) {
+            *o = Q::from_f32(a * inv);
+        }
+    }
+}
+
+/// A raw pointer the jobs share; each writes only its own elements.
+#[derive(Clone, Copy)]
+struct SendPtr<X>(*mut X);
+// SAFETY: the pointees are plain numbers and the jobs write disjoint elements.
+unsafe impl<X: Copy> Send for SendPtr<X> {}
+// SAFETY: as above.
+unsafe impl<X: Copy> Sync for SendPtr<X> {}
+
+impl<X> SendPtr<X> {
+    fn get(self) -> *mut X {
+        self.0
+    }
 }
 
 struct Job<'a, Q, C> {
@@ -310,8 +400,8 @@ struct Job<'a, Q, C> {
     token_row: Vec<u32>,
 }
 
-/// Computes one token: `out` is its `[num_heads, head_dim]` output.
-type ItemFn<Q, C> = unsafe fn(&Job<'_, Q, C>, usize, &mut [Q]);
+/// Computes one token's `Span`.
+type ItemFn<Q, C> = unsafe fn(&Job<'_, Q, C>, usize, Span<'_, Q>);
 
 /// The widest variant this CPU runs (the wheel targets baseline x86_64, so wider SIMD is
 /// detected at run time, under the process's `FERROLLM_CPU_ISA` cap).
@@ -334,17 +424,17 @@ fn variant<Q: Elem, C: Elem>(tier: KernelTier) -> ItemFn<Q, C> {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn item_avx512<Q: Elem, C: Elem>(job: &Job<'_, Q, C>, i: usize, out: &mut [Q]) {
+unsafe fn item_avx512<Q: Elem, C: Elem>(job: &Job<'_, Q, C>, i: usize, out: Span<'_, Q>) {
     attend_item::<true, Q, C>(job, i, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn item_avx2<Q: Elem, C: Elem>(job: &Job<'_, Q, C>, i: usize, out: &mut [Q]) {
+unsafe fn item_avx2<Q: Elem, C: Elem>(job: &Job<'_, Q, C>, i: usize, out: Span<'_, Q>) {
     attend_item::<true, Q, C>(job, i, out)
 }
 
-unsafe fn item_generic<Q: Elem, C: Elem>(job: &Job<'_, Q, C>, i: usize, out: &mut [Q]) {
+unsafe fn item_generic<Q: Elem, C: Elem>(job: &Job<'_, Q, C>, i: usize, out: Span<'_, Q>) {
     attend_item::<false, Q, C>(job, i, out)
 }
 
@@ -352,8 +442,9 @@ unsafe fn item_generic<Q: Elem, C: Elem>(job: &Job<'_, Q, C>, i: usize, out: &mu
 /// of a block, one softmax rescale, then V). Every KV head is done in the same walk so each
 /// block is read once, front to back, which the hardware prefetcher streams (a walk per KV head
 /// read a third of every cache line run per pass and was latency-bound past the L2).
+/// A `Span::Part` walks only its share of the visible keys' blocks.
 #[inline(always)]
-fn attend_item<const FMA: bool, Q: Elem, C: Elem>(job: &Job<'_, Q, C>, t: usize, out: &mut [Q]) {
+fn attend_item<const FMA: bool, Q: Elem, C: Elem>(job: &Job<'_, Q, C>, t: usize, out: Span<'_, Q>) {
     let (d, layout) = (job.dims, job.layout);
     let row = job.token_row[t];
     if row == SKIP {
@@ -371,6 +462,14 @@ fn attend_item<const FMA: bool, Q: Elem, C: Elem>(job: &Job<'_, Q, C>, t: usize,
     let lo = layout
         .sliding_window
         .map_or(0, |w| (pos + 1).saturating_sub(w));
+    let (lo, hi) = match &out {
+        Span::Part(p, parts, _) if hi > lo => {
+            let (first, blocks) = (lo / bs, (hi - 1) / bs - lo / bs + 1);
+            let edge = |i: usize| ((first + blocks * i / parts) * bs).clamp(lo, hi);
+            (edge(*p), edge(p + 1))
+        }
+        _ => (lo, hi),
+    };
     let table = &layout.block_tables[row * layout.max_blocks..][..layout.max_blocks];
 
     // One allocation: scaled queries, accumulators, a block of scores, running max and sum.
@@ -423,10 +522,19 @@ fn attend_item<const FMA: bool, Q: Elem, C: Elem>(job: &Job<'_, Q, C>, t: usize,
         }
         j += n;
     }
-    for g in 0..heads {
-        let inv = if l[g] > 0.0 { 1.0 / l[g] } else { 0.0 };
-        for (o, a) in out[g * hd..][..hd].iter_mut().zip(&acc[g * hd..][..hd]) {
-            *o = Q::from_f32(a * inv);
+    match out {
+        Span::Whole(out) => {
+            for g in 0..heads {
+                let inv = if l[g] > 0.0 { 1.0 / l[g] } else { 0.0 };
+                for (o, a) in out[g * hd..][..hd].iter_mut().zip(&acc[g * hd..][..hd]) {
+                    *o = Q::from_f32(a * inv);
+                }
+            }
+        }
+        Span::Part(_, _, part) => {
+            part[..heads].copy_from_slice(m);
+            part[heads..2 * heads].copy_from_slice(l);
+            part[2 * heads..].copy_from_slice(acc);
         }
     }
 }

@@ -131,6 +131,11 @@ impl Case {
     }
 
     fn run<Q: Elem, C: Elem>(&self, window: Option<usize>, parallel: bool) -> Vec<f32> {
+        let threads = if parallel { pool::num_threads() } else { 1 };
+        self.run_on::<Q, C>(window, threads)
+    }
+
+    fn run_on<Q: Elem, C: Elem>(&self, window: Option<usize>, threads: usize) -> Vec<f32> {
         let q: Vec<Q> = self.q.iter().map(|&x| Q::from_f32(x)).collect();
         let k: Vec<C> = self.k_cache.iter().map(|&x| C::from_f32(x)).collect();
         let v: Vec<C> = self.v_cache.iter().map(|&x| C::from_f32(x)).collect();
@@ -141,7 +146,7 @@ impl Case {
             stride: self.dims.num_heads * self.dims.head_dim,
         };
         let scale = (self.dims.head_dim as f32).powf(-0.5);
-        attend(
+        attend_on(
             q_rows,
             &k,
             &v,
@@ -149,7 +154,7 @@ impl Case {
             &self.dims,
             scale,
             &mut out,
-            parallel,
+            threads,
         )
         .unwrap();
         out.iter().map(|x| x.to_f32()).collect()
@@ -194,6 +199,28 @@ fn matches_reference_for_random_mixed_steps() {
 }
 
 #[test]
+fn fewer_tokens_than_threads_split_their_keys_and_merge_to_the_same_output() {
+    let mut rng = SmallRng::seed_from_u64(11);
+    for (i, q_lens) in [&[1][..], &[1, 1], &[2], &[1, 1, 1]].iter().enumerate() {
+        for window in [None, Some(5)] {
+            let c = case(&mut rng, [1, 3][i % 2], q_lens);
+            let want = c.reference(&c.k_cache, &c.v_cache, window);
+            assert!(max_diff(&c.run_on::<f32, f32>(window, 1), &want) < 1e-5);
+            // 8 parts of a context of a few blocks leave some parts no keys at all.
+            for threads in [2, 3, 5, 8] {
+                let got = c.run_on::<f32, f32>(window, threads);
+                assert!(
+                    max_diff(&got, &want) < 1e-5,
+                    "{q_lens:?} {window:?} {threads}"
+                );
+                let got = c.run_on::<bf16, bf16>(window, threads);
+                assert!(max_diff(&got, &want) < 3e-2, "bf16 {q_lens:?} {threads}");
+            }
+        }
+    }
+}
+
+#[test]
 fn every_simd_variant_agrees() {
     let mut rng = SmallRng::seed_from_u64(3);
     let c = case(&mut rng, 3, &[1, 4, 1]);
@@ -216,7 +243,7 @@ fn every_simd_variant_agrees() {
         let mut out = vec![0f32; c.q.len()];
         for (i, o) in out.chunks_mut(chunk).enumerate() {
             // SAFETY: only variants this CPU supports are passed in.
-            unsafe { item(&job, i, o) };
+            unsafe { item(&job, i, Span::Whole(o)) };
         }
         out
     };

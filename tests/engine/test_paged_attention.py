@@ -147,6 +147,26 @@ def test_op_matches_reference(
         torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("rows", [[(1, 200)], [(1, 37), (1, 300)]])
+@pytest.mark.parametrize("window", [None, 40])
+def test_fewer_decodes_than_threads_split_their_keys(
+    rows: list[tuple[int, int]], window: int | None
+) -> None:
+    """A decode batch smaller than the kernel's threads (batch 1 on 2 cores) cuts each row's
+    keys into block ranges and merges their partial softmax sums: the reference's output, and
+    that of one thread walking them all. The default backend does so on torch's OpenMP team."""
+    step = make_step(np.random.default_rng(len(rows)), rows, 3, torch.float32, torch.float32)
+    caches = step.k_cache.clone(), step.v_cache.clone()
+    split = run_op(step, window, parallel=True)
+    one = Step(**{**step.__dict__, "k_cache": caches[0], "v_cache": caches[1]})
+    torch.testing.assert_close(split, run_op(one, window), atol=1e-5, rtol=1e-5)
+    want = reference(step, window, HEAD_DIM**-0.5)
+    torch.testing.assert_close(split.double(), want, atol=1e-5, rtol=1e-5)
+    backend = PagedKernelBackend()
+    short = np.ones(1, dtype=np.int32)
+    assert backend.parallel_for_decode(short) == backend.on_openmp
+
+
 def run_op(step: Step, window: int | None, parallel: bool = False) -> torch.Tensor:
     rows = torch.arange(len(step.context_lens), dtype=torch.int32)
     return paged_attention(

@@ -19,9 +19,9 @@ Compiled graphs are cached on disk by inductor (its FX-graph and AOT caches) und
 built at start-up (``warm_up``), not lazily, so no request waits for a compile. Default model,
 2-core EPYC: start-up compiles ~75 s the first time, ~15 s from the cache. Steps of more than
 ``MAX_COMPILED_ROWS`` rows (``QUANTIZED_MAX_ROWS`` on a model whose many-row steps run on
-oneDNN-packed copies: see `_has_packed_copies`), steps whose attention would run on rayon's pool
-(``PagedKernelBackend.parallel_for_decode``: long contexts), and every prefill or mixed step
-run eagerly.
+oneDNN-packed copies: see `_has_packed_copies`), steps whose attention mode differs from the
+graphs' (``PagedKernelBackend.parallel_for_decode``: long contexts, when the kernels run on
+rayon's pool rather than torch's OpenMP team), and every prefill or mixed step run eagerly.
 
 Measured on the default model (SmolLM2-135M Q4_1, bf16; ``benches/throughput.py
 --max-tokens 64 --compile both --repeats 3``), offline tok/s eager -> compiled: batch 1
@@ -189,8 +189,8 @@ class CompiledDecode:
             fullgraph=True,
             options={"guard_filter_fn": _unguard_model} if frozen else {},
         )
-        #: The one attention mode the graphs are built for (rayon or not; see ``accepts``).
-        self.parallel = False if backend.parallel is None else backend.parallel
+        #: The one attention mode the graphs are built for: a short decode's (``accepts``).
+        self.parallel = backend.parallel_for_decode(np.ones(1, dtype=np.int32))
         # Per-bucket constants: every padded step is a decode of one token per row.
         self._cu = {b: torch.arange(b + 1, dtype=torch.int32) for b in self.buckets}
         self._rows = {b: torch.arange(b, dtype=torch.int32) for b in self.buckets}
@@ -198,8 +198,8 @@ class CompiledDecode:
     def accepts(self, plan: StepInputs) -> bool:
         """Whether ``plan`` is a decode step this can run: one token per row, at most
         ``max_rows`` rows, block tables no wider than ``max_blocks``, attention in the mode the
-        graphs were built for (a step long enough for rayon's pool runs eagerly instead of
-        compiling a second graph per bucket)."""
+        graphs were built for (on rayon's pool, a step long enough for it runs eagerly instead
+        of compiling a second graph per bucket)."""
         num_tokens = len(plan.input_ids)
         num_rows = len(plan.cu_seqlens_q) - 1
         return (

@@ -104,25 +104,33 @@ class PagedKernelMetadata:
     #: The other multi-token rows, gathered from the cache for one SDPA call (None: no such row).
     gathered: RowGroup | None
     sliding_window: int | None
-    #: Run the kernel on rayon's pool (see ``PagedKernelBackend``).
+    #: Spread the kernel over its pool's threads (see ``PagedKernelBackend``).
     parallel: bool
 
 
 class PagedKernelBackend:
     """Paged attention with the ``ferrollm::paged_attention`` kernel (CPU).
 
-    ``parallel`` runs the kernel on rayon's pool instead of the calling thread. By default
-    (None) a step uses rayon only when it attends at least ``PARALLEL_MIN_KEYS`` keys: torch's
-    OpenMP workers keep spinning after each matmul, and a short kernel on rayon fights them for
-    the cores (measured over 30 matmul + attention layers on 2 cores: batch 8-32 at context 512
-    ran 10-45% slower on rayon, batch 32 at context 2048 13-20% faster).
+    ``parallel`` spreads the kernel over the threads of its pool instead of the calling thread
+    (with fewer decodes than threads, each one's keys are cut into ranges whose partial
+    softmax sums are merged). By default (None) every step does when the kernels run on
+    torch's own OpenMP team (``share_openmp_with_kernels``), the usual case; on rayon's pool
+    only a step that attends at least ``PARALLEL_MIN_KEYS`` keys does: torch's OpenMP workers
+    keep spinning after each matmul, and a short kernel on rayon fights them for the cores
+    (measured over 30 matmul + attention layers on 2 cores: batch 8-32 at context 512 ran
+    10-45% slower on rayon, batch 32 at context 2048 13-20% faster).
     """
 
     name = "paged_kernel"
     PARALLEL_MIN_KEYS = 1 << 15
 
     def __init__(self, parallel: bool | None = None) -> None:
+        # Imported here: ferrollm.platforms' package imports this module (the CPU platform).
+        from ferrollm.platforms.host import share_openmp_with_kernels
+
         self.parallel = parallel
+        #: The kernel's jobs run on torch's OpenMP team (no other pool fights it for the cores).
+        self.on_openmp = share_openmp_with_kernels()
 
     def prepare(
         self,
@@ -171,13 +179,14 @@ class PagedKernelBackend:
         if self.parallel is not None:
             return self.parallel
         num_keys = int((q_lens[rows].astype(np.int64) * context_lens[rows]).sum())
-        return num_keys >= self.PARALLEL_MIN_KEYS
+        return self.on_openmp or num_keys >= self.PARALLEL_MIN_KEYS
 
     def parallel_for_decode(self, context_lens: np.ndarray) -> bool:
-        """Whether a decode step (one query per row) over ``context_lens`` uses rayon."""
+        """Whether a decode step (one query per row) over ``context_lens`` runs in parallel."""
         if self.parallel is not None:
             return self.parallel
-        return int(context_lens.astype(np.int64).sum()) >= self.PARALLEL_MIN_KEYS
+        num_keys = int(context_lens.astype(np.int64).sum())
+        return self.on_openmp or num_keys >= self.PARALLEL_MIN_KEYS
 
     def forward(
         self,
