@@ -8,7 +8,7 @@
 //! keys at positions `<= p` below `context_lens[r]` (and above `p - sliding_window`).
 
 use super::cpu::{CpuFeatures, KernelTier};
-use super::pool;
+use super::pool::{self, SendPtr};
 use super::simd::{axpy, dot, exp_neg, Elem};
 use crate::error::{CoreError, CoreResult};
 
@@ -242,28 +242,13 @@ pub fn write_kv<Q: Elem, C: Elem>(
 
 /// Attends the queries of `layout.rows` over their paged context, writing
 /// `out[t, h, :]` (contiguous `[num_tokens, num_heads, head_dim]`) for each of their tokens.
-/// `parallel` spreads the work over `pool::run_jobs`' threads (torch's OpenMP team when it was
-/// handed over): a token per job, or, with fewer tokens than threads (a batch-1 decode), each
-/// token's keys cut into ranges of whole blocks whose partial softmax sums are merged after
-/// (flash-decoding's split). Otherwise the calling thread does all of it.
+/// `threads` > 1 spreads the work over `pool::run_jobs` (torch's OpenMP team when it was
+/// handed over; `pool::num_threads()` is its size): a token per job, or, with fewer tokens
+/// than threads (a batch-1 decode), each token's keys cut into that many ranges of whole
+/// blocks whose partial softmax sums are merged after (flash-decoding's split). With 1 the
+/// calling thread does all of it.
 #[allow(clippy::too_many_arguments)]
 pub fn attend<Q: Elem, C: Elem>(
-    q: Rows<'_, Q>,
-    k_cache: &[C],
-    v_cache: &[C],
-    layout: &StepLayout<'_>,
-    dims: &Dims,
-    scale: f32,
-    out: &mut [Q],
-    parallel: bool,
-) -> CoreResult<()> {
-    let threads = if parallel { pool::num_threads() } else { 1 };
-    attend_on(q, k_cache, v_cache, layout, dims, scale, out, threads)
-}
-
-/// `attend` over `threads` threads (1: the calling thread only).
-#[allow(clippy::too_many_arguments)]
-fn attend_on<Q: Elem, C: Elem>(
     q: Rows<'_, Q>,
     k_cache: &[C],
     v_cache: &[C],
@@ -373,20 +358,6 @@ fn merge<Q: Elem>(partials: &[f32], d: &Dims, out: &mut [Q]) {
         for (o, a) in out[g * hd..][..hd].iter_mut().zip(&acc) {
             *o = Q::from_f32(a * inv);
         }
-    }
-}
-
-/// A raw pointer the jobs share; each writes only its own elements.
-#[derive(Clone, Copy)]
-struct SendPtr<X>(*mut X);
-// SAFETY: the pointees are plain numbers and the jobs write disjoint elements.
-unsafe impl<X: Copy> Send for SendPtr<X> {}
-// SAFETY: as above.
-unsafe impl<X: Copy> Sync for SendPtr<X> {}
-
-impl<X> SendPtr<X> {
-    fn get(self) -> *mut X {
-        self.0
     }
 }
 

@@ -96,6 +96,21 @@ pub fn run_jobs(num_jobs: usize, job: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// A raw pointer the jobs share; each writes only its own elements.
+#[derive(Clone, Copy)]
+pub struct SendPtr<X>(pub *mut X);
+// SAFETY: the pointees are plain numbers and the jobs write disjoint elements.
+unsafe impl<X: Copy> Send for SendPtr<X> {}
+// SAFETY: as above.
+unsafe impl<X: Copy> Sync for SendPtr<X> {}
+
+impl<X> SendPtr<X> {
+    /// The pointer (a method, so closures capture the whole `SendPtr`, not its field).
+    pub fn get(self) -> *mut X {
+        self.0
+    }
+}
+
 /// The threads `run_jobs` spreads over (rayon's count; an OpenMP team is the same size in
 /// torch, which sizes both from the cores).
 pub fn num_threads() -> usize {

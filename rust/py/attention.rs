@@ -12,7 +12,7 @@ use pyo3::types::PyTuple;
 use super::errors::guard;
 use super::tensor::{self, Raw, Tensor};
 use crate::error::CoreResult;
-use crate::kernels::{attend, write_kv, Dims, Elem, Rows, StepLayout};
+use crate::kernels::{attend, pool, write_kv, Dims, Elem, Rows, StepLayout};
 
 /// The call's arguments, plain integers so they cross into the GIL-free closure.
 struct Args {
@@ -105,9 +105,8 @@ unsafe fn run<Q: Elem, C: Elem>(a: &Args) -> CoreResult<()> {
             a.out.slice_mut::<Q>(),
         )
     };
-    attend(
-        q, k_cache, v_cache, &layout, &a.dims, a.scale, out, a.parallel,
-    )
+    let threads = if a.parallel { pool::num_threads() } else { 1 };
+    attend(q, k_cache, v_cache, &layout, &a.dims, a.scale, out, threads)
 }
 
 fn rows_len(num_tokens: usize, stride: usize, width: usize) -> usize {

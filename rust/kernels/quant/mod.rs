@@ -28,7 +28,7 @@ pub use blocks::{dequantize_row, BlockType, ALL_TYPES, GROUP};
 pub use quantize::quantize_row_into;
 
 use super::cpu::CpuFeatures;
-use super::pool;
+use super::pool::{self, SendPtr};
 use super::simd::Elem;
 use crate::error::{CoreError, CoreResult};
 use work::Work;
@@ -269,20 +269,6 @@ fn check<X>(
 
 fn invalid(param: &str, message: String) -> CoreError {
     CoreError::invalid(param, "invalid_quantized_input", message)
-}
-
-/// A raw pointer the jobs share; each writes only its own elements.
-#[derive(Clone, Copy)]
-struct SendPtr<X>(*mut X);
-// SAFETY: the pointees are plain numbers and the jobs write disjoint elements.
-unsafe impl<X: Copy> Send for SendPtr<X> {}
-// SAFETY: as above.
-unsafe impl<X: Copy> Sync for SendPtr<X> {}
-
-impl<X> SendPtr<X> {
-    fn get(self) -> *mut X {
-        self.0
-    }
 }
 
 /// A run of whole weight rows and the output column of its first.
