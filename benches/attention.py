@@ -6,11 +6,11 @@ bfloat16 (cache and activations). Both sides do the whole per-layer work: write 
 into the cache, then attend (``prepare`` is per step, shared by all layers, and not timed).
 One line per case: median ms per layer call for both, and sdpa / kernel.
 
-Usage: python benches/attention.py [--threads auto|calling|rayon] [--min-time S]
+Usage: python benches/attention.py [--threads auto|calling|pool] [--min-time S]
                                    [--batches 1 8 32] [--contexts 128 512 2048] [--smoke]
   --threads   where the kernel runs: the backend's choice (default), the calling thread, or
-              rayon's pool (this bench runs no OpenMP op between calls, so it flatters rayon;
-              see PagedKernelBackend for the measurement inside a forward)
+              its pool (torch's OpenMP team, else rayon's; with fewer rows than threads each
+              row's keys are split over them; see PagedKernelBackend)
   --smoke     batch 1, context 128, both dtypes, timed briefly: that the bench still runs
               (the test suite runs it)
 """
@@ -77,7 +77,7 @@ def run_case(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", choices=["auto", "calling", "rayon"], default="auto")
+    parser.add_argument("--threads", choices=["auto", "calling", "pool"], default="auto")
     parser.add_argument("--min-time", type=float, default=0.3)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 2048])
@@ -86,7 +86,7 @@ def main() -> None:
     if args.smoke:  # the smallest sizes; flags given still win
         parser.set_defaults(**SMOKE)
         args = parser.parse_args()
-    parallel = {"auto": None, "calling": False, "rayon": True}[args.threads]
+    parallel = {"auto": None, "calling": False, "pool": True}[args.threads]
     print(f"torch threads {torch.get_num_threads()}, kernel threads: {args.threads}")
     for dtype in (torch.float32, torch.bfloat16):
         for batch in args.batches:
