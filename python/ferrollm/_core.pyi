@@ -1115,18 +1115,28 @@ class _GgmlWeight:
     unknown type, a table of the wrong shape or dtype, or ``k`` not whole blocks."""
 
     def __new__(
-        cls, segments: Sequence[tuple[Any, int]], k: int, interleave: bool = True
+        cls,
+        segments: Sequence[tuple[Any, int]],
+        k: int,
+        interleave: bool = True,
+        in_place: Sequence[bool] | None = None,
     ) -> _GgmlWeight:
         """Checks each ``(table, ggml_type)`` for rows of ``k`` values and keeps the tables.
         With ``interleave``, a Q4_0, Q4_1 or Q8_0 segment of a multiple of 8 rows is copied
         once into runs of 8 interleaved rows (same size), which the kernels then read: one
-        activation group meets 8 weight rows per instruction."""
+        activation group meets 8 weight rows per instruction; the table's pages are paged out.
+        A segment flagged in ``in_place`` (one flag per segment, or None) is interleaved in its
+        own table instead, for a table nothing else reads: no copy. ValidationError naming
+        ``in_place`` for a list of the wrong length."""
     @property
     def shape(self) -> tuple[int, int]:
         """``(N, K)``: output and input features."""
     @property
+    def copy_bytes(self) -> int:
+        """Bytes of interleaved copies held beside the segments' own tables."""
+    @property
     def interleaved(self) -> list[bool]:
-        """Per segment, whether the kernels read its interleaved copy."""
+        """Per segment, whether the kernels read it interleaved (a copy, or in place)."""
     def dequantize(self, out: Any) -> None:
         """The float weight ``[N, K]`` into ``out`` (contiguous float32 CPU), decoded from the
         blocks the kernels read (interleaved segments back in row order)."""

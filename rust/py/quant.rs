@@ -44,14 +44,24 @@ fn float_rows(t: &Tensor, like: &str, shape: &[usize]) -> PyResult<()> {
     t.expect(like, shape)
 }
 
-/// One segment of a weight: its tensor (kept alive here), its address and extent, or its
-/// interleaved copy (`interleave`), which the kernels then read instead.
+/// One segment of a weight: its tensor (kept alive here), its address and extent, and where
+/// the kernels read it.
 struct Held {
     _tensor: Py<PyAny>,
     data: Raw,
     rows: usize,
     ty: BlockType,
-    interleaved: Option<Vec<u8>>,
+    layout: Layout,
+}
+
+/// How a segment's rows lie where the kernels read them.
+enum Layout {
+    /// The tensor's rows, as they are.
+    Rows,
+    /// An interleaved copy held here (`interleave`); the tensor's pages were paged out.
+    Copy(Vec<u8>),
+    /// The tensor's own bytes, interleaved in place (`in_place`: a table only this weight reads).
+    InPlace,
 }
 
 impl Held {
@@ -60,11 +70,15 @@ impl Held {
     /// # Safety
     /// `data` must still address the tensor's rows (kept alive by `_tensor`).
     unsafe fn bytes(&self) -> &[u8] {
-        match &self.interleaved {
-            Some(copy) => copy,
+        match &self.layout {
+            Layout::Copy(copy) => copy,
             // SAFETY: the caller's contract.
-            None => unsafe { self.data.slice::<u8>() },
+            Layout::Rows | Layout::InPlace => unsafe { self.data.slice::<u8>() },
         }
+    }
+
+    fn interleaved(&self) -> bool {
+        !matches!(self.layout, Layout::Rows)
     }
 }
 
@@ -116,7 +130,7 @@ impl PyGgmlWeight {
                 // SAFETY: the caller's contract.
                 data: unsafe { s.bytes() },
                 rows: s.rows,
-                interleaved: s.interleaved.is_some(),
+                interleaved: s.interleaved(),
             })
             .collect()
     }
@@ -125,8 +139,22 @@ impl PyGgmlWeight {
 #[pymethods]
 impl PyGgmlWeight {
     #[new]
-    #[pyo3(signature = (segments, k, interleave=true))]
-    fn new(segments: Vec<(Bound<'_, PyAny>, u32)>, k: usize, interleave: bool) -> PyResult<Self> {
+    #[pyo3(signature = (segments, k, interleave=true, in_place=None))]
+    fn new(
+        segments: Vec<(Bound<'_, PyAny>, u32)>,
+        k: usize,
+        interleave: bool,
+        in_place: Option<Vec<bool>>,
+    ) -> PyResult<Self> {
+        let in_place = in_place.unwrap_or_default();
+        if !in_place.is_empty() && in_place.len() != segments.len() {
+            let msg = format!(
+                "`in_place` must hold one flag per segment ({}); got {}",
+                segments.len(),
+                in_place.len()
+            );
+            return Err(CoreError::invalid("in_place", "invalid_format", msg).into());
+        }
         let mut held = Vec::with_capacity(segments.len());
         for (i, (tensor, id)) in segments.into_iter().enumerate() {
             let ty = block_type("ggml_type", id)?;
@@ -149,20 +177,29 @@ impl PyGgmlWeight {
                 len: rows * width,
             };
             let fits = rows > 0 && quant::interleave::fits(ty, rows);
-            let interleaved = (interleave && fits).then(|| {
+            let layout = if !(interleave && fits) {
+                Layout::Rows
+            } else {
                 // SAFETY: checked above to be a contiguous CPU tensor of `rows * width` bytes,
                 // alive while `tensor` is.
-                let rows = unsafe { data.slice::<u8>() };
-                let copy = quant::interleave::pack(ty, rows, width);
-                page_out(rows);
-                copy
-            });
+                let bytes = unsafe { data.slice::<u8>() };
+                let copy = quant::interleave::pack(ty, bytes, width);
+                if in_place.get(i).copied().unwrap_or(false) {
+                    // SAFETY: as above, and the caller vouches that nothing else reads (or
+                    // writes) this tensor's rows: the packed bytes replace them, same size.
+                    unsafe { data.slice_mut::<u8>().copy_from_slice(&copy) };
+                    Layout::InPlace
+                } else {
+                    page_out(bytes);
+                    Layout::Copy(copy)
+                }
+            };
             held.push(Held {
                 data,
                 _tensor: tensor.unbind(),
                 rows,
                 ty,
-                interleaved,
+                layout,
             });
         }
         if held.is_empty() {
@@ -262,13 +299,22 @@ impl PyGgmlWeight {
         (self.n, self.k)
     }
 
-    /// Whether the kernels read an interleaved copy of each segment (see `_core.pyi`).
+    /// Bytes of the interleaved copies held beside the segments' own tensors (see `_core.pyi`).
     #[getter]
-    fn interleaved(&self) -> Vec<bool> {
+    fn copy_bytes(&self) -> usize {
         self.segments
             .iter()
-            .map(|s| s.interleaved.is_some())
-            .collect()
+            .map(|s| match &s.layout {
+                Layout::Copy(copy) => copy.len(),
+                Layout::Rows | Layout::InPlace => 0,
+            })
+            .sum()
+    }
+
+    /// Whether the kernels read each segment interleaved (see `_core.pyi`).
+    #[getter]
+    fn interleaved(&self) -> Vec<bool> {
+        self.segments.iter().map(Held::interleaved).collect()
     }
 }
 

@@ -363,6 +363,34 @@ def test_the_dense_copy_of_many_row_products_decodes_what_the_kernels_hold() -> 
         weight._weight.dequantize(torch.empty(weight.n, 256, dtype=torch.bfloat16))
 
 
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_tables_quantized_at_load_are_interleaved_in_place(scheme: str) -> None:
+    """``--quantization int4|int8`` quantizes a dense checkpoint into tables only its layer
+    reads: they are interleaved in place (no second copy, which anonymous memory could not
+    page out), while a file's own blocks beside them get a copy. Same products either way."""
+    gen = torch.Generator().manual_seed(3)
+    dense = [torch.randn(rows, 256, generator=gen) * 0.05 for rows in (64, 32)]
+    layer = Linear(256, [("a", 64), ("b", 32)], bias=False, scheme=scheme)
+    layer.load_shard("a", "weight", dense[0])
+    file_blocks = blocks_of("Q8_0", random_blocks("Q8_0", 32, 256))
+    layer.load_shard("b", "weight", file_blocks)
+    assert layer.quantized is not None
+    weight = layer.quantized._weight
+    assert weight.interleaved == [True, True]
+    assert weight.copy_bytes == file_blocks.data.numel()  # the file's blocks: copied
+    fresh = quantize_dense(dense[0], scheme)
+    assert fresh is not None
+    rows = GgmlWeight([fresh, file_blocks])
+    for m in (1, 5):
+        x = torch.randn(m, 256, generator=gen)
+        torch.testing.assert_close(layer(x), rows.matmul(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        layer.quantized.dequantize(torch.float32), rows.dequantize(torch.float32)
+    )
+    with pytest.raises(ValueError, match="`in_place` must hold one flag per segment"):
+        _core._GgmlWeight([(fresh.data, fresh.ggml_type)], 256, in_place=[True, False])
+
+
 @pytest.mark.parametrize(
     ("cap", "allowed"), [("avx2", {"generic", "avx2"}), ("baseline", {"generic"})]
 )

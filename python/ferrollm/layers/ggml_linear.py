@@ -204,7 +204,10 @@ class GgmlWeight:
     """A layer's weight as segments of GGUF blocks stacked along the output rows (each shard
     keeps its own type: a Q4_K_M file mixes Q4_K and Q6_K); ``matmul(x)`` is ``x @ W.T``."""
 
-    def __init__(self, segments: Sequence[GgmlBlocks]) -> None:
+    def __init__(self, segments: Sequence[GgmlBlocks], owned: Sequence[bool] = ()) -> None:
+        """``owned`` flags the segments whose tables only this weight reads (made for it, such
+        as ``quantize_dense``'s): those are interleaved in place, so their rows are then in
+        the kernels' layout, not the file's; the others are interleaved into a copy."""
         ks = {s.k for s in segments}
         if len(ks) != 1:
             raise ValueError(f"segments must share K; got {sorted(ks)}")
@@ -214,7 +217,9 @@ class GgmlWeight:
         self._data = [s.data for s in segments]
         self._types = [s.ggml_type for s in segments]
         # The block tables, checked once and kept alive by the Rust side.
-        self._weight = _core._GgmlWeight([(s.data, s.ggml_type) for s in segments], self.k)
+        self._weight = _core._GgmlWeight(
+            [(s.data, s.ggml_type) for s in segments], self.k, in_place=list(owned)
+        )
         _LIVE[self._data[0].data_ptr()] = self
 
     def holds(self, weights: Sequence[torch.Tensor], ggml_types: Sequence[int]) -> bool:
