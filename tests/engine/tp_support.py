@@ -180,6 +180,12 @@ def _main(rank: int, world_size: int, port: int, spec: str, out: str) -> None:
         torch.save(run_cases(json.loads(spec), parallel), Path(out) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+    # Results saved and the group gone: leave without running C++ static destructors, where a
+    # library's still-joinable thread has aborted the process at exit now and then ("terminate
+    # called without an active exception", rank 0 exiting -6 after finishing its work).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
