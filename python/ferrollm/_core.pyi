@@ -1137,6 +1137,10 @@ class _GgmlWeight:
     @property
     def interleaved(self) -> list[bool]:
         """Per segment, whether the kernels read it interleaved (a copy, or in place)."""
+    @property
+    def in_place(self) -> list[bool]:
+        """Per segment, whether its own table was interleaved in place (its rows are then in
+        the kernels' layout, not the file's)."""
     def dequantize(self, out: Any) -> None:
         """The float weight ``[N, K]`` into ``out`` (contiguous float32 CPU), decoded from the
         blocks the kernels read (interleaved segments back in row order)."""

@@ -316,6 +316,15 @@ impl PyGgmlWeight {
     fn interleaved(&self) -> Vec<bool> {
         self.segments.iter().map(Held::interleaved).collect()
     }
+
+    /// Whether each segment's own table was rewritten, interleaved in place (see `_core.pyi`).
+    #[getter]
+    fn in_place(&self) -> Vec<bool> {
+        self.segments
+            .iter()
+            .map(|s| matches!(s.layout, Layout::InPlace))
+            .collect()
+    }
 }
 
 /// See `_core.pyi`. Rows `ids` of a block table, dequantized (an embedding lookup).

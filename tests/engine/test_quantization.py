@@ -38,6 +38,7 @@ from ferrollm.layers.ggml_linear import (
     DEQUANTIZE_MIN_ROWS,
     GgmlBlocks,
     GgmlWeight,
+    _ggml_matmul,
     kernel_paths,
     quantize_dense,
 )
@@ -247,6 +248,10 @@ def test_blocks_needing_no_reordering_stay_views_of_the_file(
     # v_proj's rows are the file's bytes in place; q's were reordered (llama.cpp interleaves
     # the rotary halves): a copy of the same size.
     assert in_file(v) and not in_file(q)
+    # That copy is the layer's alone: interleaved in place, while the file's v rows are
+    # interleaved into a copy (the mapped pages are then paged out).
+    assert qkv._weight.in_place == [True, True, False]
+    assert qkv._weight.copy_bytes == v.numel()
     table = model.model.embed_tokens.table
     assert table is not None and in_file(table.data)
 
@@ -389,6 +394,27 @@ def test_tables_quantized_at_load_are_interleaved_in_place(scheme: str) -> None:
     )
     with pytest.raises(ValueError, match="`in_place` must hold one flag per segment"):
         _core._GgmlWeight([(fresh.data, fresh.ggml_type)], 256, in_place=[True, False])
+
+
+def test_a_table_interleaved_in_place_is_read_only_through_its_weight() -> None:
+    """A table interleaved in place no longer has the file's row order: the op reads it
+    through the weight that owns it (passed as the same tensors or other tensors over the
+    same bytes, as a compiled graph may), and refuses it in any other company."""
+    gen = torch.Generator().manual_seed(5)
+    blocks = quantize_dense(torch.randn(64, 256, generator=gen) * 0.05, "int8")
+    other = quantize_dense(torch.randn(32, 256, generator=gen) * 0.05, "int8")
+    assert blocks is not None and other is not None and blocks.owned
+    reference = blocks.dequantize(torch.float32)  # read before the interleave
+    weight = GgmlWeight([blocks], [True])
+    assert weight._weight.in_place == [True]
+    x = torch.randn(3, 256, generator=gen)
+    expected = weight.matmul(x)
+    torch.testing.assert_close(expected, x @ reference.T, rtol=0.02, atol=0.02)
+    same_bytes = blocks.data.view(blocks.data.shape)
+    assert same_bytes is not blocks.data
+    torch.testing.assert_close(_ggml_matmul(x, [same_bytes], [blocks.ggml_type]), expected)
+    with pytest.raises(ValueError, match="interleaved in place"):
+        _ggml_matmul(x, [blocks.data, other.data], [blocks.ggml_type, other.ggml_type])
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ a GGUF loads into the same model as the Hugging Face checkpoint it was converted
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Iterator, Mapping
@@ -353,7 +354,9 @@ def _reverse_permute(array: _Rows, num_heads: int) -> _Rows:
     if not isinstance(array, np.ndarray):  # GgmlBlocks: reorder its rows with torch
         import torch
 
-        return array.rows(torch.from_numpy(order))
+        # The reordered copy is read only by the layer it is loaded into: owned, so that
+        # layer interleaves it in place rather than holding it twice.
+        return dataclasses.replace(array.rows(torch.from_numpy(order)), owned=True)
     return array[order]  # type: ignore[no-any-return]
 
 

@@ -68,11 +68,16 @@ def row_bytes(ggml_type: int, k: int) -> int:
 
 @dataclass(frozen=True)
 class GgmlBlocks:
-    """A weight ``[N, K]`` as GGUF blocks: ``data`` uint8 ``[N, row_bytes(ggml_type, K)]``."""
+    """A weight ``[N, K]`` as GGUF blocks: ``data`` uint8 ``[N, row_bytes(ggml_type, K)]``.
+
+    ``owned``: ``data`` was made for the one layer it is loaded into (quantized at load, or
+    rows reordered out of the file), so nothing else reads it and that layer's `GgmlWeight`
+    may interleave it in place; False for the file's own bytes and anything shared."""
 
     data: torch.Tensor
     ggml_type: int
     k: int
+    owned: bool = False
 
     def __post_init__(self) -> None:
         want = row_bytes(self.ggml_type, self.k)
@@ -131,7 +136,7 @@ def quantize_dense(weight: torch.Tensor, scheme: str) -> GgmlBlocks | None:
     w = weight.detach().to(torch.float32).contiguous()
     out = torch.empty((n, row_bytes(ggml_type, k)), dtype=torch.uint8)
     _core._ggml_quantize(w, ggml_type, out)
-    return GgmlBlocks(out, ggml_type, k)
+    return GgmlBlocks(out, ggml_type, k, owned=True)
 
 
 def _ggml_matmul(
@@ -154,13 +159,26 @@ def _ggml_matmul(
 _LIVE: weakref.WeakValueDictionary[int, GgmlWeight] = weakref.WeakValueDictionary()
 
 
+#: The live `GgmlWeight` that interleaved each table in place (``owned`` segments), by the
+#: table's address: such a table's rows are no longer in the file's order.
+_IN_PLACE: weakref.WeakValueDictionary[int, GgmlWeight] = weakref.WeakValueDictionary()
+
+
 def _held(weights: list[torch.Tensor], ggml_types: list[int], k: int) -> _core._GgmlWeight:
     """The `_core._GgmlWeight` over exactly ``weights``: the live one, else a new one for this
     call alone, which reads the rows as they are (interleaving a copy, and paging out the
-    tables, would cost more than the one product)."""
+    tables, would cost more than the one product). ValueError for a table a live weight
+    interleaved in place, passed other than as that weight's tables: its rows are not in
+    the order this call would read them."""
     live = _LIVE.get(weights[0].data_ptr()) if weights else None
     if live is not None and live.k == k and live.holds(weights, ggml_types):
         return live._weight
+    for table in weights:
+        if table.data_ptr() in _IN_PLACE:
+            raise ValueError(
+                "`weights` include a table interleaved in place by a live GgmlWeight (its rows "
+                "are in the kernels' layout): pass exactly that weight's tables and types"
+            )
     return _core._GgmlWeight(list(zip(weights, ggml_types, strict=True)), k, interleave=False)
 
 
@@ -221,11 +239,16 @@ class GgmlWeight:
             [(s.data, s.ggml_type) for s in segments], self.k, in_place=list(owned)
         )
         _LIVE[self._data[0].data_ptr()] = self
+        for table, moved in zip(self._data, self._weight.in_place, strict=True):
+            if moved:
+                _IN_PLACE[table.data_ptr()] = self
 
     def holds(self, weights: Sequence[torch.Tensor], ggml_types: Sequence[int]) -> bool:
-        """Whether ``weights`` are this weight's own tables (same tensors), of ``ggml_types``."""
+        """Whether ``weights`` are this weight's own tables (the same tensors, or tensors over
+        the same bytes, as a compiled graph may pass them), of ``ggml_types``."""
         same = len(weights) == len(self._data) and all(
-            a is b for a, b in zip(weights, self._data, strict=True)
+            a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape)
+            for a, b in zip(weights, self._data, strict=True)
         )
         return same and list(ggml_types) == self._types
 

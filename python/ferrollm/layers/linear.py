@@ -154,9 +154,10 @@ class Linear(nn.Module):
         if any(b is None for b in blocks):  # K is not whole blocks: no kernel reads it
             self._keep_dense(torch.cat([dense_tensor(p, dtype) for p in parts]))
             return
-        # Tables quantized here are this weight's alone: interleaved in place, not copied.
-        owned = [not isinstance(p, GgmlBlocks) for p in parts]
-        self.quantized = GgmlWeight([b for b in blocks if b is not None], owned)
+        # Tables made for this layer (quantized here, or reordered by the loader) are its
+        # alone: interleaved in place, not copied.
+        segments = [b for b in blocks if b is not None]
+        self.quantized = GgmlWeight(segments, [b.owned for b in segments])
         if self.keep_dense:
             dense = self.quantized.dequantize(dtype)
             self.packed = prepack_dense(dense)
