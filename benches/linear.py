@@ -10,7 +10,7 @@ bandwidth (a 256 MiB ``copy_``, read + write bytes) and the kernel path in use:
          q8_0_us=.. f32_GBs=.. ... best=q4_1
   linear copy_bandwidth_GBs=.. threads=2 path=avx512_vnni
 
-``q4_1``/``q8_0``/``q4_k``/``q6_k`` are ferrollm's kernels (``ferrollm.layers.ggml_linear``)
+``q4_1``/``q5_0``/``q8_0``/``q4_k``/``q6_k`` are ferrollm's kernels (``ferrollm.layers.ggml_linear``)
 on the weight quantized to that GGUF type (K-quants only where K is a multiple of 256), with
 float32 activations (what an AVX2-only CPU runs; bfloat16 ones cost the same). int4 is torch's
 ``aten._weight_int4pack_mm_for_cpu`` (group 32), int8 ``aten._weight_int8pack_mm`` (per-channel
@@ -48,7 +48,7 @@ SHAPES = (
     ("down", 1536, 576),
     ("lm_head", 576, 49152),
 )
-FORMATS = ("f32", "bf16", "bf16pk", "int8", "int4", "q4_1", "q8_0", "q4_k", "q6_k")
+FORMATS = ("f32", "bf16", "bf16pk", "int8", "int4", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k")
 #: --smoke: the first shape at one row, every weight format, a few runs.
 SMOKE = {"shapes": ["qkv"], "m": [1], "repeats": 3}
 

@@ -1122,8 +1122,8 @@ class _GgmlWeight:
         in_place: Sequence[bool] | None = None,
     ) -> _GgmlWeight:
         """Checks each ``(table, ggml_type)`` for rows of ``k`` values and keeps the tables.
-        With ``interleave``, a Q4_0, Q4_1 or Q8_0 segment of a multiple of 8 rows is copied
-        once into runs of 8 interleaved rows (same size), which the kernels then read: one
+        With ``interleave``, a Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 segment of a multiple of 8 rows is
+        copied once into runs of 8 interleaved rows (same size), which the kernels then read: one
         activation group meets 8 weight rows per instruction; the table's pages are paged out.
         A segment flagged in ``in_place`` (one flag per segment, or None) is interleaved in its
         own table instead, for a table nothing else reads: no copy. ValidationError naming

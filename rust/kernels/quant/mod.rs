@@ -248,7 +248,7 @@ fn check<X>(
         }
         if s.interleaved && !interleave::fits(s.ty, s.rows) {
             let msg = format!(
-                "`segments[{i}]` is interleaved, which needs Q4_0, Q4_1 or Q8_0 in runs of \
+                "`segments[{i}]` is interleaved, which needs Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 in runs of \
                  {} rows; got {} rows of {}",
                 interleave::ROWS,
                 s.rows,

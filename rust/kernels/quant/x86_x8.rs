@@ -10,7 +10,7 @@
 use std::arch::x86_64::*;
 
 use super::blocks::{BlockType, GROUP};
-use super::interleave::{header_bytes, ROWS};
+use super::interleave::{halves, header_bytes, high_bytes, ROWS};
 use super::work::Work;
 use super::x86::{Dot, Tile, MAX_TILE};
 use crate::kernels::simd::Elem;
@@ -20,6 +20,53 @@ use crate::kernels::simd::Elem;
 unsafe fn lanes4(p: *const i8) -> __m256i {
     // SAFETY: `p` addresses 4 readable bytes.
     unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32)) }
+}
+
+/// Bit 4 of every byte of lane `r` set from row `r`'s fifth bits (`qh`, one row per lane)
+/// for nibble quartet `q` (values `4q..4q + 4`): byte `k` takes bit `4q + k`.
+#[inline(always)]
+unsafe fn fifth_bits_x8(qh: __m256i, q: usize) -> __m256i {
+    // SAFETY: AVX2 only.
+    unsafe {
+        let at = (q / 2) as i8; // the byte of each lane's word holding the quartet
+        let spread = _mm256_setr_epi8(
+            at,
+            at,
+            at,
+            at,
+            4 + at,
+            4 + at,
+            4 + at,
+            4 + at,
+            8 + at,
+            8 + at,
+            8 + at,
+            8 + at,
+            12 + at,
+            12 + at,
+            12 + at,
+            12 + at,
+            at,
+            at,
+            at,
+            at,
+            4 + at,
+            4 + at,
+            4 + at,
+            4 + at,
+            8 + at,
+            8 + at,
+            8 + at,
+            8 + at,
+            12 + at,
+            12 + at,
+            12 + at,
+            12 + at,
+        );
+        let bit = _mm256_set1_epi32((0x0804_0201u32 << (4 * (q % 2))) as i32);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, spread), bit), bit);
+        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    }
 }
 
 /// One block column `b` (at `p`) of a run of 8 rows against the tile's rows, into `acc`.
@@ -47,10 +94,20 @@ unsafe fn column<D: Dot, const R: usize>(
             }
         } else {
             let m4 = _mm256_set1_epi8(0x0f);
+            let five = high_bytes(ty) > 0;
+            let qh = if five {
+                _mm256_loadu_si256(p.add(2 * halves(ty) * ROWS) as *const __m256i)
+            } else {
+                _mm256_setzero_si256()
+            };
             for c in 0..4 {
                 let raw = _mm256_loadu_si256(ints.add(32 * c) as *const __m256i);
-                let lo = _mm256_and_si256(raw, m4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                let mut lo = _mm256_and_si256(raw, m4);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                if five {
+                    lo = _mm256_or_si256(lo, fifth_bits_x8(qh, c));
+                    hi = _mm256_or_si256(hi, fifth_bits_x8(qh, 4 + c));
+                }
                 for r in 0..R {
                     let xr = x.q[r].add(b * GROUP);
                     sum[r][0] = D::dot_acc(sum[r][0], lo, lanes4(xr.add(4 * c)));
@@ -59,10 +116,11 @@ unsafe fn column<D: Dot, const R: usize>(
             }
         }
         let min = match ty {
-            BlockType::Q4_1 => Some(_mm256_cvtph_ps(
-                _mm_loadu_si128(p.add(16) as *const __m128i),
-            )),
+            BlockType::Q4_1 | BlockType::Q5_1 => Some(_mm256_cvtph_ps(_mm_loadu_si128(
+                p.add(2 * ROWS) as *const __m128i,
+            ))),
             BlockType::Q4_0 => Some(_mm256_mul_ps(d, _mm256_set1_ps(-8.0))),
+            BlockType::Q5_0 => Some(_mm256_mul_ps(d, _mm256_set1_ps(-16.0))),
             _ => None,
         };
         for r in 0..R {
@@ -98,6 +156,16 @@ unsafe fn run_rows<D: Dot, const R: usize>(
             BlockType::Q4_1 => {
                 for b in 0..num_blocks {
                     column::<D, R>(BlockType::Q4_1, &mut acc, run.add(b * stride), x, b);
+                }
+            }
+            BlockType::Q5_0 => {
+                for b in 0..num_blocks {
+                    column::<D, R>(BlockType::Q5_0, &mut acc, run.add(b * stride), x, b);
+                }
+            }
+            BlockType::Q5_1 => {
+                for b in 0..num_blocks {
+                    column::<D, R>(BlockType::Q5_1, &mut acc, run.add(b * stride), x, b);
                 }
             }
             _ => {
