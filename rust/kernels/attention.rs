@@ -291,7 +291,7 @@ pub fn attend<Q: Elem, C: Elem>(
     if num_tokens == 0 {
         return Ok(());
     }
-    if threads <= num_tokens || threads == 1 {
+    if threads <= num_tokens {
         let out_ptr = SendPtr(out.as_mut_ptr());
         let one = |t: usize| {
             // SAFETY: token `t`'s `width` outputs, disjoint from every other job's.
@@ -354,10 +354,15 @@ fn merge<Q: Elem>(partials: &[f32], d: &Dims, out: &mut [Q]) {
                 }
             }
         }
-        let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
-        for (o, a) in out[g * hd..][..hd].iter_mut().zip(&acc) {
-            *o = Q::from_f32(a * inv);
-        }
+        store_head(&acc, l, &mut out[g * hd..][..hd]);
+    }
+}
+
+/// One head's output: its accumulated values over the softmax sum `l` (zeros for no keys).
+fn store_head<Q: Elem>(acc: &[f32], l: f32, out: &mut [Q]) {
+    let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = Q::from_f32(a * inv);
     }
 }
 
@@ -496,10 +501,7 @@ fn attend_item<const FMA: bool, Q: Elem, C: Elem>(job: &Job<'_, Q, C>, t: usize,
     match out {
         Span::Whole(out) => {
             for g in 0..heads {
-                let inv = if l[g] > 0.0 { 1.0 / l[g] } else { 0.0 };
-                for (o, a) in out[g * hd..][..hd].iter_mut().zip(&acc[g * hd..][..hd]) {
-                    *o = Q::from_f32(a * inv);
-                }
+                store_head(&acc[g * hd..][..hd], l[g], &mut out[g * hd..][..hd]);
             }
         }
         Span::Part(_, _, part) => {
