@@ -20,6 +20,7 @@ from ferrollm.config import (
 from ferrollm.executor.kv_cache import KVCacheSpec
 from ferrollm.executor.sizing import (
     CPU_KV_SEQUENCES,
+    asks_for_block_weights,
     default_kv_cache_memory,
     plan_kv_cache,
     resolve_dtype,
@@ -177,6 +178,35 @@ def test_auto_dtype_on_cpu_is_bfloat16_only_where_it_is_fast(
 ) -> None:
     monkeypatch.setattr(cpu_platform, "has_fast_bfloat16", lambda: fast_bf16)
     assert resolve_dtype(CpuPlatform(), "auto") == expected
+
+
+@pytest.mark.parametrize("fast_bf16", [True, False])
+def test_auto_dtype_on_cpu_is_float32_for_block_weights(
+    monkeypatch: pytest.MonkeyPatch, fast_bf16: bool
+) -> None:
+    """The block kernels quantize activations to int8 whatever their dtype: bfloat16 would
+    only add dense copies. A dtype asked for is kept; accelerators are not concerned."""
+    monkeypatch.setattr(cpu_platform, "has_fast_bfloat16", lambda: fast_bf16)
+    assert resolve_dtype(CpuPlatform(), "auto", block_weights=True) == torch.float32
+    assert resolve_dtype(CpuPlatform(), "bfloat16", block_weights=True) == torch.bfloat16
+    assert resolve_dtype(NpuPlatform(), "auto", block_weights=True) == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    ("quantization", "source_is_quantized", "expected"),
+    [
+        ("auto", True, True),
+        ("auto", False, False),
+        ("none", True, False),
+        ("int4", False, True),
+        ("int8", True, True),
+    ],
+)
+def test_block_weights_are_asked_for_by_int4_int8_or_auto_on_a_quantized_file(
+    quantization: str, source_is_quantized: bool, expected: bool
+) -> None:
+    config = EngineConfig(quantization=quantization)
+    assert asks_for_block_weights(config, source_is_quantized) is expected
 
 
 def test_a_cpu_without_bfloat16_flags_is_not_probed(monkeypatch: pytest.MonkeyPatch) -> None:

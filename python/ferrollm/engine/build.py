@@ -20,6 +20,7 @@ from ferrollm.executor.loader import ModelSource
 from ferrollm.executor.runner import DecodeGraphs, ModelRunner
 from ferrollm.executor.sizing import (
     KVCachePlan,
+    asks_for_block_weights,
     plan_kv_cache,
     resolve_dtype,
     resolve_kv_dtype,
@@ -94,7 +95,8 @@ def build_runner(
     """
     parallel = SINGLE if group is None else group.parallel
     try:
-        dtype = resolve_dtype(platform, config.dtype)
+        blocks = asks_for_block_weights(config, source.is_quantized)
+        dtype = resolve_dtype(platform, config.dtype, block_weights=blocks)
         quantization = resolve_quantization(
             platform, config.quantization, dtype, source.is_quantized
         )

@@ -37,7 +37,7 @@ from ferrollm.engine.request import EngineRequest
 from ferrollm.engine.tracker import RequestTracker
 from ferrollm.executor.loader import load_model_source
 from ferrollm.executor.runner import ModelRunner
-from ferrollm.executor.sizing import KVCachePlan, resolve_dtype
+from ferrollm.executor.sizing import KVCachePlan, asks_for_block_weights, resolve_dtype
 from ferrollm.executor.step_extras import combine_overrides
 from ferrollm.lora.manager import LoRAManager, build_lora_manager
 from ferrollm.models.config import ModelConfig
@@ -130,7 +130,8 @@ class LLMEngine:
         try:
             tokenizer = Tokenizer.from_source(source)
             # The vision tower first, so the KV cache is sized from the memory it leaves.
-            dtype = resolve_dtype(platform, config.dtype)
+            blocks = asks_for_block_weights(config, source.is_quantized)
+            dtype = resolve_dtype(platform, config.dtype, block_weights=blocks)
             media = None
             if source.vision_family is not None:
                 with step(f"Loading the {source.vision_family} media encoder"):

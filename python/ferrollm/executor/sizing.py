@@ -9,6 +9,7 @@ blocks to allocate and the ``max_model_len`` they can serve; the block count is 
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -32,12 +33,16 @@ CPU_KV_SEQUENCES = 2
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_dtype(platform: Platform, requested: str, field: str = "dtype") -> torch.dtype:
+def resolve_dtype(
+    platform: Platform, requested: str, field: str = "dtype", *, block_weights: bool = False
+) -> torch.dtype:
     """The model dtype for ``requested`` (an ``EngineConfig.dtype``) on ``platform``.
 
     "auto" is the platform's ``auto_dtype()``: bfloat16 on accelerators and on CPUs with
-    bfloat16 units, float32 on other CPUs. Raises EngineConfigError (naming ``field``) for an
-    unknown name or a dtype the device's kernels do not run.
+    bfloat16 units, float32 on other CPUs; but float32 on a CPU whose linear layers will run
+    on the block kernels (``block_weights``: `asks_for_block_weights`). Raises
+    EngineConfigError (naming ``field``) for an unknown name or a dtype the device's kernels
+    do not run.
     """
     # Why float32 on CPU, measured on the default model (SmolLM2-135M, greedy decode through
     # ModelRunner + Scheduler, best of 3 interleaved runs of 32 tokens; a shared 2-core AMD EPYC
@@ -49,8 +54,19 @@ def resolve_dtype(platform: Platform, requested: str, field: str = "dtype") -> t
     # does not keep greedy parity: its tokens equal float32's (= transformers') in only 0/1,
     # 6/8 and 23/32 sequences. On a CPU with AVX512-BF16, bfloat16 `linear` is 2-4x faster
     # than float32 at every batch (benches/linear.py), hence `auto_dtype`'s probe.
+    # Why float32 for block weights on every CPU: the kernels quantize the activations to int8
+    # whatever their dtype, so bfloat16 pays only through dense bfloat16 copies of the weights
+    # for steps of more than QUANTIZED_MAX_ROWS rows (270 MB on the default model, and the
+    # compiled decode then stops at that many rows). Default model on a 2-core AMD EPYC with
+    # AVX512-BF16 (benches/throughput.py --compile on --max-tokens 64 --repeats 2, tok/s, three
+    # runs in one sitting, each run's best): batch 8 bfloat16 252 / 253 against float32 491 /
+    # 513, batch 32 539 / 593 against 571 / 518, batch 1 within the machine's noise.
     name = dtype_name(requested, field)
-    dtype = platform.auto_dtype() if name == "auto" else _TORCH_DTYPES[name]
+    if name == "auto" and block_weights and platform.name == "cpu":
+        dtype = torch.float32
+        _say_block_activations()
+    else:
+        dtype = platform.auto_dtype() if name == "auto" else _TORCH_DTYPES[name]
     if dtype not in platform.supported_dtypes:
         supported = ", ".join(str(d).removeprefix("torch.") for d in platform.supported_dtypes)
         raise EngineConfigError(
@@ -58,6 +74,23 @@ def resolve_dtype(platform: Platform, requested: str, field: str = "dtype") -> t
         )
     platform.check_dtype(dtype, field)
     return dtype
+
+
+def asks_for_block_weights(config: EngineConfig, source_is_quantized: bool) -> bool:
+    """Whether ``config`` runs the linear layers on the block kernels where it can: ``int4`` /
+    ``int8``, or ``auto`` on a quantized checkpoint."""
+    return config.quantization in ("int4", "int8") or (
+        config.quantization == "auto" and source_is_quantized
+    )
+
+
+@functools.cache
+def _say_block_activations() -> None:
+    logger.info(
+        "dtype auto: float32 activations, as the quantized weights run on the block kernels, "
+        "which quantize activations to int8 (`--dtype bfloat16` keeps dense bfloat16 copies "
+        "for batched steps instead, where the CPU has bfloat16 units)"
+    )
 
 
 def resolve_quantization(
