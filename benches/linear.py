@@ -10,9 +10,10 @@ bandwidth (a 256 MiB ``copy_``, read + write bytes) and the kernel path in use:
          q8_0_us=.. f32_GBs=.. ... best=q4_1
   linear copy_bandwidth_GBs=.. threads=2 path=avx512_vnni
 
-``q4_1``/``q5_0``/``q8_0``/``q4_k``/``q6_k`` are ferrollm's kernels (``ferrollm.layers.ggml_linear``)
-on the weight quantized to that GGUF type (K-quants only where K is a multiple of 256), with
-float32 activations (what an AVX2-only CPU runs; bfloat16 ones cost the same). int4 is torch's
+``q4_1``/``q5_0``/``q8_0``/``q4_k``/``q6_k`` are ferrollm's kernels
+(``ferrollm.layers.ggml_linear``) on the weight quantized to that GGUF type (K-quants only
+where K is a multiple of 256), with float32 activations (what an AVX2-only CPU runs; bfloat16
+ones cost the same). int4 is torch's
 ``aten._weight_int4pack_mm_for_cpu`` (group 32), int8 ``aten._weight_int8pack_mm`` (per-channel
 scales), both with bfloat16 activations (they are 10-25x slower with float32 ones). float32 and
 bfloat16 are ``F.linear``; bf16pk is the bfloat16 weight reordered for oneDNN

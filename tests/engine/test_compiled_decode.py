@@ -269,11 +269,12 @@ def test_compiled_quantized_bfloat16_leaves_the_packed_copies_eager(
     monkeypatch: pytest.MonkeyPatch,
     cpu: str,
 ) -> None:
-    """The default mode's shape on a CPU with bfloat16 units: Q4_1 blocks, with oneDNN-packed
-    copies for many-row steps. Graphs over packed weights cannot be cached on disk, so only
-    the steps of up to ``QUANTIZED_MAX_ROWS`` rows (the block kernels) are compiled; more rows
-    run eagerly. A CPU without them (AVX2-only) keeps no copy: the block kernels run, compiled,
-    at every row count."""
+    """``dtype="bfloat16"`` on a GGUF, on a CPU with bfloat16 units: Q4_1 blocks, with
+    oneDNN-packed copies for many-row steps (``auto`` stays in float32, without them).
+    Graphs over packed weights cannot be cached on disk, so only the steps of up to
+    ``QUANTIZED_MAX_ROWS`` rows (the block kernels) are compiled; more rows run eagerly. A
+    CPU without them (AVX2-only) keeps no copy: the block kernels run, compiled, at every row
+    count."""
     if cpu == "bf16-units":
         if not dense_copies_pay(torch.bfloat16):
             pytest.skip("oneDNN bfloat16 copies need avx512_bf16 or amx_bf16, absent here")
