@@ -28,41 +28,13 @@ unsafe fn lanes4(p: *const i8) -> __m256i {
 unsafe fn fifth_bits_x8(qh: __m256i, q: usize) -> __m256i {
     // SAFETY: AVX2 only.
     unsafe {
-        let at = (q / 2) as i8; // the byte of each lane's word holding the quartet
-        let spread = _mm256_setr_epi8(
-            at,
-            at,
-            at,
-            at,
-            4 + at,
-            4 + at,
-            4 + at,
-            4 + at,
-            8 + at,
-            8 + at,
-            8 + at,
-            8 + at,
-            12 + at,
-            12 + at,
-            12 + at,
-            12 + at,
-            at,
-            at,
-            at,
-            at,
-            4 + at,
-            4 + at,
-            4 + at,
-            4 + at,
-            8 + at,
-            8 + at,
-            8 + at,
-            8 + at,
-            12 + at,
-            12 + at,
-            12 + at,
-            12 + at,
+        // Each byte of lane `r` takes byte `q / 2` of that lane's word (the shuffle indexes
+        // within each 128-bit half, which holds 4 lanes).
+        let lanes = _mm256_setr_epi8(
+            0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8,
+            12, 12, 12, 12,
         );
+        let spread = _mm256_add_epi8(lanes, _mm256_set1_epi8((q / 2) as i8));
         let bit = _mm256_set1_epi32((0x0804_0201u32 << (4 * (q % 2))) as i32);
         let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, spread), bit), bit);
         _mm256_and_si256(set, _mm256_set1_epi8(0x10))
