@@ -91,7 +91,13 @@ def test_mixed_batch_matches_peft_and_rows_alone(setup: tuple[Path, list[Path]])
         want = peft_last_logits(base, None if slot < 0 else adapters[slot], prompt)
         torch.testing.assert_close(batch[row], want, rtol=1e-4, atol=1e-4, msg=f"row {row}")
         alone = ours_last_logits(model, state, [prompt], [slot])
-        torch.testing.assert_close(batch[row], alone[0], rtol=1e-5, atol=1e-5, msg=f"row {row}")
+        # Float32 noise only: a 4-row and a 1-row GEMM sum in different orders (3.8e-5 on
+        # logits up to 20 on an AMD EPYC's sgemm), while another row's delta leaking in would
+        # move logits by the adapters' size (checked below to be far above this).
+        scale = alone[0].abs().max().item()
+        torch.testing.assert_close(
+            batch[row], alone[0], rtol=1e-5, atol=1e-5 * scale, msg=f"row {row}"
+        )
         if slot >= 0:  # the adapter really changes this row
             plain = peft_last_logits(base, None, prompt)
             assert (want - plain).abs().max() > 0.05, row
