@@ -1151,6 +1151,15 @@ class _GgmlWeight:
         names a kernel path (`ggml_kernel_paths`; None: the best under ``FERROLLM_CPU_ISA``).
         ValidationError naming ``x`` or ``path`` otherwise."""
 
+    def silu_mlp(
+        self, x: Any, down: _GgmlWeight, path: str | None = None, parallel: bool = True
+    ) -> Any:
+        """Llama's gated feed-forward in one call: ``(silu(g) * u) @ down.T`` where ``[g | u] =
+        x @ W.T`` are this weight's first and second halves of rows (gate, then up), as a new
+        ``[M, down's N]`` tensor. ``x`` is a float32 CPU tensor ``[M, K]``; both products are
+        `matmul`'s. ValidationError naming ``x``, ``down`` (whose K must be half of this
+        weight's N) or ``path`` otherwise."""
+
 def _ggml_dequantize_rows(table: Any, ggml_type: int, k: int, ids: Any, out: Any) -> None:
     """Private to ``ferrollm.layers.ggml_linear``: rows ``ids`` (int64 ``[T]``) of the block
     table ``table`` (contiguous uint8 ``[rows, bytes per row of k values]``) dequantized into

@@ -44,6 +44,45 @@ fn float_rows(t: &Tensor, like: &str, shape: &[usize]) -> PyResult<()> {
     t.expect(like, shape)
 }
 
+/// A product's activations `x` (`[m, k]`, made contiguous if it is not) and its fresh output
+/// `[m, n]` of `x`'s dtype, both checked to be float32 or bfloat16 CPU tensors.
+struct Product<'py> {
+    out: Bound<'py, PyAny>,
+    x: Raw,
+    out_raw: Raw,
+    m: usize,
+    bf16: bool,
+}
+
+impl<'py> Product<'py> {
+    fn new(py: Python<'py>, x: Bound<'py, PyAny>, k: usize, n: usize) -> PyResult<Self> {
+        let mut x = x;
+        let mut xt = Tensor::read("x", &x)?;
+        if !xt.contiguous && xt.cpu {
+            x = x.call_method0(intern!(py, "contiguous"))?;
+            xt = Tensor::read("x", &x)?;
+        }
+        let m = xt.shape.first().copied().unwrap_or(0);
+        float_rows(&xt, xt.dtype, &[m, k])?;
+        let out = x.call_method1(intern!(py, "new_empty"), ((m, n),))?;
+        let ot = Tensor::read("out", &out)?;
+        float_rows(&ot, xt.dtype, &[m, n])?;
+        Ok(Product {
+            x: Raw {
+                ptr: xt.ptr,
+                len: m * k,
+            },
+            out_raw: Raw {
+                ptr: ot.ptr,
+                len: m * n,
+            },
+            out,
+            m,
+            bf16: xt.bf16(),
+        })
+    }
+}
+
 /// One segment of a weight: its tensor (kept alive here), its address and extent, and where
 /// the kernels read it.
 struct Held {
@@ -224,32 +263,13 @@ impl PyGgmlWeight {
         parallel: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let path = chosen_path(path)?;
-        let mut x = x;
-        let mut xt = Tensor::read("x", &x)?;
-        if !xt.contiguous && xt.cpu {
-            x = x.call_method0(intern!(py, "contiguous"))?;
-            xt = Tensor::read("x", &x)?;
-        }
-        let m = xt.shape.first().copied().unwrap_or(0);
-        float_rows(&xt, xt.dtype, &[m, self.k])?;
-        let out = x.call_method1(intern!(py, "new_empty"), ((m, self.n),))?;
-        let ot = Tensor::read("out", &out)?;
-        float_rows(&ot, xt.dtype, &[m, self.n])?;
-        let (k, n, bf16) = (self.k, self.n, xt.bf16());
-        let (xr, or) = (
-            Raw {
-                ptr: xt.ptr,
-                len: m * k,
-            },
-            Raw {
-                ptr: ot.ptr,
-                len: m * n,
-            },
-        );
+        let io = Product::new(py, x, self.k, self.n)?;
+        let (k, bf16) = (self.k, io.bf16);
+        let (m, xr, or) = (io.m, io.x, io.out_raw);
         let run = || -> CoreResult<()> {
             // SAFETY: every segment was checked when this weight was made to hold `rows` rows
-            // of `k` values and is kept alive by it; `x` and `out` were checked above to be
-            // contiguous CPU tensors `[m, k]` and `[m, n]` of the same dtype, `out` fresh.
+            // of `k` values and is kept alive by it; `x` and `out` were checked by `Product` to
+            // be contiguous CPU tensors `[m, k]` and `[m, n]` of the same dtype, `out` fresh.
             let segs = unsafe { self.kernel_segments() };
             fn go<X: Elem>(
                 x: Raw,
@@ -271,7 +291,45 @@ impl PyGgmlWeight {
             }
         };
         py.detach(|| guard("ggml_matmul", run))??;
-        Ok(out)
+        Ok(io.out)
+    }
+
+    /// See `_core.pyi`.
+    #[pyo3(signature = (x, down, path=None, parallel=true))]
+    fn silu_mlp<'py>(
+        &self,
+        py: Python<'py>,
+        x: Bound<'py, PyAny>,
+        down: PyRef<'py, PyGgmlWeight>,
+        path: Option<&str>,
+        parallel: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let path = chosen_path(path)?;
+        if !self.n.is_multiple_of(2) || down.k * 2 != self.n {
+            let msg = format!(
+                "`down` must take {} values a row (half of this weight's {} rows: gate, then \
+                 up); got {}",
+                self.n / 2,
+                self.n,
+                down.k
+            );
+            return Err(CoreError::invalid("down", "invalid_quantized_input", msg).into());
+        }
+        let io = Product::new(py, x, self.k, down.n)?;
+        if io.bf16 {
+            let msg = "`x` must be float32 (the fused MLP has no bfloat16 path)";
+            return Err(CoreError::invalid("x", "invalid_quantized_input", msg).into());
+        }
+        let (m, k, xr, or) = (io.m, self.k, io.x, io.out_raw);
+        // SAFETY: as in `matmul`, for both weights (`down` is borrowed for this call).
+        let (gate_up, down) = unsafe { (self.kernel_segments(), down.kernel_segments()) };
+        let run = || -> CoreResult<()> {
+            // SAFETY: as in `matmul`; `x` and `out` are float32 (checked above).
+            let (x, out) = unsafe { (xr.slice::<f32>(), or.slice_mut::<f32>()) };
+            quant::silu_mlp(x, m, k, &gate_up, &down, out, path, parallel)
+        };
+        py.detach(|| guard("ggml_silu_mlp", run))??;
+        Ok(io.out)
     }
 
     /// See `_core.pyi`: the float32 weight `[N, K]` into `out`, from the blocks the kernels read.

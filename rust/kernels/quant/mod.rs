@@ -14,6 +14,7 @@
 
 mod act;
 mod blocks;
+mod gated;
 mod generic;
 pub mod interleave;
 mod quantize;
@@ -25,6 +26,7 @@ mod x86_x8;
 
 pub use act::QuantizedRows;
 pub use blocks::{dequantize_row, BlockType, ALL_TYPES, GROUP};
+pub use gated::silu_mlp;
 pub use quantize::quantize_row_into;
 
 use super::cpu::CpuFeatures;
