@@ -10,6 +10,12 @@ bandwidth (a 256 MiB ``copy_``, read + write bytes) and the kernel path in use:
          q8_0_us=.. f32_GBs=.. ... best=q4_1
   linear copy_bandwidth_GBs=.. threads=2 path=avx512_vnni
 
+``--shapes mlp`` (in the default list) times the whole gated feed-forward on q4_1 blocks, the
+fused call (``GgmlWeight.silu_mlp``, ``ferrollm.layers.gated_mlp``) against gate/up, SiLU,
+multiply and down as separate calls:
+
+  linear shape=mlp K=576 N=1536 M=1 fused_us=.. unfused_us=.. speedup=..
+
 ``q4_1``/``q5_0``/``q8_0``/``q4_k``/``q6_k`` are ferrollm's kernels
 (``ferrollm.layers.ggml_linear``) on the weight quantized to that GGUF type (K-quants only
 where K is a multiple of 256), with float32 activations (what an AVX2-only CPU runs; bfloat16
@@ -23,7 +29,7 @@ torch) measures an AVX2-only CPU's paths.
 
 Usage: python benches/linear.py [--m 1 8 32 256] [--shapes qkv o ...] [--repeats 50]
                                  [--formats f32 bf16 ...] [--threads N] [--smoke]
-  --smoke   shape qkv, M = 1, 3 repeats: that the bench still runs (the test suite runs it)
+  --smoke   shapes qkv and mlp, M = 1, 3 repeats: that the bench still runs (the test suite runs it)
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ SHAPES = (
 )
 FORMATS = ("f32", "bf16", "bf16pk", "int8", "int4", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k")
 #: --smoke: the first shape at one row, every weight format, a few runs.
-SMOKE = {"shapes": ["qkv"], "m": [1], "repeats": 3}
+SMOKE = {"shapes": ["qkv", "mlp"], "m": [1], "repeats": 3}
 
 Matmul = Callable[[torch.Tensor], torch.Tensor]
 
@@ -118,6 +124,33 @@ def ggml(w: torch.Tensor, kind: str) -> tuple[Matmul, int] | None:
     return weight.matmul, raw.nbytes
 
 
+def mlp_line(m: int, repeats: int) -> str:
+    """The default model's feed-forward (hidden 576, intermediate 1536) on q4_1 blocks at ``m``
+    rows: the fused call against its parts."""
+    hidden, inner = 576, 1536
+
+    def blocks(w: torch.Tensor) -> GgmlWeight:
+        raw = np.asarray(quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q4_1))
+        return GgmlWeight(
+            [GgmlBlocks(torch.from_numpy(raw), int(gguf.GGMLQuantizationType.Q4_1), w.shape[1])]
+        )
+
+    gate_up = blocks(torch.randn(2 * inner, hidden) * 0.02)
+    down = blocks(torch.randn(hidden, inner) * 0.02)
+    x = torch.randn(m, hidden)
+
+    def unfused() -> torch.Tensor:
+        gate, up = gate_up.matmul(x).chunk(2, dim=-1)
+        return down.matmul(F.silu(gate) * up)
+
+    fused = best_time(lambda: gate_up.silu_mlp(x, down), repeats)
+    parts = best_time(unfused, repeats)
+    return (
+        f"linear shape=mlp K={hidden} N={inner} M={m} fused_us={fused * 1e6:.1f} "
+        f"unfused_us={parts * 1e6:.1f} speedup={parts / fused:.2f}"
+    )
+
+
 def formats(w: torch.Tensor, wanted: list[str]) -> dict[str, tuple[Matmul, int, torch.dtype]]:
     """Each weight format of ``w`` asked for and available: (matmul, weight bytes, x dtype)."""
     out: dict[str, tuple[Matmul, int, torch.dtype]] = {}
@@ -143,7 +176,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--threads", type=int, default=None)
     names = [name for name, _, _ in SHAPES]
-    parser.add_argument("--shapes", nargs="+", choices=names, default=names)
+    parser.add_argument("--shapes", nargs="+", choices=[*names, "mlp"], default=[*names, "mlp"])
     parser.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
     parser.add_argument("--smoke", action="store_true", help="shape qkv, M = 1, 3 repeats")
     args = parser.parse_args()
@@ -168,6 +201,9 @@ def main() -> None:
                 )
                 best = min(times, key=times.__getitem__)
                 print(f"linear shape={name} K={k} N={n} M={m} {us} {gbs} best={best}", flush=True)
+        if "mlp" in args.shapes:
+            for m in args.m:
+                print(mlp_line(m, args.repeats), flush=True)
     print(
         f"linear copy_bandwidth_GBs={copy_bandwidth() / 1e9:.1f} threads={torch.get_num_threads()}"
         f" path={kernel_paths()[-1]}"

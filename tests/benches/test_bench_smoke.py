@@ -54,6 +54,7 @@ RESULT_LINES: dict[str, list[str]] = {
     ],
     "linear.py": [
         rf"linear shape=qkv K=576 N=960 M=1 f32_us={NUM} .* best=\w+$",
+        rf"linear shape=mlp K=576 N=1536 M=1 fused_us={NUM} unfused_us={NUM} speedup={NUM}$",
         rf"linear copy_bandwidth_GBs={NUM}",
     ],
     "lora.py": [

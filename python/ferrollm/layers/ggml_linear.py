@@ -198,6 +198,40 @@ ggml_matmul = cpu_op(
 )
 
 
+def _ggml_silu_mlp(
+    x: torch.Tensor,
+    gate_up: list[torch.Tensor],
+    gate_up_types: list[int],
+    down: list[torch.Tensor],
+    down_types: list[int],
+) -> torch.Tensor:
+    """``(silu(g) * u) @ D.T`` with ``[g | u] = x @ G.T``: ``G``'s rows those of ``gate_up``
+    (gate, then up), ``D``'s those of ``down`` (`GgmlWeight.silu_mlp`)."""
+    k = int(x.shape[-1]) if x.dim() else 0
+    inner = sum(int(t.shape[0]) for t in gate_up) // 2
+    out: torch.Tensor = _held(gate_up, gate_up_types, k).silu_mlp(x, _held(down, down_types, inner))
+    return out
+
+
+def _ggml_silu_mlp_fake(
+    x: torch.Tensor,
+    gate_up: list[torch.Tensor],
+    gate_up_types: list[int],
+    down: list[torch.Tensor],
+    down_types: list[int],
+) -> torch.Tensor:
+    return x.new_empty((x.shape[0], sum(int(t.shape[0]) for t in down)))
+
+
+#: The fused feed-forward as an op, for compiled graphs (eager calls `GgmlWeight.silu_mlp`).
+ggml_silu_mlp = cpu_op(
+    "ggml_silu_mlp(Tensor x, Tensor[] gate_up, int[] gate_up_types, Tensor[] down, "
+    "int[] down_types) -> Tensor",
+    _ggml_silu_mlp,
+    _ggml_silu_mlp_fake,
+)
+
+
 def _ggml_lookup(
     ids: torch.Tensor, data: torch.Tensor, ggml_type: int, k: int, dtype: torch.dtype
 ) -> torch.Tensor:
@@ -262,6 +296,22 @@ class GgmlWeight:
         # The eager fast path (a decode step makes ~150 of these calls): Rust checks ``x``.
         out: torch.Tensor = self._weight.matmul(x)
         return out
+
+    def silu_mlp(self, x: torch.Tensor, down: GgmlWeight) -> torch.Tensor:
+        """``down(silu(gate(x)) * up(x))`` in one call, this weight's rows being gate's then
+        up's: both products on the block kernels (``x`` float32 ``[M, K]``) and no tensor
+        between them (`_core._GgmlWeight.silu_mlp`)."""
+        if torch.compiler.is_compiling():
+            compiled: torch.Tensor = ggml_silu_mlp(
+                x, self._data, self._types, down._data, down._types
+            )
+            return compiled
+        out: torch.Tensor = self._weight.silu_mlp(x, down._weight)
+        return out
+
+    def runs_blocks(self, x: torch.Tensor) -> bool:
+        """Whether `matmul` runs ``x`` on the block kernels (not on a dequantized copy)."""
+        return torch.compiler.is_compiling() or not self._dense_pays(x)
 
     def _dense_pays(self, x: torch.Tensor) -> bool:
         """Whether ``x`` has rows enough that dequantizing first is faster

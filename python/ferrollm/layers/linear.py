@@ -104,6 +104,15 @@ class Linear(nn.Module):
         out = self.quantized.matmul(x)
         return out if bias is None else out + bias
 
+    def block_weight(self, x: torch.Tensor) -> GgmlWeight | None:
+        """The block weight `forward` runs ``x`` on, where it adds nothing after the product (no
+        bias, no adapter); else None."""
+        if self.quantized is None or self.bias is not None or self.lora is not None:
+            return None
+        if len(x) > QUANTIZED_MAX_ROWS and (self.packed is not None or self.weight is not None):
+            return None
+        return self.quantized if self.quantized.runs_blocks(x) else None
+
     def load_shard(self, shard: str, kind: str, tensor: Weight) -> None:
         """Load checkpoint ``tensor`` as shard ``shard``'s ``kind`` ("weight" or "bias")."""
         rows = self.shard_slices[shard]

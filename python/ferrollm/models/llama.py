@@ -36,6 +36,7 @@ from ferrollm.distributed.state import SINGLE, ParallelState
 from ferrollm.executor.kv_cache import KVCacheSpec
 from ferrollm.layers.activation import ACTIVATIONS
 from ferrollm.layers.attention import AttentionContext, PagedAttention
+from ferrollm.layers.gated_mlp import fused_silu_mlp
 from ferrollm.layers.linear import (
     Embedding,
     Linear,
@@ -167,6 +168,9 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, hidden]`` -> ``[T, hidden]``."""
+        fused = fused_silu_mlp(self.gate_up_proj, self.down_proj, self.act, x)
+        if fused is not None:
+            return fused
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         out: torch.Tensor = self.down_proj(self.act(gate) * up)
         return out
