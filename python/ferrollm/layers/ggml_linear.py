@@ -21,6 +21,7 @@ import functools
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -213,13 +214,8 @@ def _ggml_silu_mlp(
     return out
 
 
-def _ggml_silu_mlp_fake(
-    x: torch.Tensor,
-    gate_up: list[torch.Tensor],
-    gate_up_types: list[int],
-    down: list[torch.Tensor],
-    down_types: list[int],
-) -> torch.Tensor:
+def _ggml_silu_mlp_fake(x: torch.Tensor, *tables: Any) -> torch.Tensor:
+    down: list[torch.Tensor] = tables[2]  # after gate_up and its types
     return x.new_empty((x.shape[0], sum(int(t.shape[0]) for t in down)))
 
 
