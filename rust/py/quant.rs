@@ -45,8 +45,11 @@ fn float_rows(t: &Tensor, like: &str, shape: &[usize]) -> PyResult<()> {
 }
 
 /// A product's activations `x` (`[m, k]`, made contiguous if it is not) and its fresh output
-/// `[m, n]` of `x`'s dtype, both checked to be float32 or bfloat16 CPU tensors.
+/// `[m, n]` of `x`'s dtype, both checked to be float32 or bfloat16 CPU tensors. Both tensors
+/// are held here, so the addresses in `x` and `out_raw` stay valid while this lives (a
+/// contiguous copy of `x` has no other owner).
 struct Product<'py> {
+    _x: Bound<'py, PyAny>,
     out: Bound<'py, PyAny>,
     x: Raw,
     out_raw: Raw,
@@ -76,6 +79,7 @@ impl<'py> Product<'py> {
                 ptr: ot.ptr,
                 len: m * n,
             },
+            _x: x,
             out,
             m,
             bf16: xt.bf16(),

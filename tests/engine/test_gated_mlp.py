@@ -79,3 +79,17 @@ def test_bad_inputs_are_refused_naming_the_field() -> None:
     with pytest.raises(ValueError, match="`down`"):
         # down's K must be half of gate_up's rows: gate_up as its own down is not.
         gate_up.quantized._weight.silu_mlp(torch.randn(1, HIDDEN), gate_up.quantized._weight)
+
+
+def test_strided_activations_give_the_contiguous_products() -> None:
+    """A strided ``x`` is copied to a contiguous tensor the kernels read while they run: the
+    same products, bit for bit, as from a contiguous ``x``."""
+    gate_up, down = linears()
+    assert gate_up.quantized is not None and down.quantized is not None
+    wide = torch.randn(3, 2 * HIDDEN, generator=torch.Generator().manual_seed(9))
+    strided = wide[:, ::2]
+    assert not strided.is_contiguous()
+    dense = strided.contiguous()
+    fused, matmul = gate_up.quantized._weight.silu_mlp, gate_up.quantized._weight.matmul
+    assert torch.equal(fused(strided, down.quantized._weight), fused(dense, down.quantized._weight))
+    assert torch.equal(matmul(strided), matmul(dense))
