@@ -22,6 +22,8 @@ mod work;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
+mod x86_x16;
+#[cfg(target_arch = "x86_64")]
 mod x86_x8;
 
 pub use act::QuantizedRows;

@@ -23,6 +23,7 @@ use std::arch::x86_64::*;
 use super::act::QuantizedRows;
 use super::blocks::{f16_to_f32, k_scale_min, BlockType, GROUP};
 use super::work::Work;
+use crate::kernels::cpu::CpuFeatures;
 use crate::kernels::simd::Elem;
 
 /// Activation rows computed together against one weight row.
@@ -648,14 +649,29 @@ pub unsafe fn interleaved_avxvnni<X: Elem>(work: &Work<'_, X>) {
     unsafe { super::x86_x8::interleaved::<AvxVnni, X>(work) }
 }
 
-/// `tile_avx512vnni` over interleaved weights.
+/// `tile_avx512vnni` over interleaved weights: at 512 bits (`x86_x16`) where the CPU has
+/// AVX512BW too (every AVX512-VNNI CPU made so far), else at 256.
 ///
 /// # Safety
 /// As `interleaved_avx2`, and the CPU must have AVX512F, AVX512VL and AVX512-VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub unsafe fn interleaved_avx512vnni<X: Elem>(work: &Work<'_, X>) {
+    if CpuFeatures::get().has("avx512bw") {
+        // SAFETY: as this function's contract, and AVX512BW was just checked.
+        return unsafe { interleaved_avx512vnni_512(work) };
+    }
     // SAFETY: as this function's contract.
     unsafe { super::x86_x8::interleaved::<Avx512Vnni, X>(work) }
+}
+
+/// `interleaved_avx512vnni` at 512 bits.
+///
+/// # Safety
+/// As `interleaved_avx512vnni`, and the CPU must have AVX512BW.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+unsafe fn interleaved_avx512vnni_512<X: Elem>(work: &Work<'_, X>) {
+    // SAFETY: as this function's contract.
+    unsafe { super::x86_x16::interleaved::<X>(work) }
 }
 
 /// The AVX-VNNI kernel: as `tile_avx2`, and the CPU must have AVX-VNNI.

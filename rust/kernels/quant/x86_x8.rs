@@ -177,43 +177,55 @@ unsafe fn store<X: Elem, const R: usize>(
 /// of a type `interleave::packs` and satisfies `Work`'s contract.
 #[inline(always)]
 pub unsafe fn interleaved<D: Dot, X: Elem>(work: &Work<'_, X>) {
+    for i in 0..work.w.len() / (ROWS * work.row_bytes) {
+        // SAFETY: the caller's contract; `i` is a run of `work`.
+        unsafe { run_against_all::<D, X>(work, i) };
+    }
+}
+
+/// Run `i` of `work` (weight rows `8i..8i + 8`) against every activation row.
+///
+/// # Safety
+/// As `interleaved`, and `i` is one of `work`'s runs.
+#[inline(always)]
+pub unsafe fn run_against_all<D: Dot, X: Elem>(work: &Work<'_, X>, i: usize) {
     let num_blocks = work.row_bytes / work.ty.block_bytes();
     let m = work.x.m;
-    for (i, run) in work.w.chunks_exact(ROWS * work.row_bytes).enumerate() {
-        let (w, n) = (run.as_ptr(), i * ROWS);
-        let mut r = 0;
-        while r < m {
-            let take = (m - r).min(MAX_TILE);
-            // SAFETY: the caller's contract; `r + take <= m`.
-            unsafe {
-                match take {
-                    4 => store(
-                        work,
-                        r,
-                        n,
-                        run_rows::<D, 4>(work.ty, w, num_blocks, &Tile::new(work.x, r)),
-                    ),
-                    3 => store(
-                        work,
-                        r,
-                        n,
-                        run_rows::<D, 3>(work.ty, w, num_blocks, &Tile::new(work.x, r)),
-                    ),
-                    2 => store(
-                        work,
-                        r,
-                        n,
-                        run_rows::<D, 2>(work.ty, w, num_blocks, &Tile::new(work.x, r)),
-                    ),
-                    _ => store(
-                        work,
-                        r,
-                        n,
-                        run_rows::<D, 1>(work.ty, w, num_blocks, &Tile::new(work.x, r)),
-                    ),
-                }
+    // SAFETY: run `i` is in `work.w`, by the contract.
+    let w = unsafe { work.w.as_ptr().add(i * ROWS * work.row_bytes) };
+    let n = i * ROWS;
+    let mut r = 0;
+    while r < m {
+        let take = (m - r).min(MAX_TILE);
+        // SAFETY: the caller's contract; `r + take <= m`.
+        unsafe {
+            match take {
+                4 => store(
+                    work,
+                    r,
+                    n,
+                    run_rows::<D, 4>(work.ty, w, num_blocks, &Tile::new(work.x, r)),
+                ),
+                3 => store(
+                    work,
+                    r,
+                    n,
+                    run_rows::<D, 3>(work.ty, w, num_blocks, &Tile::new(work.x, r)),
+                ),
+                2 => store(
+                    work,
+                    r,
+                    n,
+                    run_rows::<D, 2>(work.ty, w, num_blocks, &Tile::new(work.x, r)),
+                ),
+                _ => store(
+                    work,
+                    r,
+                    n,
+                    run_rows::<D, 1>(work.ty, w, num_blocks, &Tile::new(work.x, r)),
+                ),
             }
-            r += take;
         }
+        r += take;
     }
 }
