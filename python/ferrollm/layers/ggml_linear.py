@@ -235,17 +235,19 @@ def _ggml_lookup(
     return GgmlBlocks(data, ggml_type, k).lookup(ids, dtype)
 
 
-#: The embedding lookup as an op, for compiled graphs (eager calls `GgmlBlocks.lookup`).
-ggml_lookup = torch.library.custom_op("ferrollm::ggml_lookup", mutates_args=(), device_types="cpu")(
-    _ggml_lookup
-)
-
-
-@ggml_lookup.register_fake
 def _ggml_lookup_fake(
     ids: torch.Tensor, data: torch.Tensor, ggml_type: int, k: int, dtype: torch.dtype
 ) -> torch.Tensor:
     return torch.empty((ids.shape[0], k), dtype=dtype, device=ids.device)
+
+
+#: The embedding lookup as an op, for compiled graphs (eager calls `GgmlBlocks.lookup`).
+#: Registered like the matmuls: ``torch.library.custom_op``'s wrapper added 7 us a call (17 -> 10).
+ggml_lookup = cpu_op(
+    "ggml_lookup(Tensor ids, Tensor data, int ggml_type, int k, ScalarType dtype) -> Tensor",
+    _ggml_lookup,
+    _ggml_lookup_fake,
+)
 
 
 class GgmlWeight:
