@@ -14,7 +14,7 @@ use super::blocks::{BlockType, GROUP};
 use super::interleave::{header_bytes, ROWS};
 use super::work::Work;
 use super::x86::{Avx512Vnni, Tile, MAX_TILE};
-use super::x86_x8;
+use super::x86_x8::{self, store};
 use crate::kernels::simd::Elem;
 
 /// Weight rows per register: two runs.
@@ -193,22 +193,6 @@ unsafe fn pair_against_all<X: Elem>(work: &Work<'_, X>, i: usize) {
             }
         }
         r += take;
-    }
-}
-
-/// Stores tile rows `r..r + R`'s products with weight rows `n..n + 16`.
-#[inline(always)]
-unsafe fn store<X: Elem, const R: usize>(
-    work: &Work<'_, X>,
-    r: usize,
-    n: usize,
-    v: [[f32; PAIR]; R],
-) {
-    for i in 0..R {
-        for (j, &value) in v[i].iter().enumerate() {
-            // SAFETY: the caller's contract (rows and columns of this work).
-            unsafe { work.store::<1>(r + i, n + j, [value]) };
-        }
     }
 }
 

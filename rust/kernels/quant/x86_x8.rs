@@ -154,13 +154,14 @@ unsafe fn run_rows<D: Dot, const R: usize>(
     }
 }
 
-/// Stores tile rows `r..r + R`'s products with the run's 8 weight rows `n..n + 8`.
+/// Stores tile rows `r..r + R`'s products with the `W` weight rows `n..n + W` (one run here,
+/// two in `x86_x16`).
 #[inline(always)]
-unsafe fn store<X: Elem, const R: usize>(
+pub(super) unsafe fn store<X: Elem, const R: usize, const W: usize>(
     work: &Work<'_, X>,
     r: usize,
     n: usize,
-    v: [[f32; ROWS]; R],
+    v: [[f32; W]; R],
 ) {
     for i in 0..R {
         for (j, &value) in v[i].iter().enumerate() {
