@@ -112,7 +112,10 @@ fn special_tokens_are_segments_joined_by_the_separator() {
 #[test]
 fn byte_fallback_characters_appear_once_complete() {
     let det = &*SENTENCEPIECE;
-    for text in ["龘", "🦀", "👩🏽‍💻", "a𝄞b"] {
+    // Each text has characters the training corpus lacks, so they must be spelled in byte
+    // tokens. A corpus character seen once or twice (🦀, 👩🏽‍💻) may or may not survive
+    // `limit_alphabet`: ties among rare characters are unordered, and one CI run learned 👩🏽‍💻.
+    for text in ["龘", "🦑", "👩🏿‍🔧", "a𝄞b"] {
         let ids = det.encode(text, false).unwrap();
         let bytes: Vec<u8> = ids.iter().filter_map(|&id| det.fallback_byte(id)).collect();
         assert!(bytes.len() >= 3, "{text} is spelled in bytes: {ids:?}");
