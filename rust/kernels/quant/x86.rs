@@ -19,6 +19,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
+use std::sync::OnceLock;
 
 use super::act::QuantizedRows;
 use super::blocks::{f16_to_f32, k_scale_min, BlockType, GROUP};
@@ -656,7 +657,9 @@ pub unsafe fn interleaved_avxvnni<X: Elem>(work: &Work<'_, X>) {
 /// As `interleaved_avx2`, and the CPU must have AVX512F, AVX512VL and AVX512-VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub unsafe fn interleaved_avx512vnni<X: Elem>(work: &Work<'_, X>) {
-    if CpuFeatures::get().has("avx512bw") {
+    // Read once: this runs for every matmul job, and `has` searches the feature names.
+    static AVX512BW: OnceLock<bool> = OnceLock::new();
+    if *AVX512BW.get_or_init(|| CpuFeatures::get().has("avx512bw")) {
         // SAFETY: as this function's contract, and AVX512BW was just checked.
         return unsafe { interleaved_avx512vnni_512(work) };
     }

@@ -25,7 +25,7 @@ const PAIR: usize = 2 * ROWS;
 /// weights that stay in cache, but up to 2x slower at 1 row on the 30 MB output projection,
 /// where two runs read side by side are two short streams (4.9 KB each) instead of one long
 /// one, and prefetching them ahead made it slower still.
-pub const MIN_ROWS: usize = 16;
+const MIN_ROWS: usize = 16;
 
 /// Whether `ty` has a 512-bit column here.
 fn pairs(ty: BlockType) -> bool {
